@@ -1,0 +1,85 @@
+#include "moetron/core/allocator.h"
+
+#include <cstdlib>
+
+#include "moetron/core/error.h"
+
+namespace moetron {
+
+std::string_view mem_tag_name(MemTag tag) {
+  switch (tag) {
+    case MemTag::params: return "params";
+    case MemTag::grads: return "grads";
+    case MemTag::optimizer: return "optimizer";
+    case MemTag::activations: return "activations";
+    case MemTag::workspace: return "workspace";
+    case MemTag::comm: return "comm";
+  }
+  return "?";
+}
+
+MemTag parse_mem_tag(std::string_view name) {
+  for (int i = 0; i < kNumMemTags; ++i) {
+    auto t = static_cast<MemTag>(i);
+    if (mem_tag_name(t) == name) return t;
+  }
+  MOETRON_FAIL("unknown memory tag '", name,
+               "' (expected params, grads, optimizer, activations, workspace or comm)");
+}
+
+std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+void Allocator::raise_peak(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t old = peak.load(std::memory_order_relaxed);
+  while (value > old && !peak.compare_exchange_weak(old, value, std::memory_order_relaxed)) {
+  }
+}
+
+void* Allocator::allocate(size_t bytes, MemTag tag) {
+  if (bytes == 0) return nullptr;
+  MOETRON_CHECK(device_ == Device::cpu, "the host allocator cannot allocate ", device_name(device_),
+                " memory");
+  const size_t size = rounded(bytes);
+  void* p = std::aligned_alloc(kAlignment, size);
+  if (p == nullptr) {
+    MOETRON_FAIL("out of memory: allocating ", size, " bytes tagged '", mem_tag_name(tag),
+                 "' with ", total_current(), " bytes already in use");
+  }
+  const auto n = static_cast<int64_t>(size);
+  raise_peak(peak_[idx(tag)], current_[idx(tag)].fetch_add(n, std::memory_order_relaxed) + n);
+  raise_peak(total_peak_, total_current_.fetch_add(n, std::memory_order_relaxed) + n);
+  return p;
+}
+
+void Allocator::deallocate(void* ptr, size_t bytes, MemTag tag) noexcept {
+  if (ptr == nullptr) return;
+  std::free(ptr);
+  const auto n = static_cast<int64_t>(rounded(bytes));
+  current_[idx(tag)].fetch_sub(n, std::memory_order_relaxed);
+  total_current_.fetch_sub(n, std::memory_order_relaxed);
+}
+
+MemStats Allocator::stats() const {
+  MemStats s;
+  for (int i = 0; i < kNumMemTags; ++i) {
+    s.current[i] = current_[i].load(std::memory_order_relaxed);
+    s.peak[i] = peak_[i].load(std::memory_order_relaxed);
+  }
+  s.total_current = total_current();
+  s.total_peak = total_peak();
+  return s;
+}
+
+void Allocator::reset_peaks() {
+  for (int i = 0; i < kNumMemTags; ++i) {
+    peak_[i].store(current_[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+  total_peak_.store(total_current(), std::memory_order_relaxed);
+}
+
+Allocator& cpu_allocator() {
+  static Allocator allocator(Device::cpu);
+  return allocator;
+}
+
+}  // namespace moetron

@@ -1,0 +1,53 @@
+// Scaled dot-product attention, blockwise with an online softmax
+// (FlashAttention-style): only the log-sum-exp is saved for backward, which
+// recomputes the probabilities tile by tile.
+#pragma once
+
+#include <cstdint>
+
+#include "moetron/core/tensor.h"
+#include "moetron/kernels/context.h"
+#include "moetron/kernels/dispatch.h"
+
+namespace moetron::kernels {
+
+// Query row i sits at absolute position p = q_offset + i; key j at position j.
+// Key j is visible from query p iff
+//   (!causal || j <= p) and
+//   (window <= 0 || dist(p, j) < window || j < num_global || p < num_global)
+// where dist is p - j when causal and |p - j| otherwise (Longformer-style
+// sliding window with g global tokens that see and are seen by everyone).
+struct AttentionMask {
+  bool causal = true;
+  int64_t window = 0;
+  int64_t num_global = 0;
+  int64_t q_offset = 0;
+};
+
+// Whether key j is visible from query row i under `mask` (shared by every backend).
+inline bool attention_visible(const AttentionMask& mask, int64_t i, int64_t j) {
+  const int64_t p = mask.q_offset + i;
+  if (mask.causal && j > p) return false;
+  if (mask.window <= 0) return true;
+  const int64_t dist = mask.causal ? p - j : (p > j ? p - j : j - p);
+  return dist < mask.window || j < mask.num_global || p < mask.num_global;
+}
+
+// q: [B, Sq, H, hd]; k, v: [B, Sk, Hkv, hd] with H % Hkv == 0, query head h
+// reading kv head h / (H / Hkv) (grouped-query attention). out: [B, Sq, H, hd].
+// lse: [B, H, Sq] f32 (or f64), log sum_j exp(scale q.k_j) over visible keys;
+// a row with no visible key gets out = 0 and lse = -inf.
+// q, k, v, out: f32 or bf16, all the same (reference also f64).
+MOETRON_KERNEL_DECL(void attention_forward(Context& ctx, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const AttentionMask& mask,
+                                           float scale, const Tensor& out, const Tensor& lse))
+
+// dq: [B, Sq, H, hd], dk, dv: [B, Sk, Hkv, hd], all overwritten (dk/dv summed
+// over the query heads sharing a kv head). Dtype of q.
+MOETRON_KERNEL_DECL(void attention_backward(Context& ctx, const Tensor& dout, const Tensor& q,
+                                            const Tensor& k, const Tensor& v, const Tensor& out,
+                                            const Tensor& lse, const AttentionMask& mask,
+                                            float scale, const Tensor& dq, const Tensor& dk,
+                                            const Tensor& dv))
+
+}  // namespace moetron::kernels

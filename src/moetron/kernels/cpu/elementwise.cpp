@@ -1,0 +1,114 @@
+#include "moetron/kernels/elementwise.h"
+
+#include <immintrin.h>
+
+#include "moetron/kernels/cpu/cpu_util.h"
+
+namespace moetron::kernels::cpu {
+
+namespace {
+void check_same(const Tensor& a, const Tensor& b, const char* what) {
+  MOETRON_CHECK(a.numel() == b.numel(), what, ": ", a.str(), " and ", b.str(),
+                " differ in element count");
+  MOETRON_CHECK(a.dtype() == b.dtype(), what, ": ", a.str(), " and ", b.str(), " differ in dtype");
+}
+}  // namespace
+
+void add(Context&, const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_same(a, out, "add");
+  check_same(b, out, "add");
+  dispatch_float(out.dtype(), "add", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = ptr<T>(a);
+    const T* pb = ptr<T>(b);
+    T* po = ptr<T>(out);
+    const int64_t n = out.numel();
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) po[i] = from_f32<T>(to_f32(pa[i]) + to_f32(pb[i]));
+  });
+}
+
+void scale(Context&, const Tensor& x, float alpha, const Tensor& out) {
+  check_same(x, out, "scale");
+  dispatch_float(out.dtype(), "scale", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = ptr<T>(x);
+    T* po = ptr<T>(out);
+    const int64_t n = out.numel();
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) po[i] = from_f32<T>(alpha * to_f32(px[i]));
+  });
+}
+
+void axpy(Context&, float alpha, const Tensor& x, const Tensor& y) {
+  MOETRON_CHECK(x.numel() == y.numel(), "axpy: ", x.str(), " and ", y.str(),
+                " differ in element count");
+  MOETRON_CHECK(y.dtype() == DType::f32 || y.dtype() == x.dtype(), "axpy: y must be f32 or ",
+                dtype_name(x.dtype()), ", got ", y.str());
+  const int64_t n = y.numel();
+  dispatch_float(x.dtype(), "axpy", [&](auto xtag) {
+    using TX = decltype(xtag);
+    const TX* px = ptr<TX>(x);
+    dispatch_float(y.dtype(), "axpy", [&](auto ytag) {
+      using TY = decltype(ytag);
+      TY* py = ptr<TY>(y);
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+      for (int64_t i = 0; i < n; ++i) py[i] = from_f32<TY>(to_f32(py[i]) + alpha * to_f32(px[i]));
+    });
+  });
+}
+
+void convert(Context&, const Tensor& src, const Tensor& dst) {
+  MOETRON_CHECK(src.numel() == dst.numel(), "convert: ", src.str(), " and ", dst.str(),
+                " differ in element count");
+  const int64_t n = dst.numel();
+  if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16) {
+    // AVX512-BF16 rounds to nearest even in hardware; NaN stays NaN.
+    const float* s = ptr<float>(src);
+    auto* d = ptr<uint16_t>(dst);
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n / 16 * 16; i += 16) {
+      const __m512 v = _mm512_loadu_ps(s + i);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), (__m256i)_mm512_cvtneps_pbh(v));
+    }
+    for (int64_t i = n / 16 * 16; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+    return;
+  }
+  dispatch_float(src.dtype(), "convert", [&](auto stag) {
+    using TS = decltype(stag);
+    const TS* s = ptr<TS>(src);
+    dispatch_float(dst.dtype(), "convert", [&](auto dtag) {
+      using TD = decltype(dtag);
+      TD* d = ptr<TD>(dst);
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+      for (int64_t i = 0; i < n; ++i) d[i] = from_f32<TD>(to_f32(s[i]));
+    });
+  });
+}
+
+double sum_squares(Context&, const Tensor& x) {
+  const int64_t n = x.numel();
+  return dispatch_float(x.dtype(), "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = ptr<T>(x);
+    double total = 0;
+    // fp32 partial sums over blocks of 4096 keep the inner loop vectorised;
+    // the blocks are added in double, so the result does not drift with n.
+    constexpr int64_t kBlock = 4096;
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for reduction(+ : total) schedule(static) if (n > 65536)
+    for (int64_t b = 0; b < blocks; ++b) {
+      float partial = 0;
+      const int64_t end = std::min(n, (b + 1) * kBlock);
+#pragma omp simd reduction(+ : partial)
+      for (int64_t i = b * kBlock; i < end; ++i) {
+        const float v = to_f32(p[i]);
+        partial += v * v;
+      }
+      total += partial;
+    }
+    return total;
+  });
+}
+
+}  // namespace moetron::kernels::cpu

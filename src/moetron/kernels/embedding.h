@@ -1,0 +1,23 @@
+// Token embedding gather and its scatter-add backward. vocab_offset lets a
+// rank hold rows [vocab_offset, vocab_offset + V_local) of a vocab-parallel table.
+#pragma once
+
+#include <cstdint>
+
+#include "moetron/core/tensor.h"
+#include "moetron/kernels/context.h"
+#include "moetron/kernels/dispatch.h"
+
+namespace moetron::kernels {
+
+// ids: i32 [T] (negative ids are an error); table: [V_local, D]; out: [T, D]
+// same dtype as table (f32 or bf16; reference also f64). A row whose id is
+// outside the local range is zero.
+MOETRON_KERNEL_DECL(void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table,
+                                           const Tensor& out, int64_t vocab_offset))
+// dtable: [V_local, D] f32 (or f64), accumulated: dtable[id - offset] += dout[t].
+// Deterministic: each row's contributions are summed in token order.
+MOETRON_KERNEL_DECL(void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout,
+                                            const Tensor& dtable, int64_t vocab_offset))
+
+}  // namespace moetron::kernels

@@ -1,0 +1,46 @@
+// Dense and grouped (per-expert) matrix multiplication.
+//
+// Dtypes: a and b both f32 or both bf16 (the reference also takes f64);
+// c f32 or bf16 (reference: also f64). Accumulation is fp32 (fp64 in the
+// reference). Tensors are contiguous row-major.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "moetron/core/tensor.h"
+#include "moetron/kernels/context.h"
+#include "moetron/kernels/dispatch.h"
+
+namespace moetron::kernels {
+
+struct MatmulArgs {
+  bool trans_a = false;  // a is stored [..., K, M]
+  bool trans_b = false;  // b is stored [..., N, K] (the [out, in] layout of weights)
+  float alpha = 1.0f;
+  float beta = 0.0f;  // c = alpha * op(a) op(b) + beta * c; beta != 0 reads c
+};
+
+// a: [..., M, K] (or [..., K, M]); b: [..., K, N] (or [..., N, K]) with the
+// same leading batch dims as a, or 2-D and shared by every batch; c: [..., M, N].
+MOETRON_KERNEL_DECL(void matmul(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c,
+                                const MatmulArgs& args))
+
+// Row-grouped GEMM for experts. x: [T, K] whose rows [offsets[e], offsets[e+1])
+// belong to group e (offsets has E+1 entries, offsets[0] = 0, offsets[E] <= T);
+// w: [E, N, K] if trans_w (weights stored [out, in]) else [E, K, N];
+// y: [T, N], rows of group e = x_e op(w_e) + beta * y_e. Rows past offsets[E]
+// are not touched.
+MOETRON_KERNEL_DECL(void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w,
+                                        std::span<const int64_t> offsets, const Tensor& y,
+                                        bool trans_w, float beta))
+
+// Weight gradient of grouped_matmul with trans_w: dw[e] = beta * dw[e] + dy_e^T x_e,
+// dy: [T, N], x: [T, K], dw: [E, N, K] (f32, or the reference's f64).
+// A group with no rows gives beta * dw[e].
+MOETRON_KERNEL_DECL(void grouped_matmul_weight_grad(Context& ctx, const Tensor& dy,
+                                                    const Tensor& x,
+                                                    std::span<const int64_t> offsets,
+                                                    const Tensor& dw, float beta))
+
+}  // namespace moetron::kernels
