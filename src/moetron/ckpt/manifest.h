@@ -1,0 +1,27 @@
+// A checkpoint's manifest: every file with its size and xxHash64, plus
+// free-form JSON (step, layout, RNG state...) written by the trainer. A
+// checkpoint is complete only if every listed file matches its checksum.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace moetron::ckpt {
+
+inline constexpr const char* kManifestName = "manifest.json";
+
+// xxHash64 of the file's bytes as 16 hex digits; throws naming the path.
+std::string file_checksum(const std::string& path);
+
+// Writes dir/manifest.json listing `files` (names relative to dir) with their
+// sizes and checksums, and `extra` under "state".
+void write_manifest(const std::string& dir, const std::vector<std::string>& files,
+                    const nlohmann::json& extra);
+
+// Reads the manifest and verifies every file's size and checksum; returns the
+// "state" object. Throws moetron::Error naming the first missing, truncated or
+// corrupt file.
+nlohmann::json verify_manifest(const std::string& dir);
+
+}  // namespace moetron::ckpt

@@ -1,0 +1,61 @@
+#include "moetron/ckpt/staged_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "moetron/core/error.h"
+
+namespace moetron::ckpt {
+
+namespace fs = std::filesystem;
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  MOETRON_CHECK(fd >= 0, "cannot open '", path, "' to sync: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  MOETRON_CHECK(rc == 0, "fsync of '", path, "' failed: ", std::strerror(err));
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+StagedDir::StagedDir(std::string final_path) : final_(std::move(final_path)) {
+  while (final_.size() > 1 && final_.back() == '/') final_.pop_back();
+  MOETRON_CHECK(!fs::exists(final_), "'", final_, "' already exists; refusing to overwrite it");
+  const fs::path parent = fs::path(final_).parent_path();
+  if (!parent.empty()) fs::create_directories(parent);
+  staging_ = final_ + ".tmp-" + std::to_string(::getpid());
+  remove_tree(staging_);  // a leftover from a crashed run of this pid number
+  std::error_code ec;
+  fs::create_directory(staging_, ec);
+  MOETRON_CHECK(!ec, "cannot create staging directory '", staging_, "': ", ec.message());
+}
+
+StagedDir::~StagedDir() {
+  if (!committed_) remove_tree(staging_);
+}
+
+void StagedDir::commit() {
+  MOETRON_CHECK(!committed_, "'", final_, "' committed twice");
+  for (const auto& entry : fs::directory_iterator(staging_)) {
+    if (entry.is_regular_file()) fsync_path(entry.path().string());
+  }
+  fsync_path(staging_);
+  MOETRON_CHECK(!fs::exists(final_), "'", final_, "' appeared while staging; not overwriting it");
+  if (::rename(staging_.c_str(), final_.c_str()) != 0) {
+    MOETRON_FAIL("cannot rename '", staging_, "' to '", final_, "': ", std::strerror(errno));
+  }
+  committed_ = true;
+  const fs::path parent = fs::path(final_).parent_path();
+  fsync_path(parent.empty() ? "." : parent.string());
+}
+
+}  // namespace moetron::ckpt

@@ -1,0 +1,40 @@
+// Atomic publication of a directory of files: everything is written under a
+// temporary sibling name, fsync'd, then renamed to the final name in one
+// step. A crash or a failed write (disk full) leaves no directory under the
+// final name and nothing previously published is touched.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace moetron::ckpt {
+
+class StagedDir {
+ public:
+  // Fails if `final_path` already exists (nothing is ever overwritten) or the
+  // staging directory cannot be created.
+  explicit StagedDir(std::string final_path);
+  ~StagedDir();  // removes the staging directory unless committed
+  StagedDir(const StagedDir&) = delete;
+  StagedDir& operator=(const StagedDir&) = delete;
+
+  const std::string& staging_path() const { return staging_; }
+  const std::string& final_path() const { return final_; }
+  // Path of `name` inside the staging directory.
+  std::string file(const std::string& name) const { return staging_ + "/" + name; }
+  // fsyncs every file and the directory, renames it to the final name, and
+  // fsyncs the parent so the rename itself is durable.
+  void commit();
+
+ private:
+  std::string final_;
+  std::string staging_;
+  bool committed_ = false;
+};
+
+// Flushes a file or directory to stable storage; throws naming the path.
+void fsync_path(const std::string& path);
+// Removes a directory tree; quiet if it does not exist.
+void remove_tree(const std::string& path);
+
+}  // namespace moetron::ckpt
