@@ -1,0 +1,344 @@
+#include "moetron/train/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+#include <variant>
+
+#include "moetron/core/error.h"
+
+namespace moetron::train {
+
+namespace {
+
+using Value = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+struct Field {
+  const char* key;
+  std::function<Value(Config&)> bind;
+};
+
+template <typename Member>
+Field field(const char* key, Member Config::*section, auto member) {
+  return {key, [section, member](Config& c) -> Value { return &((c.*section).*member); }};
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      field("model.vocab_size", &Config::model, &ModelConfig::vocab_size),
+      field("model.d_model", &Config::model, &ModelConfig::d_model),
+      field("model.n_layers", &Config::model, &ModelConfig::n_layers),
+      field("model.n_heads", &Config::model, &ModelConfig::n_heads),
+      field("model.n_kv_heads", &Config::model, &ModelConfig::n_kv_heads),
+      field("model.head_dim", &Config::model, &ModelConfig::head_dim),
+      field("model.ffn_hidden", &Config::model, &ModelConfig::ffn_hidden),
+      field("model.max_seq_len", &Config::model, &ModelConfig::max_seq_len),
+      field("model.norm_eps", &Config::model, &ModelConfig::norm_eps),
+      field("model.rope_theta", &Config::model, &ModelConfig::rope_theta),
+      field("model.tie_embeddings", &Config::model, &ModelConfig::tie_embeddings),
+      field("model.init_std", &Config::model, &ModelConfig::init_std),
+      field("moe.num_experts", &Config::moe, &MoeConfig::num_experts),
+      field("moe.top_k", &Config::moe, &MoeConfig::top_k),
+      field("moe.expert_hidden", &Config::moe, &MoeConfig::expert_hidden),
+      field("moe.every", &Config::moe, &MoeConfig::every),
+      field("moe.first_dense_layers", &Config::moe, &MoeConfig::first_dense_layers),
+      field("moe.shared_experts", &Config::moe, &MoeConfig::shared_experts),
+      field("moe.shared_expert_hidden", &Config::moe, &MoeConfig::shared_expert_hidden),
+      field("moe.router_score", &Config::moe, &MoeConfig::router_score),
+      field("moe.renormalize", &Config::moe, &MoeConfig::renormalize),
+      field("moe.aux_loss_coef", &Config::moe, &MoeConfig::aux_loss_coef),
+      field("moe.z_loss_coef", &Config::moe, &MoeConfig::z_loss_coef),
+      field("moe.bias_update_rate", &Config::moe, &MoeConfig::bias_update_rate),
+      field("moe.capacity_factor", &Config::moe, &MoeConfig::capacity_factor),
+      field("optim.name", &Config::optim, &OptimConfig::name),
+      field("optim.lr", &Config::optim, &OptimConfig::lr),
+      field("optim.min_lr_ratio", &Config::optim, &OptimConfig::min_lr_ratio),
+      field("optim.warmup_steps", &Config::optim, &OptimConfig::warmup_steps),
+      field("optim.weight_decay", &Config::optim, &OptimConfig::weight_decay),
+      field("optim.beta1", &Config::optim, &OptimConfig::beta1),
+      field("optim.beta2", &Config::optim, &OptimConfig::beta2),
+      field("optim.eps", &Config::optim, &OptimConfig::eps),
+      field("optim.grad_clip", &Config::optim, &OptimConfig::grad_clip),
+      field("optim.muon_momentum", &Config::optim, &OptimConfig::muon_momentum),
+      field("optim.muon_nesterov", &Config::optim, &OptimConfig::muon_nesterov),
+      field("optim.muon_ns_steps", &Config::optim, &OptimConfig::muon_ns_steps),
+      field("data.path", &Config::data, &DataConfig::path),
+      field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
+      field("train.seq_len", &Config::train, &TrainingConfig::seq_len),
+      field("train.micro_batch", &Config::train, &TrainingConfig::micro_batch),
+      field("train.grad_accum", &Config::train, &TrainingConfig::grad_accum),
+      field("train.steps", &Config::train, &TrainingConfig::steps),
+      field("train.seed", &Config::train, &TrainingConfig::seed),
+      field("train.precision", &Config::train, &TrainingConfig::precision),
+      field("train.log_every", &Config::train, &TrainingConfig::log_every),
+      field("train.eval_every", &Config::train, &TrainingConfig::eval_every),
+      field("train.eval_batches", &Config::train, &TrainingConfig::eval_batches),
+      field("train.nan_policy", &Config::train, &TrainingConfig::nan_policy),
+      field("train.threads", &Config::train, &TrainingConfig::threads),
+      field("checkpoint.every", &Config::checkpoint, &CheckpointConfig::every),
+      field("checkpoint.keep", &Config::checkpoint, &CheckpointConfig::keep),
+  };
+  return table;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearest_key(const std::string& key) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& f : fields()) {
+    // Compare against the full key and against the leaf name, so "d_modle"
+    // and "model.d_modle" both find "model.d_model".
+    const std::string full = f.key;
+    const std::string leaf = full.substr(full.find('.') + 1);
+    const size_t d = std::min(edit_distance(key, full), edit_distance(key, leaf));
+    if (d < best_d) {
+      best_d = d;
+      best = full;
+    }
+  }
+  return best;
+}
+
+const Field& find_field(const std::string& key, const std::string& origin) {
+  for (const auto& f : fields()) {
+    if (key == f.key) return f;
+  }
+  MOETRON_FAIL(origin, ": unknown config key '", key, "' (did you mean '", nearest_key(key), "'?)");
+}
+
+void set_from_node(Value v, const toml::node& node, const std::string& key, const std::string& origin) {
+  const auto type_error = [&](const char* want) {
+    MOETRON_FAIL(origin, ": config key '", key, "' needs ", want);
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!node.is_boolean()) type_error("true or false");
+          *p = node.as_boolean()->get();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!node.is_string()) type_error("a string");
+          *p = node.as_string()->get();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (node.is_integer()) {
+            *p = static_cast<double>(node.as_integer()->get());
+          } else if (node.is_floating_point()) {
+            *p = node.as_floating_point()->get();
+          } else {
+            type_error("a number");
+          }
+        } else {
+          if (!node.is_integer()) type_error("an integer");
+          const int64_t x = node.as_integer()->get();
+          if constexpr (std::is_same_v<T, uint64_t>) {
+            if (x < 0) type_error("a non-negative integer");
+            *p = static_cast<uint64_t>(x);
+          } else {
+            *p = x;
+          }
+        }
+      },
+      v);
+}
+
+void apply_table(Config& cfg, const toml::table& table, const std::string& prefix,
+                 const std::string& origin) {
+  for (const auto& [k, node] : table) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const auto* sub = node.as_table()) {
+      apply_table(cfg, *sub, key, origin);
+      continue;
+    }
+    set_from_node(find_field(key, origin).bind(cfg), node, key, origin);
+  }
+}
+
+void check_rule(bool ok, const char* key, const std::string& rule) {
+  if (!ok) MOETRON_FAIL("invalid config: '", key, "': ", rule);
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const auto& f : fields()) keys.emplace_back(f.key);
+  return keys;
+}
+
+void apply_override(Config& cfg, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  MOETRON_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment,
+                "' must have the form key=value");
+  const std::string key = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+  const Field& f = find_field(key, "--set");
+  Value v = f.bind(cfg);
+  // Strings may be given bare (--set train.precision=bf16): quote them for TOML.
+  if (std::holds_alternative<std::string*>(v) && (value.empty() || value.front() != '"')) {
+    std::string quoted = "\"";
+    for (char c : value) {
+      if (c == '"' || c == '\\') quoted += '\\';
+      quoted += c;
+    }
+    value = quoted + "\"";
+  }
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error& e) {
+    MOETRON_FAIL("--set ", key, ": cannot parse value '", value, "': ", e.description());
+  }
+  set_from_node(v, *parsed.get("v"), key, "--set");
+}
+
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  Config cfg;
+  toml::table table;
+  try {
+    table = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    MOETRON_FAIL(origin, ":", e.source().begin.line, ": TOML syntax error: ", e.description());
+  }
+  apply_table(cfg, table, "", origin);
+  for (const auto& o : overrides) apply_override(cfg, o);
+  validate(cfg);
+  return cfg;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    if (src.begin.line == 0) MOETRON_FAIL("cannot read config file '", path, "': ", e.description());
+    MOETRON_FAIL(path, ":", src.begin.line, ": TOML syntax error: ", e.description());
+  }
+  Config cfg;
+  apply_table(cfg, table, "", path);
+  for (const auto& o : overrides) apply_override(cfg, o);
+  validate(cfg);
+  return cfg;
+}
+
+void validate(const Config& c) {
+  const auto& m = c.model;
+  check_rule(m.vocab_size > 0, "model.vocab_size", "must be positive");
+  check_rule(m.d_model > 0, "model.d_model", "must be positive");
+  check_rule(m.n_layers > 0, "model.n_layers", "must be positive");
+  check_rule(m.n_heads > 0, "model.n_heads", "must be positive");
+  check_rule(m.head_dim > 0 || m.d_model % m.n_heads == 0, "model.n_heads",
+             str_cat("must divide model.d_model (", m.d_model, " % ", m.n_heads, " != 0) unless model.head_dim is set"));
+  check_rule(m.head_dim >= 0, "model.head_dim", "must be >= 0 (0 means d_model / n_heads)");
+  check_rule(m.resolved_head_dim() % 2 == 0, "model.head_dim", "must be even (RoPE rotates pairs)");
+  check_rule(m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
+             str_cat("must divide model.n_heads (", m.n_heads, " % ", m.n_kv_heads, " != 0)"));
+  check_rule(m.ffn_hidden > 0, "model.ffn_hidden", "must be positive");
+  check_rule(m.max_seq_len > 0, "model.max_seq_len", "must be positive");
+  check_rule(m.norm_eps > 0, "model.norm_eps", "must be positive");
+  check_rule(m.rope_theta > 0, "model.rope_theta", "must be positive");
+  check_rule(m.init_std > 0, "model.init_std", "must be positive");
+  const auto& e = c.moe;
+  check_rule(e.num_experts >= 0, "moe.num_experts", "must be >= 0 (0: dense model)");
+  if (e.num_experts > 0) {
+    check_rule(e.top_k >= 1 && e.top_k <= e.num_experts, "moe.top_k",
+               str_cat("must be in [1, moe.num_experts = ", e.num_experts, "], got ", e.top_k));
+    check_rule(e.expert_hidden > 0, "moe.expert_hidden", "must be positive");
+    check_rule(e.every >= 1, "moe.every", "must be >= 1");
+  }
+  check_rule(e.first_dense_layers >= 0 && e.first_dense_layers <= m.n_layers, "moe.first_dense_layers",
+             "must be in [0, model.n_layers]");
+  check_rule(e.shared_experts >= 0, "moe.shared_experts", "must be >= 0");
+  check_rule(e.shared_expert_hidden >= 0, "moe.shared_expert_hidden", "must be >= 0");
+  check_rule(e.router_score == "softmax" || e.router_score == "sigmoid", "moe.router_score",
+             str_cat("must be \"softmax\" or \"sigmoid\", got \"", e.router_score, "\""));
+  check_rule(e.aux_loss_coef >= 0, "moe.aux_loss_coef", "must be >= 0");
+  check_rule(e.z_loss_coef >= 0, "moe.z_loss_coef", "must be >= 0");
+  check_rule(e.bias_update_rate >= 0, "moe.bias_update_rate", "must be >= 0");
+  check_rule(e.capacity_factor == 0 || e.capacity_factor >= 1.0 / static_cast<double>(std::max<int64_t>(e.top_k, 1)),
+             "moe.capacity_factor", "must be 0 (dropless) or a positive factor, typically 1.25");
+  check_rule(e.capacity_factor >= 0, "moe.capacity_factor", "must be >= 0");
+  const auto& o = c.optim;
+  check_rule(o.name == "adamw" || o.name == "muon", "optim.name",
+             str_cat("must be \"adamw\" or \"muon\", got \"", o.name, "\""));
+  check_rule(o.lr > 0, "optim.lr", "must be positive");
+  check_rule(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]");
+  check_rule(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0");
+  check_rule(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
+  check_rule(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1", "must be in [0, 1)");
+  check_rule(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2", "must be in [0, 1)");
+  check_rule(o.eps > 0, "optim.eps", "must be positive");
+  check_rule(o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)");
+  check_rule(o.muon_momentum >= 0 && o.muon_momentum < 1, "optim.muon_momentum", "must be in [0, 1)");
+  check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
+  check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in (0, 1)");
+  const auto& t = c.train;
+  check_rule(t.seq_len > 0 && t.seq_len <= m.max_seq_len, "train.seq_len",
+             str_cat("must be in [1, model.max_seq_len = ", m.max_seq_len, "]"));
+  check_rule(t.micro_batch > 0, "train.micro_batch", "must be positive");
+  check_rule(t.grad_accum > 0, "train.grad_accum", "must be positive");
+  check_rule(t.steps > 0, "train.steps", "must be positive");
+  check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
+             "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
+  check_rule(t.log_every > 0, "train.log_every", "must be positive");
+  check_rule(t.eval_every >= 0, "train.eval_every", "must be >= 0 (0: only at the end)");
+  check_rule(t.eval_batches > 0, "train.eval_batches", "must be positive");
+  check_rule(t.nan_policy == "skip" || t.nan_policy == "stop", "train.nan_policy",
+             str_cat("must be \"skip\" or \"stop\", got \"", t.nan_policy, "\""));
+  check_rule(t.threads >= 0, "train.threads", "must be >= 0 (0: all cores)");
+  check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
+  check_rule(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+}
+
+std::string to_toml(const Config& cfg) {
+  Config copy = cfg;
+  std::ostringstream os;
+  std::string section;
+  for (const auto& f : fields()) {
+    const std::string key = f.key;
+    const std::string sec = key.substr(0, key.find('.'));
+    if (sec != section) {
+      os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    os << key.substr(key.find('.') + 1) << " = ";
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            os << (*p ? "true" : "false");
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            os << toml::value<std::string>(*p);
+          } else if constexpr (std::is_same_v<T, double>) {
+            std::ostringstream num;
+            num.precision(17);
+            num << *p;
+            std::string s = num.str();
+            if (s.find_first_of(".en") == std::string::npos) s += ".0";
+            os << s;
+          } else {
+            os << *p;
+          }
+        },
+        f.bind(copy));
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace moetron::train

@@ -1,0 +1,108 @@
+// Typed training configuration: structs with defaults, read from TOML,
+// overridden by `--set key=value`, validated with messages that name the key
+// and the rule. Every key is listed once in config.cpp's field table, so an
+// unknown key is an error that names the nearest valid one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moetron::train {
+
+struct ModelConfig {
+  int64_t vocab_size = 8192;
+  int64_t d_model = 512;
+  int64_t n_layers = 8;
+  int64_t n_heads = 8;
+  int64_t n_kv_heads = 8;
+  int64_t head_dim = 0;  // 0: d_model / n_heads
+  int64_t ffn_hidden = 1408;  // dense SwiGLU layers
+  int64_t max_seq_len = 512;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;
+  double init_std = 0.02;
+  int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
+};
+
+struct MoeConfig {
+  int64_t num_experts = 8;  // 0: every FFN is dense
+  int64_t top_k = 2;
+  int64_t expert_hidden = 1024;
+  int64_t every = 1;               // every n-th layer (after the dense ones) is MoE
+  int64_t first_dense_layers = 0;  // leading layers kept dense
+  int64_t shared_experts = 0;
+  int64_t shared_expert_hidden = 0;  // 0: expert_hidden
+  std::string router_score = "softmax";  // softmax (Mixtral) | sigmoid (DeepSeek-V3)
+  bool renormalize = true;
+  double aux_loss_coef = 1e-2;   // Switch load-balancing loss; 0 disables
+  double z_loss_coef = 1e-3;     // router z-loss; 0 disables
+  double bias_update_rate = 0.0;  // aux-loss-free bias step gamma; 0 disables
+  double capacity_factor = 0.0;   // 0: dropless
+};
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | muon (Muon for 2-D hidden matrices, AdamW for the rest)
+  double lr = 3e-3;
+  double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio
+  int64_t warmup_steps = 20;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global norm; 0 disables
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int64_t muon_ns_steps = 5;
+};
+
+struct DataConfig {
+  std::string path = "data/demo";  // a directory written by `moetron prepare-data`
+  double val_fraction = 0.02;
+};
+
+struct TrainingConfig {
+  int64_t seq_len = 256;
+  int64_t micro_batch = 8;
+  int64_t grad_accum = 1;
+  int64_t steps = 200;
+  uint64_t seed = 1234;
+  std::string precision = "auto";  // auto | bf16 | fp16 | fp32
+  int64_t log_every = 10;
+  int64_t eval_every = 50;
+  int64_t eval_batches = 4;
+  std::string nan_policy = "skip";  // skip | stop
+  int64_t threads = 0;  // 0: all cores
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;  // 0: only at the end
+  int64_t keep = 2;   // complete checkpoints kept
+};
+
+struct Config {
+  ModelConfig model;
+  MoeConfig moe;
+  OptimConfig optim;
+  DataConfig data;
+  TrainingConfig train;
+  CheckpointConfig checkpoint;
+};
+
+// Parses a TOML file, applies `overrides` ("key=value", e.g. "model.d_model=256"),
+// validates. Errors name the file, the key and the rule.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from TOML text (`origin` names it in errors).
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+void apply_override(Config& cfg, const std::string& assignment);
+// Throws moetron::Error naming the first key that breaks a rule.
+void validate(const Config& cfg);
+// The full configuration as TOML (every key, defaults included): saved into
+// checkpoints so a run can be reproduced.
+std::string to_toml(const Config& cfg);
+// All valid keys, "section.name".
+std::vector<std::string> config_keys();
+
+}  // namespace moetron::train

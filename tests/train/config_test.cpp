@@ -1,0 +1,87 @@
+#include "moetron/train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "moetron/core/error.h"
+
+namespace moetron::train {
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, ParsesSectionsAndOverrides) {
+  const Config c = parse_config(R"(
+[model]
+d_model = 256
+n_heads = 4
+n_kv_heads = 2
+[moe]
+num_experts = 4
+router_score = "sigmoid"
+aux_loss_coef = 0
+[optim]
+lr = 1e-3
+)",
+                                "test.toml", {"model.n_layers=3", "train.precision=fp32", "optim.lr=0.5"});
+  EXPECT_EQ(c.model.d_model, 256);
+  EXPECT_EQ(c.model.resolved_head_dim(), 64);
+  EXPECT_EQ(c.model.n_layers, 3);
+  EXPECT_EQ(c.moe.router_score, "sigmoid");
+  EXPECT_EQ(c.moe.aux_loss_coef, 0.0);  // an integer is accepted for a float key
+  EXPECT_EQ(c.train.precision, "fp32");
+  EXPECT_EQ(c.optim.lr, 0.5);
+}
+
+TEST(Config, UnknownKeyNamesTheNearestValidKey) {
+  const std::string e1 = error_of([] { parse_config("[model]\nd_modle = 3\n", "a.toml"); });
+  EXPECT_NE(e1.find("unknown config key 'model.d_modle'"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("did you mean 'model.d_model'"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("a.toml"), std::string::npos) << e1;
+  const std::string e2 = error_of([] { parse_config("", "a.toml", {"moe.topk=2"}); });
+  EXPECT_NE(e2.find("did you mean 'moe.top_k'"), std::string::npos) << e2;
+}
+
+TEST(Config, InvalidValuesNameTheKeyAndTheRule) {
+  const auto msg = [](const std::string& set) {
+    return error_of([&] { parse_config("", "x.toml", {set}); });
+  };
+  EXPECT_NE(msg("moe.top_k=9").find("'moe.top_k': must be in [1, moe.num_experts = 8]"), std::string::npos);
+  EXPECT_NE(msg("model.n_heads=7").find("'model.n_heads': must divide model.d_model"), std::string::npos);
+  EXPECT_NE(msg("model.n_kv_heads=3").find("'model.n_kv_heads': must divide model.n_heads"),
+            std::string::npos);
+  EXPECT_NE(msg("optim.lr=-1").find("'optim.lr': must be positive"), std::string::npos);
+  EXPECT_NE(msg("train.precision=fp8").find("'train.precision'"), std::string::npos);
+  EXPECT_NE(msg("model.d_model=\"big\"").find("'model.d_model' needs an integer"), std::string::npos);
+  EXPECT_NE(msg("model.d_model").find("key=value"), std::string::npos);
+}
+
+TEST(Config, RoundTripsThroughToml) {
+  Config c = parse_config("", "x", {"model.d_model=128", "moe.capacity_factor=1.25", "data.path=some dir"});
+  const Config d = parse_config(to_toml(c), "roundtrip");
+  EXPECT_EQ(to_toml(c), to_toml(d));
+  EXPECT_EQ(d.moe.capacity_factor, 1.25);
+  EXPECT_EQ(d.data.path, "some dir");
+}
+
+TEST(Config, MissingFileAndSyntaxErrorsNameTheFile) {
+  const std::string e1 = error_of([] { load_config("/nonexistent/cfg.toml"); });
+  EXPECT_NE(e1.find("/nonexistent/cfg.toml"), std::string::npos) << e1;
+  const std::string path = (std::filesystem::temp_directory_path() / "moetron_bad_cfg.toml").string();
+  std::ofstream(path) << "[model]\nd_model = = 3\n";
+  const std::string e2 = error_of([&] { load_config(path); });
+  EXPECT_NE(e2.find(path + ":2"), std::string::npos) << e2;
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace moetron::train
