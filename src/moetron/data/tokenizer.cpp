@@ -1,0 +1,89 @@
+#include "moetron/data/tokenizer.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "moetron/core/error.h"
+
+namespace moetron::data {
+
+namespace {
+constexpr const char* kNewlinePiece = "<n>";
+
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
+  std::string out;
+  out.reserve(s.size());
+  size_t pos = 0;
+  while (true) {
+    const size_t next = s.find(from, pos);
+    if (next == std::string::npos) break;
+    out.append(s, pos, next - pos);
+    out += to;
+    pos = next + from.size();
+  }
+  out.append(s, pos, std::string::npos);
+  return out;
+}
+}  // namespace
+
+std::string escape_newlines(const std::string& text) { return replace_all(text, "\n", kNewlinePiece); }
+std::string unescape_newlines(const std::string& text) { return replace_all(text, kNewlinePiece, "\n"); }
+
+Tokenizer::Tokenizer(const std::string& model_path)
+    : path_(model_path), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  MOETRON_CHECK(std::filesystem::exists(model_path), "tokenizer model '", model_path,
+                "' does not exist");
+  const auto status = sp_->Load(model_path);
+  MOETRON_CHECK(status.ok(), "cannot load tokenizer model '", model_path, "': ", status.ToString());
+}
+
+Tokenizer::~Tokenizer() = default;
+
+std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+  std::vector<int> ids;
+  const auto status = sp_->Encode(escape_newlines(text), &ids);
+  MOETRON_CHECK(status.ok(), "tokenizer '", path_, "': encode failed: ", status.ToString());
+  return {ids.begin(), ids.end()};
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::vector<int> v;
+  v.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id >= 0 && id < sp_->GetPieceSize() && id != sp_->eos_id() && id != sp_->bos_id()) v.push_back(id);
+  }
+  std::string text;
+  const auto status = sp_->Decode(v, &text);
+  MOETRON_CHECK(status.ok(), "tokenizer '", path_, "': decode failed: ", status.ToString());
+  return unescape_newlines(text);
+}
+
+int64_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+int32_t Tokenizer::eos_id() const { return sp_->eos_id(); }
+int32_t Tokenizer::bos_id() const { return sp_->bos_id(); }
+
+void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix,
+                     int64_t vocab_size, int num_threads) {
+  MOETRON_CHECK(!documents.empty(), "cannot train a tokenizer on an empty corpus");
+  const std::string input = model_prefix + ".train.txt";
+  {
+    std::ofstream f(input, std::ios::trunc);
+    for (const auto& d : documents) f << escape_newlines(d) << "\n";
+    MOETRON_CHECK(f.good(), "cannot write '", input, "'");
+  }
+  const std::string args = str_cat(
+      "--input=", input, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
+      " --model_type=bpe --character_coverage=1.0 --byte_fallback=true",
+      " --normalization_rule_name=identity --remove_extra_whitespaces=false",
+      " --split_digits=true --user_defined_symbols=", kNewlinePiece,
+      " --max_sentence_length=65536 --num_threads=", num_threads,
+      " --minloglevel=2 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1");
+  const auto status = sentencepiece::SentencePieceTrainer::Train(args);
+  std::filesystem::remove(input);
+  MOETRON_CHECK(status.ok(), "tokenizer training failed: ", status.ToString());
+}
+
+}  // namespace moetron::data

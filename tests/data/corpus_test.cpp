@@ -1,0 +1,129 @@
+#include "moetron/data/corpus.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "moetron/ckpt/manifest.h"
+#include "moetron/ckpt/staged_dir.h"
+#include "moetron/core/error.h"
+#include "moetron/data/token_dataset.h"
+#include "moetron/data/tokenizer.h"
+#include "moetron/core/rng.h"
+
+namespace moetron::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small synthetic corpus in fortune format: documents separated by "%" lines.
+std::string make_corpus_dir(const std::string& name) {
+  const std::string dir = (fs::temp_directory_path() / ("moetron_" + name + "_" + std::to_string(::getpid()))).string();
+  ckpt::remove_tree(dir);
+  fs::create_directories(dir + "/text");
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "while", "dogs", "bark", "at",
+                         "night", "and", "stars", "shine", "over", "quiet", "hills", "river"};
+  std::ofstream f(dir + "/text/quotes");
+  PhiloxStream rng(5, "corpus");
+  for (int d = 0; d < 400; ++d) {
+    const int lines = 1 + static_cast<int>(rng.next_u32() % 3);
+    for (int l = 0; l < lines; ++l) {
+      const int n = 3 + static_cast<int>(rng.next_u32() % 8);
+      for (int w = 0; w < n; ++w) f << (w ? " " : "") << words[rng.next_u32() % 18];
+      f << (l == 0 ? "." : ",") << "\n";
+    }
+    f << "%\n";
+  }
+  std::ofstream(dir + "/text/index.dat") << std::string("\0\1\2binary", 9);
+  return dir;
+}
+
+TEST(Corpus, SplitsFortuneFilesIntoDocuments) {
+  const std::string dir = make_corpus_dir("docs");
+  std::ofstream(dir + "/text/fort") << "first one\nline two\n%\nsecond\n%\n";
+  int64_t files = 0;
+  const auto docs = read_documents(dir + "/text/fort", &files);
+  ASSERT_EQ(docs.size(), 2u);
+  EXPECT_EQ(docs[0], "first one\nline two");
+  EXPECT_EQ(docs[1], "second");
+  EXPECT_THROW(read_documents(dir + "/missing"), Error);
+  ckpt::remove_tree(dir);
+}
+
+TEST(Corpus, PrepareTrainsTokenizerSplitsAndPublishesAtomically) {
+  const std::string dir = make_corpus_dir("prepare");
+  PrepareOptions opts;
+  opts.input = dir + "/text";
+  opts.out_dir = dir + "/prepared";
+  opts.vocab_size = 320;
+  opts.val_fraction = 0.1;
+  const PrepareReport rep = prepare_data(opts);
+  EXPECT_EQ(rep.files, 1);  // the binary .dat file is skipped
+  EXPECT_EQ(rep.documents, 400);
+  EXPECT_EQ(rep.vocab_size, 320);
+  EXPECT_GT(rep.train_tokens, 5 * rep.val_tokens);
+  EXPECT_GT(rep.val_tokens, 0);
+  const auto state = ckpt::verify_manifest(opts.out_dir);
+  EXPECT_EQ(state.at("train_tokens").get<int64_t>(), rep.train_tokens);
+
+  Tokenizer tok(opts.out_dir + "/tokenizer.model");
+  const std::string text = "the cat sat,\nover quiet hills.";
+  EXPECT_EQ(tok.decode(tok.encode(text)), text);  // newlines survive the round trip
+
+  TokenFile train(opts.out_dir + "/train.bin", tok.vocab_size());
+  EXPECT_EQ(train.size(), rep.train_tokens);
+  // Refuses to overwrite the prepared directory.
+  EXPECT_THROW(prepare_data(opts), Error);
+  // A given tokenizer is reused, not retrained: identical token streams.
+  PrepareOptions again = opts;
+  again.out_dir = dir + "/prepared2";
+  again.tokenizer_model = opts.out_dir + "/tokenizer.model";
+  const PrepareReport rep2 = prepare_data(again);
+  EXPECT_EQ(rep2.train_tokens, rep.train_tokens);
+  EXPECT_EQ(ckpt::file_checksum(again.out_dir + "/train.bin"), ckpt::file_checksum(opts.out_dir + "/train.bin"));
+  ckpt::remove_tree(dir);
+}
+
+TEST(TokenFile, RejectsOutOfVocabularyIdsAndOddSizes) {
+  const std::string path = (fs::temp_directory_path() / "moetron_tokens.bin").string();
+  const int32_t ids[] = {1, 2, 3, 99};
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(ids), sizeof(ids));
+  EXPECT_NO_THROW(TokenFile(path, 100));
+  try {
+    TokenFile f(path, 50);
+    FAIL() << "id 99 accepted with vocab 50";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("position 3"), std::string::npos) << e.what();
+  }
+  std::ofstream(path, std::ios::binary | std::ios::app).write("x", 1);
+  EXPECT_THROW(TokenFile(path, 100), Error);
+  fs::remove(path);
+}
+
+TEST(WindowSampler, IsAPureFunctionOfTheSampleIndex) {
+  const std::string path = (fs::temp_directory_path() / "moetron_tokens2.bin").string();
+  std::vector<int32_t> ids(1000);
+  for (int i = 0; i < 1000; ++i) ids[static_cast<size_t>(i)] = i;
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), 4000);
+  TokenFile f(path);
+  WindowSampler a(f, 65, 11), b(f, 65, 11), c(f, 65, 12);
+  int differ = 0;
+  for (uint64_t i = 0; i < 200; ++i) {
+    const int64_t s = a.start_of(i);
+    ASSERT_GE(s, 0);
+    ASSERT_LE(s, 1000 - 65);
+    ASSERT_EQ(s, b.start_of(i));
+    differ += s != c.start_of(i);
+  }
+  EXPECT_GT(differ, 190);
+  std::vector<int32_t> w(65);
+  a.fill(17, w.data());
+  EXPECT_EQ(w[0], a.start_of(17));
+  EXPECT_EQ(w[64], a.start_of(17) + 64);
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace moetron::data
