@@ -71,13 +71,13 @@ Tensor Tensor::clone(MemTag tag) const {
   return t;
 }
 
-void Tensor::copy_from(const Tensor& src) {
+void Tensor::copy_from(const Tensor& src) const {
   MOETRON_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy_from ", src.str(), " into ",
                 str());
   if (nbytes()) std::memmove(data_, src.data_, nbytes());
 }
 
-void Tensor::fill(double value) {
+void Tensor::fill(double value) const {
   const int64_t n = numel();
   switch (dtype_) {
     case DType::f32: {
@@ -120,7 +120,7 @@ void Tensor::fill(double value) {
   }
 }
 
-void Tensor::poison() {
+void Tensor::poison() const {
   if (nbytes()) std::memset(data_, 0xff, nbytes());
 }
 

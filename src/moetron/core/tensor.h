@@ -85,13 +85,15 @@ class Tensor {
   // Element i of the leading dimension, rank reduced by one.
   Tensor operator[](int64_t i) const;
   Tensor clone(MemTag tag = MemTag::activations) const;
+  // Writes go through the handle: a const Tensor is a fixed view, not
+  // read-only data (kernels take outputs as const Tensor&).
   // Copies src into this tensor (same shape and dtype).
-  void copy_from(const Tensor& src);
+  void copy_from(const Tensor& src) const;
   // Fills every element with `value` converted to the dtype.
-  void fill(double value);
+  void fill(double value) const;
   // Fills every byte of every element with 0xff: NaN for f32/f64/bf16/f16,
   // -1 for integers. Tests poison outputs so an element never written fails.
-  void poison();
+  void poison() const;
 
   std::string str() const;  // "f32[2, 3]"
 

@@ -1,0 +1,41 @@
+// Grouped-query self-attention with RoPE: q, k, v column-parallel
+// projections, blockwise attention, o row-parallel projection.
+//
+// Saves for backward: the normalised input x, q and k after RoPE, v, the
+// attention output (before o_proj) and its log-sum-exp. Nothing S x S.
+#pragma once
+
+#include <string>
+
+#include "moetron/kernels/attention.h"
+#include "moetron/kernels/context.h"
+#include "moetron/nn/model_config.h"
+#include "moetron/nn/parameter.h"
+
+namespace moetron::nn {
+
+class SelfAttention {
+ public:
+  SelfAttention(const ModelConfig& cfg, const std::string& prefix, Precision prec,
+                ParameterSet& params);
+
+  // x: [B * S, D] (rows batch-major), positions: i32 [B * S]; y: [B * S, D] overwritten.
+  void forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions, int64_t batch,
+               int64_t seq, const Tensor& y);
+  // dx: [B * S, D] overwritten with the gradient wrt x; weight grads accumulate.
+  void backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx);
+  void release();  // drops what forward saved
+
+ private:
+  int64_t d_, h_, hkv_, hd_;
+  float theta_;
+  kernels::AttentionMask mask_;
+  Parameter *wq_, *wk_, *wv_, *wo_;
+  Precision prec_;
+  struct Saved {
+    Tensor x, positions, q, k, v, out, lse;
+    int64_t batch = 0, seq = 0;
+  } saved_;
+};
+
+}  // namespace moetron::nn

@@ -1,0 +1,91 @@
+#include "moetron/nn/block.h"
+
+#include <cmath>
+
+#include "moetron/kernels/elementwise.h"
+#include "moetron/kernels/norm.h"
+
+namespace moetron::nn {
+
+namespace {
+std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
+}  // namespace
+
+Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
+             ParameterSet& params)
+    : d_(model.d_model),
+      eps_(static_cast<float>(model.norm_eps)),
+      prec_(prec),
+      norm1_(&params.add(layer_prefix(index) + "input_layernorm.weight", {model.d_model}, prec.accum,
+                         prec.accum, ParallelKind::replicated, InitKind::ones, 0, false)),
+      norm2_(&params.add(layer_prefix(index) + "post_attention_layernorm.weight", {model.d_model},
+                         prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0, false)),
+      attn_(model, layer_prefix(index) + "self_attn.", prec, params) {
+  if (layer_is_moe(moe, index)) {
+    moe_ = std::make_unique<MoeLayer>(model, moe, layer_prefix(index), prec, params);
+  } else {
+    const auto std = static_cast<float>(model.init_std);
+    const auto out_std = static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));
+    mlp_ = std::make_unique<SwiGluMlp>(model.d_model, model.ffn_hidden, layer_prefix(index) + "mlp.",
+                                       std, out_std, prec, params);
+  }
+}
+
+Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
+                      int64_t batch, int64_t seq, double loss_weight, MoeStats& moe_stats) {
+  const int64_t t = x.dim(0);
+  Saved s;
+  s.x = x;
+  s.rstd1 = Tensor::empty({t}, prec_.accum);
+  Tensor n1 = Tensor::empty({t, d_}, prec_.compute);
+  kernels::rmsnorm_forward(ctx, x, norm1_->value, eps_, n1, s.rstd1);
+  s.h = Tensor::empty({t, d_}, prec_.compute);
+  attn_.forward(ctx, n1, positions, batch, seq, s.h);
+  kernels::add(ctx, s.h, x, s.h);
+  s.rstd2 = Tensor::empty({t}, prec_.accum);
+  Tensor n2 = Tensor::empty({t, d_}, prec_.compute);
+  kernels::rmsnorm_forward(ctx, s.h, norm2_->value, eps_, n2, s.rstd2);
+  Tensor out = Tensor::empty({t, d_}, prec_.compute);
+  if (moe_) {
+    const MoeStats st = moe_->forward(ctx, n2, out, loss_weight);
+    moe_stats.aux_loss += st.aux_loss;
+    moe_stats.z_loss += st.z_loss;
+    moe_stats.dropped += st.dropped;
+  } else {
+    mlp_->forward(ctx, n2, out);
+  }
+  kernels::add(ctx, out, s.h, out);
+  saved_ = std::move(s);
+  return out;
+}
+
+Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out) {
+  Saved& s = saved_;
+  MOETRON_CHECK(s.x.defined(), "block backward without a saved forward");
+  const int64_t t = s.x.dim(0);
+  Tensor d_n2 = Tensor::empty({t, d_}, prec_.compute);
+  if (moe_) {
+    moe_->backward(ctx, d_out, d_n2);
+  } else {
+    mlp_->backward(ctx, d_out, d_n2);
+  }
+  Tensor d_h = Tensor::empty({t, d_}, prec_.compute);
+  kernels::rmsnorm_backward(ctx, d_n2, s.h, norm2_->value, s.rstd2, d_h, norm2_->grad);
+  kernels::add(ctx, d_h, d_out, d_h);
+  Tensor d_n1 = std::move(d_n2);  // same shape; reuse the buffer
+  attn_.backward(ctx, d_h, d_n1);
+  Tensor d_x = Tensor::empty({t, d_}, prec_.compute);
+  kernels::rmsnorm_backward(ctx, d_n1, s.x, norm1_->value, s.rstd1, d_x, norm1_->grad);
+  kernels::add(ctx, d_x, d_h, d_x);
+  release();
+  return d_x;
+}
+
+void Block::release() {
+  saved_ = Saved{};
+  attn_.release();
+  if (mlp_) mlp_->release();
+  if (moe_) moe_->release();
+}
+
+}  // namespace moetron::nn

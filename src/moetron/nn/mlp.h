@@ -1,0 +1,38 @@
+// Dense SwiGLU feed-forward: down(silu(gate(x)) * up(x)). gate and up are
+// two parameters (Hugging Face names) stored as the halves of one [2F, D]
+// buffer, so a single GEMM computes both.
+//
+// Saves for backward: the input x, the gate-up product [T, 2F] and the
+// SwiGLU output [T, F].
+#pragma once
+
+#include <string>
+
+#include "moetron/kernels/context.h"
+#include "moetron/nn/parameter.h"
+
+namespace moetron::nn {
+
+class SwiGluMlp {
+ public:
+  // Parameters `prefix` + gate_proj.weight, up_proj.weight, down_proj.weight.
+  SwiGluMlp(int64_t d_model, int64_t hidden, const std::string& prefix, float init_std,
+            float out_std, Precision prec, ParameterSet& params);
+
+  // x: [T, D]; y: [T, D] = mlp(x) + beta * y.
+  void forward(kernels::Context& ctx, const Tensor& x, const Tensor& y, float beta = 0.0f);
+  // dx = grad wrt x + dx_beta * dx.
+  void backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx, float dx_beta = 0.0f);
+  void release() { saved_ = Saved{}; }
+
+ private:
+  int64_t d_, f_;
+  Precision prec_;
+  Tensor w13_, w13_grad_;  // [2F, D]: rows [0, F) gate, [F, 2F) up
+  Parameter* down_;
+  struct Saved {
+    Tensor x, gate_up, act;
+  } saved_;
+};
+
+}  // namespace moetron::nn

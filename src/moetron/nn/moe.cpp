@@ -1,0 +1,244 @@
+#include "moetron/nn/moe.h"
+
+#include <cmath>
+
+#include "moetron/kernels/activation.h"
+#include "moetron/kernels/elementwise.h"
+#include "moetron/kernels/matmul.h"
+#include "moetron/nn/linear.h"
+
+namespace moetron::nn {
+
+namespace {
+
+// Balancing-loss math on the [T, E] router tensors, in their dtype (f32 or f64).
+template <typename T>
+void balancing_losses(const Tensor& logits, const Tensor& scores, const std::vector<int64_t>& counts,
+                      int64_t k, double aux_coef, double z_coef, double weight, MoeStats& stats,
+                      const Tensor& d_scores, const Tensor& d_logits_z) {
+  const int64_t t = logits.dim(0), e = logits.dim(1);
+  const T* lg = logits.data<T>();
+  const T* sc = scores.data<T>();
+  if (aux_coef > 0) {
+    // Switch: alpha * E * sum_i f_i P_i with f_i = share of the T*K choices on
+    // expert i (not differentiable) and P_i = mean router score of expert i.
+    std::vector<double> f(static_cast<size_t>(e)), p(static_cast<size_t>(e), 0.0);
+    for (int64_t i = 0; i < e; ++i) f[static_cast<size_t>(i)] = static_cast<double>(counts[static_cast<size_t>(i)]) / static_cast<double>(t * k);
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t i = 0; i < e; ++i) p[static_cast<size_t>(i)] += sc[r * e + i];
+    double aux = 0;
+    for (int64_t i = 0; i < e; ++i) aux += f[static_cast<size_t>(i)] * p[static_cast<size_t>(i)] / static_cast<double>(t);
+    stats.aux_loss = aux_coef * static_cast<double>(e) * aux;
+    T* ds = d_scores.data<T>();
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t i = 0; i < e; ++i)
+        ds[r * e + i] = static_cast<T>(weight * aux_coef * static_cast<double>(e) * f[static_cast<size_t>(i)] / static_cast<double>(t));
+  }
+  if (z_coef > 0) {
+    // ST-MoE z-loss: (1/T) sum_t logsumexp(logits_t)^2; its gradient on the
+    // logits is (2/T) lse_t softmax(logits_t).
+    T* dz = d_logits_z.data<T>();
+    double z = 0;
+    for (int64_t r = 0; r < t; ++r) {
+      double mx = -INFINITY;
+      for (int64_t i = 0; i < e; ++i) mx = std::max(mx, static_cast<double>(lg[r * e + i]));
+      double sum = 0;
+      for (int64_t i = 0; i < e; ++i) sum += std::exp(static_cast<double>(lg[r * e + i]) - mx);
+      const double lse = mx + std::log(sum);
+      z += lse * lse;
+      for (int64_t i = 0; i < e; ++i) {
+        const double sm = std::exp(static_cast<double>(lg[r * e + i]) - lse);
+        dz[r * e + i] = static_cast<T>(weight * z_coef * 2.0 * lse * sm / static_cast<double>(t));
+      }
+    }
+    stats.z_loss = z_coef * z / static_cast<double>(t);
+  }
+}
+
+}  // namespace
+
+MoeLayer::MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::string& prefix,
+                   Precision prec, ParameterSet& params)
+    : d_(model.d_model),
+      e_(moe.num_experts),
+      k_(moe.top_k),
+      f_(moe.expert_hidden),
+      aux_coef_(moe.aux_loss_coef),
+      z_coef_(moe.z_loss_coef),
+      capacity_factor_(moe.capacity_factor),
+      use_bias_(moe.bias_update_rate > 0),
+      prec_(prec),
+      load_(static_cast<size_t>(moe.num_experts), 0) {
+  router_args_.k = static_cast<int>(k_);
+  router_args_.score = moe.router_score == "sigmoid" ? kernels::RouterScore::sigmoid
+                                                     : kernels::RouterScore::softmax;
+  router_args_.renormalize = moe.renormalize;
+  const auto std = static_cast<float>(model.init_std);
+  const auto out_std = static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));
+  // The router runs in the accumulation dtype: its logits decide discrete
+  // choices, and bf16 rounding would flip near-ties.
+  router_ = &params.add(prefix + "block_sparse_moe.gate.weight", {e_, d_}, prec.accum, prec.accum,
+                        ParallelKind::replicated, InitKind::normal, std, false);
+  w13_ = Tensor::empty({e_, 2 * f_, d_}, prec.compute, MemTag::params);
+  w13_grad_ = Tensor::zeros({e_, 2 * f_, d_}, prec.accum, MemTag::grads);
+  w2_ = Tensor::empty({e_, d_, f_}, prec.compute, MemTag::params);
+  w2_grad_ = Tensor::zeros({e_, d_, f_}, prec.accum, MemTag::grads);
+  for (int64_t j = 0; j < e_; ++j) {
+    const std::string ex = prefix + "block_sparse_moe.experts." + std::to_string(j) + ".";
+    const Tensor w13 = w13_[j], g13 = w13_grad_[j];
+    Parameter& w1 = params.add_view(ex + "w1.weight", w13.slice(0, f_), g13.slice(0, f_),
+                                    ParallelKind::expert, InitKind::normal, std, true);
+    Parameter& w3 = params.add_view(ex + "w3.weight", w13.slice(f_, 2 * f_), g13.slice(f_, 2 * f_),
+                                    ParallelKind::expert, InitKind::normal, std, true);
+    Parameter& w2 = params.add_view(ex + "w2.weight", w2_[j], w2_grad_[j], ParallelKind::expert,
+                                    InitKind::normal, out_std, true);
+    w1.expert = w3.expert = w2.expert = j;
+  }
+  bias_ = Tensor::zeros({e_}, prec.accum, MemTag::params);
+  if (moe.shared_experts > 0) {
+    const int64_t hidden = (moe.shared_expert_hidden > 0 ? moe.shared_expert_hidden : f_) * moe.shared_experts;
+    shared_ = std::make_unique<SwiGluMlp>(d_, hidden, prefix + "mlp.shared_experts.", std, out_std,
+                                          prec, params);
+  }
+}
+
+MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor& y,
+                           double loss_weight) {
+  const int64_t t = x.dim(0);
+  check_shape(x, "MoE input", {t, d_});
+  Saved s;
+  s.x = x;
+  s.loss_weight = loss_weight;
+  if (x.dtype() == prec_.accum) {
+    s.x_router = x;
+  } else {
+    s.x_router = Tensor::empty({t, d_}, prec_.accum);
+    kernels::convert(ctx, x, s.x_router);
+  }
+  s.logits = Tensor::empty({t, e_}, prec_.accum);
+  linear_forward(ctx, s.x_router, router_->value, s.logits);
+  s.scores = Tensor::empty({t, e_}, prec_.accum);
+  s.topk_idx = Tensor::empty({t, k_}, DType::i32);
+  s.topk_weight = Tensor::empty({t, k_}, prec_.accum);
+  kernels::router_topk(ctx, s.logits, use_bias_ ? bias_ : Tensor(), router_args_, s.scores,
+                       s.topk_idx, s.topk_weight);
+  const int64_t capacity =
+      capacity_factor_ > 0
+          ? static_cast<int64_t>(std::ceil(static_cast<double>(t * k_) * capacity_factor_ / static_cast<double>(e_)))
+          : 0;
+  s.plan = kernels::moe_plan(s.topk_idx, e_, capacity);
+  const int32_t* idx = s.topk_idx.data<int32_t>();
+  std::vector<int64_t> counts(static_cast<size_t>(e_), 0);
+  for (int64_t i = 0; i < t * k_; ++i) ++counts[static_cast<size_t>(idx[i])];
+  for (int64_t j = 0; j < e_; ++j) load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
+
+  const int64_t rows = s.plan.rows();
+  s.permuted = Tensor::empty({rows, d_}, prec_.compute);
+  kernels::moe_permute(ctx, x, s.plan, s.permuted);
+  s.gate_up = Tensor::empty({rows, 2 * f_}, prec_.compute);
+  kernels::grouped_matmul(ctx, s.permuted, w13_, s.plan.offsets, s.gate_up, true, 0.0f);
+  s.act = Tensor::empty({rows, f_}, prec_.compute);
+  kernels::swiglu_forward(ctx, s.gate_up, s.act);
+  s.expert_out = Tensor::empty({rows, d_}, prec_.compute);
+  kernels::grouped_matmul(ctx, s.act, w2_, s.plan.offsets, s.expert_out, true, 0.0f);
+  kernels::moe_unpermute(ctx, s.expert_out, s.plan, s.topk_weight, y);
+  if (shared_) shared_->forward(ctx, x, y, 1.0f);
+
+  MoeStats stats;
+  stats.dropped = s.plan.dropped;
+  saved_ = std::move(s);
+  if (aux_coef_ > 0 || z_coef_ > 0) {
+    // Values are computed here; their gradients are formed again in backward
+    // (cheap, [T, E]) so forward keeps no extra [T, E] buffers.
+    Tensor scratch = Tensor::empty({t, e_}, prec_.accum);
+    if (prec_.accum == DType::f64) {
+      balancing_losses<double>(saved_.logits, saved_.scores, counts, k_, aux_coef_, z_coef_, 0.0, stats, scratch, scratch);
+    } else {
+      balancing_losses<float>(saved_.logits, saved_.scores, counts, k_, aux_coef_, z_coef_, 0.0, stats, scratch, scratch);
+    }
+  }
+  return stats;
+}
+
+void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx) {
+  Saved& s = saved_;
+  MOETRON_CHECK(s.x.defined(), "MoE backward without a saved forward");
+  const int64_t t = s.x.dim(0), rows = s.plan.rows();
+  if (shared_) shared_->backward(ctx, dy, dx, 0.0f);
+
+  Tensor d_expert_out = Tensor::empty({rows, d_}, prec_.compute);
+  Tensor d_topk_weight = Tensor::empty({t, k_}, prec_.accum);
+  kernels::moe_unpermute_backward(ctx, dy, s.expert_out, s.plan, s.topk_weight, d_expert_out,
+                                  d_topk_weight);
+  Tensor d_act = Tensor::empty({rows, f_}, prec_.compute);
+  kernels::grouped_matmul(ctx, d_expert_out, w2_, s.plan.offsets, d_act, false, 0.0f);
+  kernels::grouped_matmul_weight_grad(ctx, d_expert_out, s.act, s.plan.offsets, w2_grad_, 1.0f);
+  d_expert_out = Tensor();
+  Tensor d_gate_up = Tensor::empty({rows, 2 * f_}, prec_.compute);
+  kernels::swiglu_backward(ctx, d_act, s.gate_up, d_gate_up);
+  d_act = Tensor();
+  kernels::grouped_matmul_weight_grad(ctx, d_gate_up, s.permuted, s.plan.offsets, w13_grad_, 1.0f);
+  Tensor d_permuted = Tensor::empty({rows, d_}, prec_.compute);
+  kernels::grouped_matmul(ctx, d_gate_up, w13_, s.plan.offsets, d_permuted, false, 0.0f);
+  d_gate_up = Tensor();
+  Tensor d_routed = Tensor::empty({t, d_}, prec_.compute);
+  kernels::moe_permute_backward(ctx, d_permuted, s.plan, d_routed);
+  if (shared_) {
+    kernels::add(ctx, dx, d_routed, dx);
+  } else {
+    dx.copy_from(d_routed);
+  }
+  d_routed = Tensor();
+
+  // Router: gradient through the combine weights plus the balancing losses.
+  Tensor d_scores, d_logits_z;
+  MoeStats unused;
+  std::vector<int64_t> counts(static_cast<size_t>(e_), 0);
+  const int32_t* idx = s.topk_idx.data<int32_t>();
+  for (int64_t i = 0; i < t * k_; ++i) ++counts[static_cast<size_t>(idx[i])];
+  if (aux_coef_ > 0) d_scores = Tensor::empty({t, e_}, prec_.accum);
+  if (z_coef_ > 0) d_logits_z = Tensor::empty({t, e_}, prec_.accum);
+  if (aux_coef_ > 0 || z_coef_ > 0) {
+    if (prec_.accum == DType::f64) {
+      balancing_losses<double>(s.logits, s.scores, counts, k_, aux_coef_, z_coef_, s.loss_weight, unused, d_scores, d_logits_z);
+    } else {
+      balancing_losses<float>(s.logits, s.scores, counts, k_, aux_coef_, z_coef_, s.loss_weight, unused, d_scores, d_logits_z);
+    }
+  }
+  Tensor d_logits = Tensor::empty({t, e_}, prec_.accum);
+  kernels::router_topk_backward(ctx, d_topk_weight, d_scores, s.scores, s.topk_idx, s.topk_weight,
+                                router_args_, d_logits);
+  if (d_logits_z.defined()) kernels::add(ctx, d_logits, d_logits_z, d_logits);
+  if (s.x_router.raw() == s.x.raw()) {
+    linear_backward(ctx, d_logits, s.x_router, router_->value, router_->grad, dx, 1.0f);
+  } else {
+    Tensor dx_router = Tensor::empty({t, d_}, prec_.accum);
+    linear_backward(ctx, d_logits, s.x_router, router_->value, router_->grad, dx_router, 0.0f);
+    Tensor dx_router_c = Tensor::empty({t, d_}, prec_.compute);
+    kernels::convert(ctx, dx_router, dx_router_c);
+    kernels::add(ctx, dx, dx_router_c, dx);
+  }
+  release();
+}
+
+void MoeLayer::release() { saved_ = Saved{}; }
+
+void MoeLayer::reset_load() { std::fill(load_.begin(), load_.end(), 0); }
+
+void MoeLayer::update_bias(double rate) {
+  double mean = 0;
+  for (int64_t c : load_) mean += static_cast<double>(c);
+  mean /= static_cast<double>(e_);
+  for (int64_t j = 0; j < e_; ++j) {
+    const double c = static_cast<double>(load_[static_cast<size_t>(j)]);
+    const double step = c > mean ? -rate : (c < mean ? rate : 0.0);
+    if (bias_.dtype() == DType::f64) {
+      bias_.data<double>()[j] += step;
+    } else {
+      bias_.data<float>()[j] += static_cast<float>(step);
+    }
+  }
+  reset_load();
+}
+
+}  // namespace moetron::nn

@@ -1,0 +1,64 @@
+#include "moetron/nn/parameter.h"
+
+#include <cstring>
+
+#include "moetron/core/rng.h"
+
+namespace moetron::nn {
+
+Parameter& ParameterSet::add(std::string name, const Shape& shape, DType dtype, DType grad_dtype,
+                             ParallelKind kind, InitKind init, float init_std, bool hidden_matrix) {
+  return add_view(std::move(name), Tensor::empty(shape, dtype, MemTag::params),
+                  Tensor::zeros(shape, grad_dtype, MemTag::grads), kind, init, init_std,
+                  hidden_matrix);
+}
+
+Parameter& ParameterSet::add_view(std::string name, Tensor value, Tensor grad, ParallelKind kind,
+                                  InitKind init, float init_std, bool hidden_matrix) {
+  for (const auto& p : params_) {
+    MOETRON_CHECK(p->name != name, "parameter '", name, "' registered twice");
+  }
+  MOETRON_CHECK(value.shape() == grad.shape(), "parameter '", name, "': value ", value.str(),
+                " and grad ", grad.str(), " differ in shape");
+  auto p = std::make_unique<Parameter>();
+  p->name = std::move(name);
+  p->value = std::move(value);
+  p->grad = std::move(grad);
+  p->kind = kind;
+  p->init = init;
+  p->init_std = init_std;
+  p->hidden_matrix = hidden_matrix;
+  params_.push_back(std::move(p));
+  return *params_.back();
+}
+
+void ParameterSet::initialize(uint64_t seed) {
+  for (auto& p : params_) {
+    switch (p->init) {
+      case InitKind::normal: fill_normal(p->value, seed, p->name, 0.0f, p->init_std); break;
+      case InitKind::ones: p->value.fill(1.0); break;
+      case InitKind::zeros: p->value.fill(0.0); break;
+    }
+  }
+}
+
+void ParameterSet::zero_grads() {
+  for (auto& p : params_) {
+    if (p->grad.nbytes()) std::memset(p->grad.raw(), 0, p->grad.nbytes());
+  }
+}
+
+Parameter& ParameterSet::get(const std::string& name) {
+  for (auto& p : params_) {
+    if (p->name == name) return *p;
+  }
+  MOETRON_FAIL("no parameter named '", name, "'");
+}
+
+int64_t ParameterSet::numel() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p->value.numel();
+  return n;
+}
+
+}  // namespace moetron::nn

@@ -1,0 +1,58 @@
+// The decoder-only MoE language model: embedding, L blocks, final RMSNorm,
+// LM head fused with the cross-entropy (processed in token chunks).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "moetron/nn/block.h"
+
+namespace moetron::nn {
+
+struct LossStats {
+  double ce_sum = 0;     // sum of token cross-entropies (nats)
+  int64_t tokens = 0;    // tokens with a target (>= 0)
+  double aux_loss = 0;   // summed over MoE layers, coefficients applied
+  double z_loss = 0;
+  int64_t dropped = 0;   // capacity drops over MoE layers
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec);
+
+  ParameterSet& params() { return params_; }
+  const ModelConfig& config() const { return model_; }
+  Precision precision() const { return prec_; }
+  void initialize(uint64_t seed) { params_.initialize(seed); }
+
+  // inputs, targets: i32 [B, S]; a target < 0 is not counted. With
+  // backward = true, parameter gradients accumulate the gradient of
+  //   grad_scale * sum_t ce_t + loss_weight * (balancing losses)
+  // (grad_scale = 1 / tokens of the whole step, loss_weight = this
+  // micro-batch's share of them), so micro-batches add up to one batch.
+  LossStats forward_backward(kernels::Context& ctx, const Tensor& inputs, const Tensor& targets,
+                             double grad_scale, double loss_weight, bool backward);
+  // Logits of the last position of every row, [B, V] in fp32/f64, for sampling.
+  Tensor last_logits(kernels::Context& ctx, const Tensor& inputs);
+
+  std::vector<MoeLayer*> moe_layers();
+  int64_t ce_chunk_tokens = 1024;
+
+ private:
+  Tensor hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
+                       LossStats& stats);
+  ModelConfig model_;
+  MoeConfig moe_;
+  Precision prec_;
+  ParameterSet params_;
+  Parameter* embed_;
+  Parameter* final_norm_;
+  Parameter* head_;  // == embed_ when tied
+  std::vector<std::unique_ptr<Block>> blocks_;
+  struct Saved {
+    Tensor ids, positions, x_final, rstd;
+  } saved_;
+};
+
+}  // namespace moetron::nn
