@@ -1,21 +1,68 @@
 // State the CPU backend keeps between kernel calls: the oneDNN engine and
-// stream, and primitives created once per shape/dtype and reused.
+// stream, primitives created once per configuration and reused, and a
+// growable scratch buffer for kernels that need an fp32 staging area.
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <xxhash.h>
 
+#include <array>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <unordered_map>
 
+#include "moetron/core/tensor.h"
+
 namespace moetron::kernels::cpu {
+
+// Everything a cached primitive depends on, as a fixed array of integers
+// (floats stored as their bit patterns). Field 0 names the primitive kind so
+// families never collide; the meaning of the other fields is the kind's own.
+// A fixed-size POD key hashes with one XXH3 call and compares with memcmp:
+// ~20 ns per lookup instead of building and hashing a string.
+struct PrimitiveKey {
+  static constexpr size_t kFields = 16;
+  std::array<int64_t, kFields> f{};
+
+  bool operator==(const PrimitiveKey& o) const {
+    return std::memcmp(f.data(), o.f.data(), sizeof(f)) == 0;
+  }
+};
+
+struct PrimitiveKeyHash {
+  size_t operator()(const PrimitiveKey& k) const noexcept {
+    return static_cast<size_t>(XXH3_64bits(k.f.data(), sizeof(k.f)));
+  }
+};
+
+inline int64_t float_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return static_cast<int64_t>(u);
+}
 
 struct CpuState {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   // Keyed by a string that spells out everything the primitive depends on
-  // (kind, shapes, dtypes, transposes, post-ops); lookups cost ~100 ns,
-  // negligible next to the GEMMs they guard.
+  // (kind, shapes, dtypes, transposes, post-ops). Kept for families that
+  // prefer readable keys; lookups cost ~100 ns.
   std::unordered_map<std::string, dnnl::primitive> primitives;
+  // Keyed by a PrimitiveKey: the hot-path cache (matmul family).
+  std::unordered_map<PrimitiveKey, dnnl::primitive, PrimitiveKeyHash> keyed_primitives;
+  // How many fixed-shape variants of a primitive family exist (key with the
+  // varying dimension masked); lets a kernel cap per-shape caching.
+  std::unordered_map<PrimitiveKey, int64_t, PrimitiveKeyHash> variant_counts;
+
+  // fp32 staging memory, grown on demand and reused (counted as workspace).
+  float* scratch_f32(int64_t n) {
+    if (!scratch_.defined() || scratch_.numel() < n) scratch_ = Tensor::empty({n}, DType::f32, MemTag::workspace);
+    return static_cast<float*>(scratch_.raw());
+  }
+
+ private:
+  Tensor scratch_;
 };
 
 }  // namespace moetron::kernels::cpu

@@ -1,0 +1,169 @@
+#include "moetron/kernels/cpu/matmul_gemm.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include "moetron/core/error.h"
+#include "moetron/kernels/cpu/vec_math.h"
+
+namespace moetron::kernels::cpu {
+
+namespace {
+
+using dnnl::memory;
+
+constexpr int64_t kKindGemm = 0x67656d6d;  // "gemm": field 0 of every key made here
+constexpr int64_t kRuntime = -1;           // the varying dim is a run-time value
+constexpr int64_t kAnyValue = -2;          // family key: the varying dim masked out
+
+// Everything the primitive depends on. The thread count is part of it:
+// brgemm fixes its work split when created, so a primitive made under one
+// OpenMP thread count would ignore a later, larger one.
+PrimitiveKey make_key(const GemmSpec& s, VaryingDim which, int64_t value) {
+  PrimitiveKey key;
+  auto& f = key.f;
+  f[0] = kKindGemm;
+  f[1] = omp_get_max_threads();
+  f[2] = s.batch;
+  f[3] = s.b_batched;
+  f[4] = which == VaryingDim::m ? value : s.m;
+  f[5] = s.n;
+  f[6] = which == VaryingDim::k ? value : s.k;
+  f[7] = s.trans_a;
+  f[8] = s.trans_b;
+  f[9] = static_cast<int64_t>(s.ab);
+  f[10] = static_cast<int64_t>(s.c);
+  f[11] = float_bits(s.alpha);
+  f[12] = float_bits(s.beta);
+  return key;
+}
+
+dnnl::primitive create(CpuState& st, const GemmSpec& s, VaryingDim runtime) {
+  const GemmDescs d = gemm_descs(s, to_dnnl(s.c), runtime);
+  dnnl::primitive_attr attr;
+  // dst = alpha * acc (output scale) + beta * dst (sum post-op): oneDNN 2.x
+  // applies output scales to the accumulator before post-ops.
+  if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
+  if (s.beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(s.beta);
+    attr.set_post_ops(po);
+  }
+  try {
+    return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), attr, st.engine));
+  } catch (const dnnl::error& e) {
+    MOETRON_FAIL("gemm: oneDNN cannot create a matmul for m=", s.m, " n=", s.n, " k=", s.k,
+                 " batch=", s.batch, " ", dtype_name(s.ab), " -> ", dtype_name(s.c), ": ", e.what());
+  }
+}
+
+dnnl::primitive& lookup(CpuState& st, const GemmSpec& s, VaryingDim varying) {
+  auto& cache = st.keyed_primitives;
+  const PrimitiveKey exact = make_key(s, VaryingDim::none, 0);
+  if (auto it = cache.find(exact); it != cache.end()) return it->second;
+  if (varying != VaryingDim::none) {
+    int64_t& count = st.variant_counts[make_key(s, varying, kAnyValue)];
+    if (count >= kMaxFixedVariants) {
+      const PrimitiveKey rt = make_key(s, varying, kRuntime);
+      auto it = cache.find(rt);
+      if (it == cache.end()) it = cache.emplace(rt, create(st, s, varying)).first;
+      return it->second;
+    }
+    ++count;
+  }
+  return cache.emplace(exact, create(st, s, VaryingDim::none)).first->second;
+}
+
+// bf16 -> f32 widening written with zero-masked intrinsics: vec_math.h's
+// load_bf16x16 uses the unmasked forms, whose _mm512_undefined_epi32 source
+// trips GCC 12's -Wmaybe-uninitialized (an error under -Werror) here.
+inline __m512 widen_bf16(__m256i raw) {
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, raw), 16));
+}
+
+// c = s + beta * c into bf16 (beta == 0: c not read). Rounds to nearest even.
+void store_bf16(const float* src, uint16_t* c, int64_t n, float beta) {
+  const int64_t full = n / 16 * 16;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < full; i += 16) {
+    __m512 v = _mm512_loadu_ps(src + i);
+    if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i))), v);
+    store_bf16x16(c + i, v);
+  }
+  if (full < n) {
+    const int r = static_cast<int>(n - full);
+    __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << r) - 1), src + full);
+    if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), widen_bf16(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << r) - 1), c + full)), v);
+    store_bf16x16_masked(c + full, v, r);
+  }
+}
+
+// k == 0: the product is empty, c = beta * c.
+void scale_only(const GemmSpec& s, void* c) {
+  const int64_t n = s.batch * s.m * s.n;
+  if (s.c == DType::f32) {
+    float* p = static_cast<float*>(c);
+    for (int64_t i = 0; i < n; ++i) p[i] = s.beta == 0.0f ? 0.0f : s.beta * p[i];
+  } else {
+    uint16_t* p = static_cast<uint16_t*>(c);
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = s.beta == 0.0f ? uint16_t{0} : f32_to_bf16(s.beta * bf16_to_f32(p[i]));
+    }
+  }
+}
+
+}  // namespace
+
+memory::data_type to_dnnl(DType t) {
+  switch (t) {
+    case DType::f32: return memory::data_type::f32;
+    case DType::bf16: return memory::data_type::bf16;
+    default: break;
+  }
+  MOETRON_FAIL("gemm: oneDNN matmul takes f32 or bf16, got ", dtype_name(t));
+}
+
+GemmDescs gemm_descs(const GemmSpec& s, memory::data_type c_dtype, VaryingDim runtime) {
+  constexpr int64_t R = DNNL_RUNTIME_DIM_VAL;
+  const int64_t m = runtime == VaryingDim::m ? R : s.m;
+  const int64_t k = runtime == VaryingDim::k ? R : s.k;
+  const int64_t n = s.n;
+  auto mul = [](int64_t x, int64_t y) { return x == R || y == R ? R : x * y; };
+  const auto ab = to_dnnl(s.ab);
+  // Logical a is [m, k] and b [k, n]; a transposed operand is the same
+  // logical matrix read with swapped strides.
+  const memory::dims a_str = s.trans_a ? memory::dims{1, m} : memory::dims{k, 1};
+  const memory::dims b_str = s.trans_b ? memory::dims{1, k} : memory::dims{n, 1};
+  if (s.batch == 1) {
+    return {memory::desc({m, k}, ab, a_str), memory::desc({k, n}, ab, b_str),
+            memory::desc({m, n}, c_dtype, memory::dims{n, 1})};
+  }
+  const int64_t bb = s.b_batched ? s.batch : 1;
+  return {memory::desc({s.batch, m, k}, ab, {mul(m, k), a_str[0], a_str[1]}),
+          memory::desc({bb, k, n}, ab, {mul(k, n), b_str[0], b_str[1]}),
+          memory::desc({s.batch, m, n}, c_dtype, {mul(m, n), n, 1})};
+}
+
+void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c, VaryingDim varying) {
+  if (s.batch == 0 || s.m == 0 || s.n == 0) return;
+  if (s.k == 0) return scale_only(s, c);
+  // oneDNN 2.6 has no f32 x f32 -> bf16 matmul: compute fp32 into scratch,
+  // then add beta * c and round into c in one pass.
+  const bool staged = s.ab == DType::f32 && s.c == DType::bf16;
+  GemmSpec p = s;
+  if (staged) {
+    p.c = DType::f32;
+    p.beta = 0.0f;
+  }
+  dnnl::primitive& prim = lookup(st, p, varying);
+  const GemmDescs d = gemm_descs(p, to_dnnl(p.c));
+  void* dst = staged ? st.scratch_f32(s.batch * s.m * s.n) : c;
+  memory ma(d.a, st.engine, const_cast<void*>(a));
+  memory mb(d.b, st.engine, const_cast<void*>(b));
+  memory mc(d.c, st.engine, dst);
+  prim.execute(st.stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  st.stream.wait();
+  if (staged) store_bf16(static_cast<const float*>(dst), static_cast<uint16_t*>(c), s.batch * s.m * s.n, s.beta);
+}
+
+}  // namespace moetron::kernels::cpu
