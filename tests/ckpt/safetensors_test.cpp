@@ -5,13 +5,16 @@
 #include <filesystem>
 #include <fstream>
 
-#include "moetron/ckpt/manifest.h"
-#include "moetron/ckpt/staged_dir.h"
+#include "moetron/core/manifest.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/core/error.h"
 #include "util/test_util.h"
 
 namespace moetron::ckpt {
 namespace {
+
+using moetron::remove_tree;
+using moetron::StagedDir;
 
 namespace fs = std::filesystem;
 

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "moetron/ckpt/manifest.h"
-#include "moetron/ckpt/staged_dir.h"
+#include "moetron/core/manifest.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/core/error.h"
 #include "moetron/data/token_dataset.h"
 #include "moetron/data/tokenizer.h"
@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 // A small synthetic corpus in fortune format: documents separated by "%" lines.
 std::string make_corpus_dir(const std::string& name) {
   const std::string dir = (fs::temp_directory_path() / ("moetron_" + name + "_" + std::to_string(::getpid()))).string();
-  ckpt::remove_tree(dir);
+  remove_tree(dir);
   fs::create_directories(dir + "/text");
   const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "while", "dogs", "bark", "at",
                          "night", "and", "stars", "shine", "over", "quiet", "hills", "river"};
@@ -49,7 +49,7 @@ TEST(Corpus, SplitsFortuneFilesIntoDocuments) {
   EXPECT_EQ(docs[0], "first one\nline two");
   EXPECT_EQ(docs[1], "second");
   EXPECT_THROW(read_documents(dir + "/missing"), Error);
-  ckpt::remove_tree(dir);
+  remove_tree(dir);
 }
 
 TEST(Corpus, PrepareTrainsTokenizerSplitsAndPublishesAtomically) {
@@ -65,7 +65,7 @@ TEST(Corpus, PrepareTrainsTokenizerSplitsAndPublishesAtomically) {
   EXPECT_EQ(rep.vocab_size, 320);
   EXPECT_GT(rep.train_tokens, 5 * rep.val_tokens);
   EXPECT_GT(rep.val_tokens, 0);
-  const auto state = ckpt::verify_manifest(opts.out_dir);
+  const auto state = verify_manifest(opts.out_dir);
   EXPECT_EQ(state.at("train_tokens").get<int64_t>(), rep.train_tokens);
 
   Tokenizer tok(opts.out_dir + "/tokenizer.model");
@@ -82,8 +82,8 @@ TEST(Corpus, PrepareTrainsTokenizerSplitsAndPublishesAtomically) {
   again.tokenizer_model = opts.out_dir + "/tokenizer.model";
   const PrepareReport rep2 = prepare_data(again);
   EXPECT_EQ(rep2.train_tokens, rep.train_tokens);
-  EXPECT_EQ(ckpt::file_checksum(again.out_dir + "/train.bin"), ckpt::file_checksum(opts.out_dir + "/train.bin"));
-  ckpt::remove_tree(dir);
+  EXPECT_EQ(file_checksum(again.out_dir + "/train.bin"), file_checksum(opts.out_dir + "/train.bin"));
+  remove_tree(dir);
 }
 
 TEST(TokenFile, RejectsOutOfVocabularyIdsAndOddSizes) {

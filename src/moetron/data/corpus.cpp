@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "moetron/ckpt/manifest.h"
-#include "moetron/ckpt/staged_dir.h"
+#include "moetron/core/manifest.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/core/error.h"
 #include "moetron/data/tokenizer.h"
 
@@ -93,7 +93,7 @@ PrepareReport prepare_data(const PrepareOptions& opts) {
   PrepareReport rep;
   const std::vector<std::string> docs = read_documents(opts.input, &rep.files);
   rep.documents = static_cast<int64_t>(docs.size());
-  ckpt::StagedDir staged(opts.out_dir);
+  StagedDir staged(opts.out_dir);
   const std::string model_path = staged.file("tokenizer.model");
   if (opts.tokenizer_model.empty()) {
     train_tokenizer(docs, staged.file("tokenizer"), opts.vocab_size, opts.num_threads);
@@ -130,7 +130,7 @@ PrepareReport prepare_data(const PrepareOptions& opts) {
                           {"val_tokens", rep.val_tokens},
                           {"source", opts.input},
                           {"val_fraction", opts.val_fraction}};
-  ckpt::write_manifest(staged.staging_path(), {"tokenizer.model", "train.bin", "val.bin"}, state);
+  write_manifest(staged.staging_path(), {"tokenizer.model", "train.bin", "val.bin"}, state);
   staged.commit();
   return rep;
 }

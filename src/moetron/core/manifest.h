@@ -1,13 +1,13 @@
-// A checkpoint's manifest: every file with its size and xxHash64, plus
-// free-form JSON (step, layout, RNG state...) written by the trainer. A
-// checkpoint is complete only if every listed file matches its checksum.
+// A directory's manifest (checkpoints, prepared corpora): every file with its
+// size and xxHash64, plus free-form JSON state (step, layout, RNG, counts).
+// The directory is complete only if every listed file matches its checksum.
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-namespace moetron::ckpt {
+namespace moetron {
 
 inline constexpr const char* kManifestName = "manifest.json";
 
@@ -24,4 +24,4 @@ void write_manifest(const std::string& dir, const std::vector<std::string>& file
 // corrupt file.
 nlohmann::json verify_manifest(const std::string& dir);
 
-}  // namespace moetron::ckpt
+}  // namespace moetron

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace moetron::ckpt {
+namespace moetron {
 
 class StagedDir {
  public:
@@ -37,4 +37,4 @@ void fsync_path(const std::string& path);
 // Removes a directory tree; quiet if it does not exist.
 void remove_tree(const std::string& path);
 
-}  // namespace moetron::ckpt
+}  // namespace moetron

@@ -1,4 +1,4 @@
-#include "moetron/ckpt/staged_dir.h"
+#include "moetron/core/staged_dir.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 
 #include "moetron/core/error.h"
 
-namespace moetron::ckpt {
+namespace moetron {
 
 namespace fs = std::filesystem;
 
@@ -58,4 +58,4 @@ void StagedDir::commit() {
   fsync_path(parent.empty() ? "." : parent.string());
 }
 
-}  // namespace moetron::ckpt
+}  // namespace moetron

@@ -1,4 +1,4 @@
-#include "moetron/ckpt/manifest.h"
+#include "moetron/core/manifest.h"
 
 #include <xxhash.h>
 
@@ -9,7 +9,7 @@
 
 #include "moetron/core/error.h"
 
-namespace moetron::ckpt {
+namespace moetron {
 
 namespace fs = std::filesystem;
 
@@ -34,7 +34,7 @@ std::string file_checksum(const std::string& path) {
 void write_manifest(const std::string& dir, const std::vector<std::string>& files,
                     const nlohmann::json& extra) {
   nlohmann::json m;
-  m["format"] = "moetron-checkpoint/1";
+  m["format"] = "moetron-manifest/1";
   m["files"] = nlohmann::json::object();
   for (const auto& name : files) {
     const std::string p = dir + "/" + name;
@@ -58,8 +58,8 @@ nlohmann::json verify_manifest(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     MOETRON_FAIL("'", path, "' is not valid JSON: ", e.what());
   }
-  MOETRON_CHECK(m.value("format", "") == "moetron-checkpoint/1", "'", path,
-                "' is not a moetron checkpoint manifest");
+  MOETRON_CHECK(m.value("format", "") == "moetron-manifest/1", "'", path,
+                "' is not a moetron manifest");
   for (const auto& [name, info] : m.at("files").items()) {
     const std::string p = dir + "/" + name;
     MOETRON_CHECK(fs::exists(p), "checkpoint file '", p, "' is missing");
@@ -72,4 +72,4 @@ nlohmann::json verify_manifest(const std::string& dir) {
   return m.value("state", nlohmann::json::object());
 }
 
-}  // namespace moetron::ckpt
+}  // namespace moetron
