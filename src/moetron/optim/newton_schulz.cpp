@@ -1,6 +1,7 @@
 #include "moetron/optim/newton_schulz.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/matmul.h"

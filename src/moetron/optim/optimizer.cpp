@@ -1,0 +1,107 @@
+#include "moetron/optim/optimizer.h"
+
+#include <cmath>
+
+#include "moetron/kernels/adamw.h"
+#include "moetron/kernels/elementwise.h"
+#include "moetron/optim/newton_schulz.h"
+
+namespace moetron::optim {
+
+Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts) : opts_(std::move(opts)) {
+  MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
+                opts_.name, "'");
+  for (auto& p : params.all()) {
+    Slot s;
+    s.param = p.get();
+    const DType master = p->grad.dtype();  // the accumulation dtype: f32, or f64 in fp64 mode
+    if (p->value.dtype() == master) {
+      s.master = p->value;
+    } else {
+      s.master = Tensor::empty(p->value.shape(), master, MemTag::optimizer);
+      kernels::Context conv(kernels::Backend::reference);
+      kernels::convert(conv, p->value, s.master);
+    }
+    s.muon = uses_muon(*p);
+    s.decay = p->value.rank() >= 2;
+    s.m = Tensor::zeros(p->value.shape(), master, MemTag::optimizer);
+    if (!s.muon) s.v = Tensor::zeros(p->value.shape(), master, MemTag::optimizer);
+    slots_.push_back(std::move(s));
+  }
+}
+
+bool Optimizer::uses_muon(const nn::Parameter& p) const {
+  return opts_.name == "muon" && p.hidden_matrix && p.value.rank() == 2;
+}
+
+double Optimizer::grad_norm(kernels::Context& ctx, double grad_scale) const {
+  double sq = 0;
+  for (const auto& s : slots_) sq += kernels::sum_squares(ctx, s.param->grad);
+  return std::sqrt(sq) * std::fabs(grad_scale);
+}
+
+StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale) {
+  StepInfo info;
+  info.lr = opts_.schedule.at(step);
+  info.grad_norm = grad_norm(ctx, grad_scale);
+  if (opts_.grad_clip > 0 && info.grad_norm > opts_.grad_clip) {
+    info.clip_coef = opts_.grad_clip / (info.grad_norm + 1e-6);
+  }
+  const double mult = grad_scale * info.clip_coef;
+  for (auto& s : slots_) {
+    if (s.muon) {
+      muon_update(ctx, s, info.lr, mult);
+      continue;
+    }
+    kernels::AdamWArgs a;
+    a.lr = static_cast<float>(info.lr);
+    a.beta1 = static_cast<float>(opts_.beta1);
+    a.beta2 = static_cast<float>(opts_.beta2);
+    a.eps = static_cast<float>(opts_.eps);
+    a.weight_decay = s.decay ? static_cast<float>(opts_.weight_decay) : 0.0f;
+    a.step = step;
+    a.grad_scale = static_cast<float>(mult);
+    const bool separate = s.master.raw() != s.param->value.raw();
+    kernels::adamw_step(ctx, s.master, s.param->grad, s.m, s.v, a,
+                        separate ? s.param->value : Tensor());
+  }
+  return info;
+}
+
+void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult) {
+  // m = beta m + (1 - beta) g; u = nesterov ? (1 - beta) g + beta m : m.
+  const auto beta = static_cast<float>(opts_.muon_momentum);
+  const Tensor& g = s.param->grad;
+  kernels::scale(ctx, s.m, beta, s.m);
+  kernels::axpy(ctx, static_cast<float>((1.0 - beta) * grad_mult), g, s.m);
+  Tensor u = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
+  if (opts_.muon_nesterov) {
+    kernels::scale(ctx, s.m, beta, u);
+    kernels::axpy(ctx, static_cast<float>((1.0 - beta) * grad_mult), g, u);
+  } else {
+    u.copy_from(s.m);
+  }
+  Tensor o = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
+  newton_schulz(ctx, u, o, opts_.muon_ns_steps);
+  // Moonlight: W -= lr * (0.2 sqrt(max(rows, cols)) O + wd W), so Muon reuses
+  // AdamW's learning rate and weight decay (update RMS ~ 0.2).
+  const double rms_scale = 0.2 * std::sqrt(static_cast<double>(std::max(g.dim(0), g.dim(1))));
+  if (s.decay && opts_.weight_decay > 0) {
+    kernels::scale(ctx, s.master, static_cast<float>(1.0 - lr * opts_.weight_decay), s.master);
+  }
+  kernels::axpy(ctx, static_cast<float>(-lr * rms_scale), o, s.master);
+  if (s.master.raw() != s.param->value.raw()) kernels::convert(ctx, s.master, s.param->value);
+}
+
+std::vector<StateTensor> Optimizer::state() {
+  std::vector<StateTensor> out;
+  for (auto& s : slots_) {
+    const std::string& n = s.param->name;
+    if (s.master.raw() != s.param->value.raw()) out.push_back({n + ".master", s.master});
+    out.push_back({n + (s.muon ? ".momentum" : ".exp_avg"), s.m});
+    if (s.v.defined()) out.push_back({n + ".exp_avg_sq", s.v});
+  }
+  return out;
+}
+
+}  // namespace moetron::optim

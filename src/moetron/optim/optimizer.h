@@ -1,0 +1,71 @@
+// The single-process optimizer over a ParameterSet: fp32 master weights
+// (the parameter itself when its working copy is already in the master
+// dtype), global grad-norm clipping, and per-parameter rules: Muon for 2-D
+// hidden matrices (each expert matrix and q/k/v separately) when
+// name = "muon", AdamW for the rest (embeddings, head, norms, router).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moetron/core/tensor.h"
+#include "moetron/kernels/context.h"
+#include "moetron/nn/parameter.h"
+#include "moetron/optim/lr_schedule.h"
+
+namespace moetron::optim {
+
+struct OptimizerOptions {
+  std::string name = "adamw";  // adamw | muon
+  double weight_decay = 0.1;   // decoupled; applied to matrices (rank >= 2) only
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;  // 0: off
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int muon_ns_steps = 5;
+  LrSchedule schedule;
+};
+
+struct StepInfo {
+  double lr = 0;
+  double grad_norm = 0;  // before clipping, of the unscaled gradient
+  double clip_coef = 1;
+};
+
+// A named piece of optimizer state, for checkpoints ("<param>.exp_avg", ...).
+struct StateTensor {
+  std::string name;
+  Tensor tensor;
+};
+
+class Optimizer {
+ public:
+  Optimizer(nn::ParameterSet& params, OptimizerOptions opts);
+
+  // Global L2 norm of all gradients times grad_scale.
+  double grad_norm(kernels::Context& ctx, double grad_scale) const;
+  // One update at optimizer step `step` (1-based). grad_scale multiplies every
+  // gradient first (1 / loss scale). Clipping uses the global norm.
+  StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0);
+
+  // Which rule a parameter follows.
+  bool uses_muon(const nn::Parameter& p) const;
+  std::vector<StateTensor> state();  // views of the live state, for save and load
+  const OptimizerOptions& options() const { return opts_; }
+
+ private:
+  struct Slot {
+    nn::Parameter* param;
+    Tensor master;    // f32 (f64 in fp64 mode); aliases param->value when same dtype
+    Tensor m, v;      // AdamW moments, or m = Muon momentum
+    bool muon;
+    bool decay;
+  };
+  void muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult);
+
+  OptimizerOptions opts_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace moetron::optim
