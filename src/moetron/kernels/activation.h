@@ -15,9 +15,11 @@ MOETRON_KERNEL_DECL(void swiglu_forward(Context& ctx, const Tensor& gate_up, con
 MOETRON_KERNEL_DECL(void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up,
                                          const Tensor& d_gate_up))
 
-// Softmax over the last dimension of x: [R, C]; y: [R, C]. f32 (reference also f64).
+// Softmax over the last dimension of x: [R, C]; y: [R, C]. f32 or bf16 (bf16
+// storage, f32 math; reference also f64), x and y the same dtype. Rows are
+// shifted by their max first, so large logits do not overflow.
 MOETRON_KERNEL_DECL(void softmax_forward(Context& ctx, const Tensor& x, const Tensor& y))
-// dx = y * (dy - sum(dy * y)); dx overwritten, may alias dy.
+// dx = y * (dy - sum(dy * y)); dx overwritten, may alias dy; dy, y, dx the same dtype.
 MOETRON_KERNEL_DECL(void softmax_backward(Context& ctx, const Tensor& dy, const Tensor& y,
                                           const Tensor& dx))
 

@@ -1,0 +1,39 @@
+// AdamW in double, exactly the formula of adamw.h; state is rounded into
+// its own dtype once per step.
+#include <cmath>
+
+#include "moetron/kernels/adamw.h"
+#include "moetron/kernels/reference/ref_util.h"
+
+namespace moetron::kernels::reference {
+
+void adamw_step(Context&, const Tensor& master, const Tensor& grad, const Tensor& m,
+                const Tensor& v, const AdamWArgs& args, const Tensor& param_copy) {
+  MOETRON_CHECK(args.step >= 1, "adamw_step: step is 1-based, got ", args.step);
+  MOETRON_CHECK(master.rank() == 1 && is_floating(master.dtype()),
+                "adamw_step: master must be a float [n] tensor, got ", master.str());
+  const Shape shape = master.shape();
+  check_shape(grad, "adamw grad", shape);
+  check_tensor(m, "adamw m", shape, master.dtype());
+  check_tensor(v, "adamw v", shape, master.dtype());
+  MOETRON_CHECK(is_floating(grad.dtype()), "adamw_step: grad must be a float tensor, got ",
+                grad.str());
+  if (param_copy.defined()) check_shape(param_copy, "adamw param_copy", shape);
+  const double b1 = args.beta1, b2 = args.beta2, lr = args.lr, wd = args.weight_decay;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(args.step));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(args.step));
+  for (int64_t i = 0; i < master.numel(); ++i) {
+    const double g = static_cast<double>(args.grad_scale) * load(grad, i);
+    const double mi = b1 * load(m, i) + (1.0 - b1) * g;
+    const double vi = b2 * load(v, i) + (1.0 - b2) * g * g;
+    const double w = load(master, i);
+    const double update = (mi / bc1) / (std::sqrt(vi / bc2) + static_cast<double>(args.eps));
+    const double w_new = w - lr * (wd * w + update);
+    store(m, i, mi);
+    store(v, i, vi);
+    store(master, i, w_new);
+    if (param_copy.defined()) store(param_copy, i, w_new);
+  }
+}
+
+}  // namespace moetron::kernels::reference
