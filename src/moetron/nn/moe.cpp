@@ -59,7 +59,8 @@ void balancing_losses(const Tensor& logits, const Tensor& scores, const std::vec
 
 MoeLayer::MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::string& prefix,
                    Precision prec, ParameterSet& params)
-    : d_(model.d_model),
+    : prefix_(prefix),
+      d_(model.d_model),
       e_(moe.num_experts),
       k_(moe.top_k),
       f_(moe.expert_hidden),

@@ -47,8 +47,11 @@ class MoeLayer {
   // += rate if below; then resets the load counters.
   void update_bias(double rate);
   const Tensor& bias() const { return bias_; }
+  // "model.layers.{i}." of the block holding this layer.
+  const std::string& prefix() const { return prefix_; }
 
  private:
+  std::string prefix_;
   int64_t d_, e_, k_, f_;
   double aux_coef_, z_coef_, capacity_factor_;
   bool use_bias_;

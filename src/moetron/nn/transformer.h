@@ -23,6 +23,7 @@ class Transformer {
 
   ParameterSet& params() { return params_; }
   const ModelConfig& config() const { return model_; }
+  const MoeConfig& moe_config() const { return moe_; }
   Precision precision() const { return prec_; }
   void initialize(uint64_t seed) { params_.initialize(seed); }
 

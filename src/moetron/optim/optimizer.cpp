@@ -97,11 +97,17 @@ std::vector<StateTensor> Optimizer::state() {
   std::vector<StateTensor> out;
   for (auto& s : slots_) {
     const std::string& n = s.param->name;
-    if (s.master.raw() != s.param->value.raw()) out.push_back({n + ".master", s.master});
     out.push_back({n + (s.muon ? ".momentum" : ".exp_avg"), s.m});
     if (s.v.defined()) out.push_back({n + ".exp_avg_sq", s.v});
   }
   return out;
+}
+
+Tensor Optimizer::master(const std::string& param_name) const {
+  for (const auto& s : slots_) {
+    if (s.param->name == param_name) return s.master;
+  }
+  MOETRON_FAIL("optimizer has no parameter '", param_name, "'");
 }
 
 }  // namespace moetron::optim

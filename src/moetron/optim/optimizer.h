@@ -51,7 +51,11 @@ class Optimizer {
 
   // Which rule a parameter follows.
   bool uses_muon(const nn::Parameter& p) const;
-  std::vector<StateTensor> state();  // views of the live state, for save and load
+  // Views of the live moments/momenta (not the master weights), for save and load.
+  std::vector<StateTensor> state();
+  // The master copy of a parameter (the parameter's own value when it is
+  // already in the master dtype).
+  Tensor master(const std::string& param_name) const;
   const OptimizerOptions& options() const { return opts_; }
 
  private:
