@@ -50,4 +50,17 @@ MOETRON_KERNEL_DECL(void attention_backward(Context& ctx, const Tensor& dout, co
                                             float scale, const Tensor& dq, const Tensor& dk,
                                             const Tensor& dv))
 
+// Argument checks shared by every backend: shapes as above, dtypes equal
+// (f64 only where allow_f64, i.e. the reference), lse f32 (or f64 with
+// allow_f64), head_dim >= 1, H % Hkv == 0, and sizes below 2^31 (the CPU
+// backend's masks work on 32-bit positions). Throws moetron::Error naming the
+// argument. Backward passes its dout/out/dq/dk/dv as well.
+void check_attention_forward_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionMask& mask, const Tensor& out,
+                                  const Tensor& lse, bool allow_f64);
+void check_attention_backward_args(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const Tensor& out, const Tensor& lse,
+                                   const AttentionMask& mask, const Tensor& dq,
+                                   const Tensor& dk, const Tensor& dv, bool allow_f64);
+
 }  // namespace moetron::kernels
