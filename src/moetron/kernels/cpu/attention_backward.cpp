@@ -102,59 +102,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   const int64_t hdp = round_up(hd, 16);
   const int64_t nqb = ceil_div(Sq, kBq), nkb = ceil_div(Sk, kBk);
   const int64_t ktile = kBk * hdp, qtile = kBq * hdp;
-  const DType dt = q.dtype();
 
-  // Per (b, kv head, key block): K for Q K^T, V for dO V^T, K for dS K.
-  Tensor k_nk = Tensor::empty({B * Hkv * nkb * ktile}, dt, MemTag::workspace);
-  Tensor v_nk = Tensor::empty({B * Hkv * nkb * ktile}, dt, MemTag::workspace);
-  Tensor k_kn = Tensor::empty({B * Hkv * nkb * ktile}, dt, MemTag::workspace);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < B * Hkv * nkb; ++t) {
-    const int64_t kb = t % nkb, bh = t / nkb, b = bh / Hkv, h = bh % Hkv;
-    const int64_t off = ((b * Sk + kb * kBk) * Hkv + h) * hd;
-    const int64_t rows = std::min(kBk, Sk - kb * kBk);
-    pack_nk(ptr<T>(k) + off, Hkv * hd, rows, hd, ptr<T>(k_nk) + t * ktile, kBk, hdp);
-    pack_nk(ptr<T>(v) + off, Hkv * hd, rows, hd, ptr<T>(v_nk) + t * ktile, kBk, hdp);
-    pack_kn(ptr<T>(k) + off, Hkv * hd, rows, hd, ptr<T>(k_kn) + t * ktile, kBk, hdp);
-  }
-  // Per (b, head, query block): Q and dO row-major (A of S and dP) and in the
-  // pk layout (B of dS^T Q and P^T dO); the row's lse and D. Padded rows and
-  // rows with no visible key get lse = +inf, so their P is exactly 0.
-  Tensor q_rm = Tensor::empty({B * H * nqb * qtile}, dt, MemTag::workspace);
-  Tensor q_kn = Tensor::empty({B * H * nqb * qtile}, dt, MemTag::workspace);
-  Tensor do_rm = Tensor::empty({B * H * nqb * qtile}, dt, MemTag::workspace);
-  Tensor do_kn = Tensor::empty({B * H * nqb * qtile}, dt, MemTag::workspace);
-  Tensor lrow = Tensor::empty({B * H * nqb * kBq}, DType::f32, MemTag::workspace);
-  Tensor drow = Tensor::empty({B * H * nqb * kBq}, DType::f32, MemTag::workspace);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < B * H * nqb; ++t) {
-    const int64_t qb = t % nqb, bh = t / nqb, b = bh / H, h = bh % H;
-    const int64_t i0 = qb * kBq, off = ((b * Sq + i0) * H + h) * hd;
-    const int64_t rows = std::min(kBq, Sq - i0);
-    pack_rows(ptr<T>(q) + off, H * hd, rows, hd, ptr<T>(q_rm) + t * qtile, kBq, hdp);
-    pack_kn(ptr<T>(q) + off, H * hd, rows, hd, ptr<T>(q_kn) + t * qtile, kBq, hdp);
-    pack_rows(ptr<T>(dout) + off, H * hd, rows, hd, ptr<T>(do_rm) + t * qtile, kBq, hdp);
-    pack_kn(ptr<T>(dout) + off, H * hd, rows, hd, ptr<T>(do_kn) + t * qtile, kBq, hdp);
-    float* L = ptr<float>(lrow) + t * kBq;
-    float* D = ptr<float>(drow) + t * kBq;
-    for (int64_t r = 0; r < kBq; ++r) {
-      if (r >= rows) {
-        L[r] = kInf;
-        D[r] = 0;
-        continue;
-      }
-      const float l = ptr<float>(lse)[bh * Sq + i0 + r];
-      L[r] = l == -kInf ? kInf : l;
-      const T* o = ptr<T>(out) + off + r * H * hd;
-      const T* g = ptr<T>(dout) + off + r * H * hd;
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t c = 0; c < hd; c += 16) {
-        const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
-        acc = _mm512_fmadd_ps(load_as_f32(o + c, n), load_as_f32(g + c, n), acc);
-      }
-      D[r] = hsum512(acc);
-    }
-  }
   // With grouped heads each query head's dK/dV go to its own f32 slice,
   // summed over the group in head order below.
   Tensor partial;
@@ -162,6 +110,15 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 
 #pragma omp parallel
   {
+    // Packed operands of the task's head: per key block K for Q K^T (nk) and
+    // dS K (kn), V for dO V^T (nk); per query block Q and dO row-major (A of S
+    // and dP) and kn (B of dS^T Q and P^T dO; for f32 the row-major tile
+    // itself), the row's lse and D.
+    std::vector<T> k_nk(static_cast<size_t>(nkb * ktile)), k_kn(k_nk.size()), v_nk(k_nk.size());
+    std::vector<T> q_rm(static_cast<size_t>(nqb * qtile)), do_rm(q_rm.size());
+    std::vector<T> q_kn(P == 1 ? 0 : q_rm.size()), do_kn(q_kn.size());
+    std::vector<T> raw(static_cast<size_t>(ktile));
+    std::vector<float> L(static_cast<size_t>(nqb * kBq)), D(L.size());
     std::vector<float> dq_acc(static_cast<size_t>(nqb * qtile));
     std::vector<float> dk_acc(static_cast<size_t>(ktile)), dv_acc(static_cast<size_t>(ktile));
     std::vector<float> s(static_cast<size_t>(kBq * kBk)), dp(static_cast<size_t>(kBq * kBk));
@@ -170,27 +127,67 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
+        const int64_t rows = std::min(kBk, Sk - kb * kBk);
+        pack_rows(ptr<T>(k) + off, Hkv * hd, rows, hd, raw.data(), kBk, hdp);
+        pack_nk(raw.data(), kBk, hdp, k_nk.data() + kb * ktile);
+        pack_kn(raw.data(), kBk, hdp, k_kn.data() + kb * ktile);
+        pack_rows(ptr<T>(v) + off, Hkv * hd, rows, hd, raw.data(), kBk, hdp);
+        pack_nk(raw.data(), kBk, hdp, v_nk.data() + kb * ktile);
+      }
+      // Padded rows and rows with no visible key get lse = +inf, so their P
+      // is exactly 0 (after the mask) or flushes to 0.
+      for (int64_t qb = 0; qb < nqb; ++qb) {
+        const int64_t i0 = qb * kBq, off = ((b * Sq + i0) * H + h) * hd;
+        const int64_t rows = std::min(kBq, Sq - i0);
+        T* qr = q_rm.data() + qb * qtile;
+        T* dr = do_rm.data() + qb * qtile;
+        pack_rows(ptr<T>(q) + off, H * hd, rows, hd, qr, kBq, hdp);
+        pack_rows(ptr<T>(dout) + off, H * hd, rows, hd, dr, kBq, hdp);
+        if constexpr (P == 2) {
+          pack_kn(qr, kBq, hdp, q_kn.data() + qb * qtile);
+          pack_kn(dr, kBq, hdp, do_kn.data() + qb * qtile);
+        }
+        for (int64_t r = 0; r < kBq; ++r) {
+          float* Lr = L.data() + qb * kBq + r;
+          float* Dr = D.data() + qb * kBq + r;
+          if (r >= rows) {
+            *Lr = kInf;
+            *Dr = 0;
+            continue;
+          }
+          const float l = ptr<float>(lse)[bh * Sq + i0 + r];
+          *Lr = l == -kInf ? kInf : l;
+          const T* o = ptr<T>(out) + off + r * H * hd;
+          const T* g = ptr<T>(dout) + off + r * H * hd;
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t c = 0; c < hd; c += 16) {
+            const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
+            acc = _mm512_fmadd_ps(load_as_f32(o + c, n), load_as_f32(g + c, n), acc);
+          }
+          *Dr = hsum512(acc);
+        }
+      }
       std::fill(dq_acc.begin(), dq_acc.end(), 0.0f);
       for (int64_t kb = 0; kb < nkb; ++kb) {
-        const int64_t kt = (b * Hkv + kvh) * nkb + kb;
-        const T* kn = ptr<T>(k_nk) + kt * ktile;
-        const T* vn = ptr<T>(v_nk) + kt * ktile;
-        const T* kk = ptr<T>(k_kn) + kt * ktile;
+        const T* kn = k_nk.data() + kb * ktile;
+        const T* vn = v_nk.data() + kb * ktile;
+        const T* kk = k_kn.data() + kb * ktile;
         std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
         std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
         for (int64_t qb = 0; qb < nqb; ++qb) {
           const TileKind kind = classify_tile(mask, qb * kBq, kb * kBk, Sq, Sk);
           if (kind == TileKind::empty) continue;
-          const int64_t qt = bh * nqb + qb;
-          const T* qr = ptr<T>(q_rm) + qt * qtile;
-          const T* qk = ptr<T>(q_kn) + qt * qtile;
-          const T* dor = ptr<T>(do_rm) + qt * qtile;
-          const T* dok = ptr<T>(do_kn) + qt * qtile;
+          const T* qr = q_rm.data() + qb * qtile;
+          const T* dor = do_rm.data() + qb * qtile;
+          const T* qk = P == 1 ? qr : q_kn.data() + qb * qtile;
+          const T* dok = P == 1 ? dor : do_kn.data() + qb * qtile;
           gemm_tile<T>(qr, hdp / P, 1, kn, kBq, kBk, hdp, s.data(), kBk, false);
           gemm_tile<T>(dor, hdp / P, 1, vn, kBq, kBk, hdp, dp.data(), kBk, false);
-          grad_tile<T>(s.data(), dp.data(), ptr<float>(lrow) + qt * kBq,
-                       ptr<float>(drow) + qt * kBq, p_pk.data(), ds_rm.data(), ds_pk.data(),
-                       scale, kind == TileKind::partial, mask, qb * kBq, kb * kBk, Sk);
+          grad_tile<T>(s.data(), dp.data(), L.data() + qb * kBq, D.data() + qb * kBq,
+                       p_pk.data(), ds_rm.data(), ds_pk.data(), scale,
+                       kind == TileKind::partial, mask, qb * kBq, kb * kBk, Sk);
           const T* dsk = P == 1 ? ds_rm.data() : ds_pk.data();
           gemm_tile<T>(p_pk.data(), 1, kBk, dok, kBk, hdp, kBq, dv_acc.data(), hdp, true);
           gemm_tile<T>(dsk, 1, kBk, qk, kBk, hdp, kBq, dk_acc.data(), hdp, true);

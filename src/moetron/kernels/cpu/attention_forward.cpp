@@ -1,13 +1,15 @@
 // CPU attention forward: FlashAttention-style tiles with an online softmax.
-// K and V are packed once per (batch, kv head, key block) into the layouts
-// the micro-kernels read; then every (batch, head, query block) is an
-// independent task that walks the key blocks the mask leaves visible
+// Every (batch, head, chunk of query blocks) is an independent task: it
+// packs the K/V tiles it needs into the layouts the micro-kernels read and,
+// per query block, walks the key blocks the mask leaves visible
 // (skipping empty tiles, masking elementwise only on boundary tiles), so
 // causal costs ~S^2/2 and a sliding window O(S (w + g)).
 // GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 headers (the
 // _mm512_undefined_* placeholders of max/min/scalef/abs) once they inline
 // into exp512; a false positive, silenced for this file only.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -93,40 +95,48 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   T* op = ptr<T>(out);
   float* lp = ptr<float>(lse);
 
-  // K as [hdp / P][kBk][P] (B operand of Q K^T), V as [kBk / P][hdp][P] (of P V).
-  Tensor kpack = Tensor::empty({B * Hkv * nkb * tile}, q.dtype(), MemTag::workspace);
-  Tensor vpack = Tensor::empty({B * Hkv * nkb * tile}, q.dtype(), MemTag::workspace);
-  T* kt = ptr<T>(kpack);
-  T* vt = ptr<T>(vpack);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < B * Hkv * nkb; ++t) {
-    const int64_t kb = t % nkb, bh = t / nkb, b = bh / Hkv, h = bh % Hkv;
-    const int64_t off = ((b * Sk + kb * kBk) * Hkv + h) * hd;
-    const int64_t rows = std::min(kBk, Sk - kb * kBk);
-    pack_nk(kp + off, Hkv * hd, rows, hd, kt + t * tile, kBk, hdp);
-    pack_kn(vp + off, Hkv * hd, rows, hd, vt + t * tile, kBk, hdp);
-  }
+  // Tasks: (batch, head, chunk of query blocks). One chunk per head unless
+  // there are too few heads to keep every thread busy; a task packs the K/V
+  // tiles its chunk sees on first use, so each is packed once per task.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t nchunks = std::min(nqb, ceil_div(4 * threads, B * H));
+  const int64_t per_chunk = ceil_div(nqb, nchunks);
 
 #pragma omp parallel
   {
+    // K as [hdp / P][kBk][P] (B operand of Q K^T), V as [kBk / P][hdp][P] (of P V).
+    std::vector<T> kt(static_cast<size_t>(nkb * tile)), vt(static_cast<size_t>(nkb * tile));
+    std::vector<T> raw(static_cast<size_t>(tile));
+    std::vector<int64_t> packed_by(static_cast<size_t>(nkb), -1);
     std::vector<T> qtile(static_cast<size_t>(kBq * hdp)), ptile(static_cast<size_t>(kBq * kBk));
     std::vector<float> s(static_cast<size_t>(kBq * kBk)), o(static_cast<size_t>(kBq * hdp));
     std::vector<float> m(kBq), l(kBq), alpha(kBq);
     // Later query blocks see more keys under a causal mask: hand them out first.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < B * H * nqb; ++u) {
-      const int64_t qb = nqb - 1 - u / (B * H), b = (u % (B * H)) / H, h = u % H;
+    for (int64_t u = 0; u < B * H * nchunks; ++u) {
+      const int64_t chunk = nchunks - 1 - u / (B * H), b = (u % (B * H)) / H, h = u % H;
+      const int64_t kvh = h / group;
+      for (int64_t qb = chunk * per_chunk; qb < std::min(nqb, (chunk + 1) * per_chunk); ++qb) {
       const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
       pack_rows(qp + ((b * Sq + i0) * H + h) * hd, H * hd, rows, hd, qtile.data(), kBq, hdp);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.0f);
       std::fill(o.begin(), o.end(), 0.0f);
-      const int64_t kvt = (b * Hkv + h / group) * nkb;
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const TileKind kind = classify_tile(mask, i0, kb * kBk, Sq, Sk);
         if (kind == TileKind::empty) continue;
-        gemm_tile<T>(qtile.data(), hdp / P, 1, kt + (kvt + kb) * tile, kBq, kBk, hdp, s.data(),
-                     kBk, false);
+        T* ktile = kt.data() + kb * tile;
+        T* vtile = vt.data() + kb * tile;
+        if (packed_by[kb] != u) {
+          const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
+          const int64_t krows = std::min(kBk, Sk - kb * kBk);
+          pack_rows(kp + off, Hkv * hd, krows, hd, raw.data(), kBk, hdp);
+          pack_nk(raw.data(), kBk, hdp, ktile);
+          pack_rows(vp + off, Hkv * hd, krows, hd, raw.data(), kBk, hdp);
+          pack_kn(raw.data(), kBk, hdp, vtile);
+          packed_by[kb] = u;
+        }
+        gemm_tile<T>(qtile.data(), hdp / P, 1, ktile, kBq, kBk, hdp, s.data(), kBk, false);
         softmax_tile<T>(s.data(), ptile.data(), m.data(), l.data(), alpha.data(), scale,
                         kind == TileKind::partial, mask, i0, kb * kBk, Sk);
         for (int64_t r = 0; r < kBq; ++r) {
@@ -137,8 +147,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
             _mm512_storeu_ps(orow + c, _mm512_mul_ps(a, _mm512_loadu_ps(orow + c)));
           }
         }
-        gemm_tile<T>(ptile.data(), kBk / P, 1, vt + (kvt + kb) * tile, kBq, hdp, kBk, o.data(),
-                     hdp, true);
+        gemm_tile<T>(ptile.data(), kBk / P, 1, vtile, kBq, hdp, kBk, o.data(), hdp, true);
       }
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
@@ -151,6 +160,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
           store_f32_as(dst + c, _mm512_mul_ps(vinv, _mm512_loadu_ps(o.data() + r * hdp + c)), n);
         }
         lp[(b * H + h) * Sq + i] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+      }
       }
     }
   }

@@ -34,7 +34,8 @@ inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 template <typename T>
 constexpr int kPack = sizeof(T) == 2 ? 2 : 1;
 
-// dst[r][c] = src[r * ld + c] for r < rows, c < cols; zero elsewhere up to R x C.
+// dst[r][c] = src[r * ld + c] for r < rows, c < cols; zero elsewhere up to
+// R x C: a tile of q/k/v/dout (row stride H * hd in the tensor) made dense.
 template <typename T>
 void pack_rows(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t R,
                int64_t C) {
@@ -49,37 +50,57 @@ void pack_rows(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int
   }
 }
 
-// B operand whose reduction index is the source row: dst[r / P][c][r % P]
-// (an R x C tile, R a multiple of P). Used for V in P V, dout in P^T dO,
-// q in dS^T Q and k in dS K.
+// The packed layouts below are built from a padded row-major tile (pack_rows
+// output, R x C with R a multiple of 16 and C of 16) with full vectors only.
+
+// B operand whose reduction index is the tile row: dst[r / P][c][P] (an
+// R x C tile). For f32 (P = 1) this is the row-major tile itself; for bf16
+// rows r and r + 1 are interleaved element by element. Used for V in P V,
+// dout in P^T dO, q in dS^T Q and k in dS K.
 template <typename T>
-void pack_kn(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t R,
-             int64_t C) {
-  constexpr int P = kPack<T>;
-  for (int64_t r = 0; r < R; ++r) {
-    T* d = dst + (r / P) * C * P + r % P;
-    if (r < rows) {
-      const T* s = src + r * ld;
-      for (int64_t c = 0; c < cols; ++c) d[c * P] = s[c];
-      for (int64_t c = cols; c < C; ++c) d[c * P] = T{};
-    } else {
-      for (int64_t c = 0; c < C; ++c) d[c * P] = T{};
+void pack_kn(const T* rm, int64_t R, int64_t C, T* dst) {
+  if constexpr (kPack<T> == 1) {
+    std::memcpy(dst, rm, static_cast<size_t>(R * C) * sizeof(T));
+  } else {
+    alignas(64) static constexpr uint16_t kIdx[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                     37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                     11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_load_si512(kIdx);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t r = 0; r < R; r += 2) {
+      const T* r0 = rm + r * C;
+      const T* r1 = r0 + C;
+      T* d = dst + r * C;
+      for (int64_t c = 0; c < C; c += 32) {
+        // 32 columns of two rows become 32 (row0, row1) pairs = two vectors.
+        // The tail of a C that is 16 mod 32 uses the low half only.
+        const bool full = c + 32 <= C;
+        const __mmask32 m = full ? ~__mmask32{0} : __mmask32{0xffff};
+        const __m512i a = _mm512_maskz_loadu_epi16(m, r0 + c);
+        const __m512i b = _mm512_maskz_loadu_epi16(m, r1 + c);
+        _mm512_storeu_si512(d + 2 * c, _mm512_permutex2var_epi16(a, lo, b));
+        if (full) _mm512_storeu_si512(d + 2 * c + 32, _mm512_permutex2var_epi16(a, hi, b));
+      }
     }
   }
 }
 
-// B operand whose reduction index is the source column (a transpose):
-// dst[c / P][r][c % P] for an R x C source tile (C a multiple of P). Used for
-// k in Q K^T and v in dO V^T.
+// B operand whose reduction index is the tile column (a transpose):
+// dst[c / P][r][P] for an R x C tile. Both dtypes move 32-bit words (an f32,
+// or a bf16 pair), gathered 16 rows at a time. Used for k in Q K^T and v in
+// dO V^T.
 template <typename T>
-void pack_nk(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t R,
-             int64_t C) {
+void pack_nk(const T* rm, int64_t R, int64_t C, T* dst) {
   constexpr int P = kPack<T>;
-  for (int64_t r = 0; r < R; ++r) {
-    T* d = dst + r * P;
-    const T* s = src + r * ld;
-    for (int64_t c = 0; c < C; ++c) {
-      d[(c / P) * R * P + c % P] = (r < rows && c < cols) ? s[c] : T{};
+  const int64_t W = C / P;  // 32-bit words per row
+  const auto* src = reinterpret_cast<const int*>(rm);
+  auto* out = reinterpret_cast<int*>(dst);
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int>(W)));
+  for (int64_t r = 0; r < R; r += 16) {
+    for (int64_t w = 0; w < W; ++w) {
+      _mm512_storeu_si512(out + w * R + r, _mm512_i32gather_epi32(rows, src + r * W + w, 4));
     }
   }
 }
