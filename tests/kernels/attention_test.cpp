@@ -64,7 +64,9 @@ Inputs make_inputs(const Case& c, DType dt) {
           random_tensor({c.B, c.Sq, c.H, c.hd}, dt, "dout")};
 }
 
-float scale_of(const Case& c) { return 1.0f / std::sqrt(static_cast<float>(c.hd)); }
+float scale_of(const Case& c) {
+  return 1.0f / std::sqrt(static_cast<float>(c.hd));
+}
 
 // Forward, then backward fed with that forward's own out and lse (as in
 // training); `bwd_out` overrides the out/lse the backward sees.
@@ -130,7 +132,7 @@ AttentionMask mask_of(bool causal, int64_t window, int64_t global, int64_t offse
 // cycle through their awkward values so each appears with each mask.
 TEST(Attention, MatchesReferenceAcrossMasksAndSizes) {
   const std::vector<AttentionMask> masks = {
-      mask_of(false, 0, 0), mask_of(true, 0, 0),  mask_of(true, 1, 0), mask_of(true, 5, 0),
+      mask_of(false, 0, 0), mask_of(true, 0, 0), mask_of(true, 1, 0),  mask_of(true, 5, 0),
       mask_of(true, 16, 0), mask_of(true, 5, 1), mask_of(true, 16, 3), mask_of(false, 5, 3)};
   const std::vector<int64_t> hds = {8, 24, 64, 40, 17, 80};
   const std::vector<int64_t> hkvs = {4, 2, 1};
@@ -189,7 +191,8 @@ TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
     auto loss = [&] {
       attention_forward(ref, in.q, in.k, in.v, m, scale, out, lse);
       double s = 0;
-      for (int64_t i = 0; i < out.numel(); ++i) s += test::element(out, i) * test::element(in.dout, i);
+      for (int64_t i = 0; i < out.numel(); ++i)
+        s += test::element(out, i) * test::element(in.dout, i);
       return s;
     };
     loss();
@@ -236,15 +239,15 @@ TEST(Attention, BadArgumentsThrow) {
   Tensor out = poisoned(in.q.shape(), DType::f32), lse = poisoned({1, 4, 7}, DType::f32);
   const float s = scale_of(c);
   // lse in the wrong dtype / shape, out in the wrong dtype.
-  EXPECT_THROW(attention_forward(cpu, in.q, in.k, in.v, c.mask, s, out,
-                                 poisoned({1, 4, 7}, DType::bf16)),
-               Error);
-  EXPECT_THROW(attention_forward(cpu, in.q, in.k, in.v, c.mask, s, out,
-                                 poisoned({1, 7, 4}, DType::f32)),
-               Error);
-  EXPECT_THROW(attention_forward(cpu, in.q, in.k, in.v, c.mask, s,
-                                 poisoned(in.q.shape(), DType::bf16), lse),
-               Error);
+  EXPECT_THROW(
+      attention_forward(cpu, in.q, in.k, in.v, c.mask, s, out, poisoned({1, 4, 7}, DType::bf16)),
+      Error);
+  EXPECT_THROW(
+      attention_forward(cpu, in.q, in.k, in.v, c.mask, s, out, poisoned({1, 7, 4}, DType::f32)),
+      Error);
+  EXPECT_THROW(
+      attention_forward(cpu, in.q, in.k, in.v, c.mask, s, poisoned(in.q.shape(), DType::bf16), lse),
+      Error);
   // 4 query heads over 3 kv heads; head_dim mismatch; f64 on the CPU backend.
   Tensor k3 = random_tensor({1, 7, 3, 16}, DType::f32, "k");
   EXPECT_THROW(attention_forward(cpu, in.q, k3, k3, c.mask, s, out, lse), Error);
@@ -256,11 +259,11 @@ TEST(Attention, BadArgumentsThrow) {
                Error);
   // Backward with dk of the query shape.
   attention_forward(cpu, in.q, in.k, in.v, c.mask, s, out, lse);
-  EXPECT_THROW(attention_backward(cpu, in.dout, in.q, in.k, in.v, out, lse, c.mask, s,
-                                  poisoned(in.q.shape(), DType::f32),
-                                  poisoned(in.q.shape(), DType::f32),
-                                  poisoned(in.k.shape(), DType::f32)),
-               Error);
+  EXPECT_THROW(
+      attention_backward(cpu, in.dout, in.q, in.k, in.v, out, lse, c.mask, s,
+                         poisoned(in.q.shape(), DType::f32), poisoned(in.q.shape(), DType::f32),
+                         poisoned(in.k.shape(), DType::f32)),
+      Error);
 }
 
 }  // namespace

@@ -34,9 +34,9 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // Two rows of 16 floats as 16 (row0, row1) bf16 pairs: the [k/2][n][2] layout
 // that lets a tile whose rows are the reduction index feed micro_bf16 as A.
 inline __m512i interleave_bf16(__m512 row0, __m512 row1) {
-  alignas(64) static constexpr uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                   21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
-                                                   11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  alignas(64) static constexpr uint16_t kIdx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                    21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                    11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(row1, row0);  // row0 low, row1 high
   return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), both);
 }
@@ -46,9 +46,9 @@ inline __m512i interleave_bf16(__m512 row0, __m512 row1) {
 // pk layout (for dS^T Q). For f32 the pk layout is the row-major one and
 // ds_pk is not written.
 template <typename T>
-void grad_tile(const float* s, const float* dp, const float* L, const float* D, T* p_pk,
-               T* ds_rm, T* ds_pk, float scale, bool partial, const AttentionMask& mask,
-               int64_t i0, int64_t j0, int64_t Sk) {
+void grad_tile(const float* s, const float* dp, const float* L, const float* D, T* p_pk, T* ds_rm,
+               T* ds_pk, float scale, bool partial, const AttentionMask& mask, int64_t i0,
+               int64_t j0, int64_t Sk) {
   constexpr int kV = kBk / 16;
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t r = 0; r < kBq; r += 2) {
@@ -56,8 +56,7 @@ void grad_tile(const float* s, const float* dp, const float* L, const float* D, 
       __m512 pr[2], dsr[2];
       for (int t = 0; t < 2; ++t) {
         const int64_t row = r + t, at = row * kBk + 16 * v;
-        const __m512 x =
-            _mm512_fmsub_ps(_mm512_loadu_ps(s + at), vscale, _mm512_set1_ps(L[row]));
+        const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + at), vscale, _mm512_set1_ps(L[row]));
         pr[t] = exp512(x);
         if (partial) {
           pr[t] = _mm512_maskz_mov_ps(visible16(mask, mask.q_offset + i0 + row, j0 + 16 * v, Sk),
@@ -185,14 +184,14 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
           const T* dok = P == 1 ? dor : do_kn.data() + qb * qtile;
           gemm_tile<T>(qr, hdp / P, 1, kn, kBq, kBk, hdp, s.data(), kBk, false);
           gemm_tile<T>(dor, hdp / P, 1, vn, kBq, kBk, hdp, dp.data(), kBk, false);
-          grad_tile<T>(s.data(), dp.data(), L.data() + qb * kBq, D.data() + qb * kBq,
-                       p_pk.data(), ds_rm.data(), ds_pk.data(), scale,
-                       kind == TileKind::partial, mask, qb * kBq, kb * kBk, Sk);
+          grad_tile<T>(s.data(), dp.data(), L.data() + qb * kBq, D.data() + qb * kBq, p_pk.data(),
+                       ds_rm.data(), ds_pk.data(), scale, kind == TileKind::partial, mask, qb * kBq,
+                       kb * kBk, Sk);
           const T* dsk = P == 1 ? ds_rm.data() : ds_pk.data();
           gemm_tile<T>(p_pk.data(), 1, kBk, dok, kBk, hdp, kBq, dv_acc.data(), hdp, true);
           gemm_tile<T>(dsk, 1, kBk, qk, kBk, hdp, kBq, dk_acc.data(), hdp, true);
-          gemm_tile<T>(ds_rm.data(), kBk / P, 1, kk, kBq, hdp, kBk, dq_acc.data() + qb * qtile,
-                       hdp, true);
+          gemm_tile<T>(ds_rm.data(), kBk / P, 1, kk, kBq, hdp, kBk, dq_acc.data() + qb * qtile, hdp,
+                       true);
         }
         const int64_t rows = std::min(kBk, Sk - kb * kBk);
         if (group == 1) {
@@ -222,8 +221,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         std::fill(sk.begin(), sk.end(), 0.0f);
         std::fill(sv.begin(), sv.end(), 0.0f);
         for (int64_t g = 0; g < group; ++g) {
-          const float* pk =
-              ptr<float>(partial) + (b * H + kvh * group + g) * nkb * ktile + j * hdp;
+          const float* pk = ptr<float>(partial) + (b * H + kvh * group + g) * nkb * ktile + j * hdp;
           for (int64_t c = 0; c < hd; ++c) {
             sk[c] += pk[c];
             sv[c] += pk[plane + c];
@@ -241,8 +239,8 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 
 void attention_backward(Context&, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttentionMask& mask, float scale, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv) {
+                        const AttentionMask& mask, float scale, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv) {
   check_attention_backward_args(dout, q, k, v, out, lse, mask, dq, dk, dv, /*allow_f64=*/false);
   if (q.dtype() == DType::f32) {
     backward_impl<float>(dout, q, k, v, out, lse, mask, scale, dq, dk, dv);

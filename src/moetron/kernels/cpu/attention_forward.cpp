@@ -117,50 +117,50 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
       const int64_t chunk = nchunks - 1 - u / (B * H), b = (u % (B * H)) / H, h = u % H;
       const int64_t kvh = h / group;
       for (int64_t qb = chunk * per_chunk; qb < std::min(nqb, (chunk + 1) * per_chunk); ++qb) {
-      const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
-      pack_rows(qp + ((b * Sq + i0) * H + h) * hd, H * hd, rows, hd, qtile.data(), kBq, hdp);
-      std::fill(m.begin(), m.end(), kNegInf);
-      std::fill(l.begin(), l.end(), 0.0f);
-      std::fill(o.begin(), o.end(), 0.0f);
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        const TileKind kind = classify_tile(mask, i0, kb * kBk, Sq, Sk);
-        if (kind == TileKind::empty) continue;
-        T* ktile = kt.data() + kb * tile;
-        T* vtile = vt.data() + kb * tile;
-        if (packed_by[kb] != u) {
-          const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
-          const int64_t krows = std::min(kBk, Sk - kb * kBk);
-          pack_rows(kp + off, Hkv * hd, krows, hd, raw.data(), kBk, hdp);
-          pack_nk(raw.data(), kBk, hdp, ktile);
-          pack_rows(vp + off, Hkv * hd, krows, hd, raw.data(), kBk, hdp);
-          pack_kn(raw.data(), kBk, hdp, vtile);
-          packed_by[kb] = u;
-        }
-        gemm_tile<T>(qtile.data(), hdp / P, 1, ktile, kBq, kBk, hdp, s.data(), kBk, false);
-        softmax_tile<T>(s.data(), ptile.data(), m.data(), l.data(), alpha.data(), scale,
-                        kind == TileKind::partial, mask, i0, kb * kBk, Sk);
-        for (int64_t r = 0; r < kBq; ++r) {
-          if (alpha[r] == 1.0f) continue;
-          const __m512 a = _mm512_set1_ps(alpha[r]);
-          float* orow = o.data() + r * hdp;
-          for (int64_t c = 0; c < hdp; c += 16) {
-            _mm512_storeu_ps(orow + c, _mm512_mul_ps(a, _mm512_loadu_ps(orow + c)));
+        const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
+        pack_rows(qp + ((b * Sq + i0) * H + h) * hd, H * hd, rows, hd, qtile.data(), kBq, hdp);
+        std::fill(m.begin(), m.end(), kNegInf);
+        std::fill(l.begin(), l.end(), 0.0f);
+        std::fill(o.begin(), o.end(), 0.0f);
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+          const TileKind kind = classify_tile(mask, i0, kb * kBk, Sq, Sk);
+          if (kind == TileKind::empty) continue;
+          T* ktile = kt.data() + kb * tile;
+          T* vtile = vt.data() + kb * tile;
+          if (packed_by[kb] != u) {
+            const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
+            const int64_t krows = std::min(kBk, Sk - kb * kBk);
+            pack_rows(kp + off, Hkv * hd, krows, hd, raw.data(), kBk, hdp);
+            pack_nk(raw.data(), kBk, hdp, ktile);
+            pack_rows(vp + off, Hkv * hd, krows, hd, raw.data(), kBk, hdp);
+            pack_kn(raw.data(), kBk, hdp, vtile);
+            packed_by[kb] = u;
           }
+          gemm_tile<T>(qtile.data(), hdp / P, 1, ktile, kBq, kBk, hdp, s.data(), kBk, false);
+          softmax_tile<T>(s.data(), ptile.data(), m.data(), l.data(), alpha.data(), scale,
+                          kind == TileKind::partial, mask, i0, kb * kBk, Sk);
+          for (int64_t r = 0; r < kBq; ++r) {
+            if (alpha[r] == 1.0f) continue;
+            const __m512 a = _mm512_set1_ps(alpha[r]);
+            float* orow = o.data() + r * hdp;
+            for (int64_t c = 0; c < hdp; c += 16) {
+              _mm512_storeu_ps(orow + c, _mm512_mul_ps(a, _mm512_loadu_ps(orow + c)));
+            }
+          }
+          gemm_tile<T>(ptile.data(), kBk / P, 1, vtile, kBq, hdp, kBk, o.data(), hdp, true);
         }
-        gemm_tile<T>(ptile.data(), kBk / P, 1, vtile, kBq, hdp, kBk, o.data(), hdp, true);
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        T* dst = op + ((b * Sq + i) * H + h) * hd;
-        // A row with no visible key: out 0, lse -inf (the header's contract).
-        const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-        const __m512 vinv = _mm512_set1_ps(inv);
-        for (int64_t c = 0; c < hd; c += 16) {
-          const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
-          store_f32_as(dst + c, _mm512_mul_ps(vinv, _mm512_loadu_ps(o.data() + r * hdp + c)), n);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          T* dst = op + ((b * Sq + i) * H + h) * hd;
+          // A row with no visible key: out 0, lse -inf (the header's contract).
+          const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+          const __m512 vinv = _mm512_set1_ps(inv);
+          for (int64_t c = 0; c < hd; c += 16) {
+            const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
+            store_f32_as(dst + c, _mm512_mul_ps(vinv, _mm512_loadu_ps(o.data() + r * hdp + c)), n);
+          }
+          lp[(b * H + h) * Sq + i] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
         }
-        lp[(b * H + h) * Sq + i] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
-      }
       }
     }
   }

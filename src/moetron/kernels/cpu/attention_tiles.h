@@ -28,8 +28,12 @@ constexpr int64_t kBq = 64;  // query rows per tile
 constexpr int64_t kBk = 64;  // key rows per tile
 constexpr int kMr = 4;       // micro-kernel rows (4 x 64 columns = 16 accumulators)
 
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+inline int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+inline int64_t ceil_div(int64_t x, int64_t m) {
+  return (x + m - 1) / m;
+}
 
 template <typename T>
 constexpr int kPack = sizeof(T) == 2 ? 2 : 1;
@@ -37,8 +41,7 @@ constexpr int kPack = sizeof(T) == 2 ? 2 : 1;
 // dst[r][c] = src[r * ld + c] for r < rows, c < cols; zero elsewhere up to
 // R x C: a tile of q/k/v/dout (row stride H * hd in the tensor) made dense.
 template <typename T>
-void pack_rows(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t R,
-               int64_t C) {
+void pack_rows(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t R, int64_t C) {
   for (int64_t r = 0; r < R; ++r) {
     T* d = dst + r * C;
     if (r < rows) {
@@ -63,8 +66,8 @@ void pack_kn(const T* rm, int64_t R, int64_t C, T* dst) {
     std::memcpy(dst, rm, static_cast<size_t>(R * C) * sizeof(T));
   } else {
     alignas(64) static constexpr uint16_t kIdx[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
-                                                     37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-                                                     11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+                                                      37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                      11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i lo = _mm512_load_si512(kIdx);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int64_t r = 0; r < R; r += 2) {
@@ -95,9 +98,9 @@ void pack_nk(const T* rm, int64_t R, int64_t C, T* dst) {
   const int64_t W = C / P;  // 32-bit words per row
   const auto* src = reinterpret_cast<const int*>(rm);
   auto* out = reinterpret_cast<int*>(dst);
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(static_cast<int>(W)));
+  const __m512i rows =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(W)));
   for (int64_t r = 0; r < R; r += 16) {
     for (int64_t w = 0; w < W; ++w) {
       _mm512_storeu_si512(out + w * R + r, _mm512_i32gather_epi32(rows, src + r * W + w, 4));
@@ -140,8 +143,7 @@ inline void micro_bf16(const uint32_t* a, int64_t a_rs, int64_t a_ks, const uint
     __m512bh bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + kp * b_ks + 32 * v);
     for (int r = 0; r < MR; ++r) {
-      const __m512bh av =
-          (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * a_rs + kp * a_ks]));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * a_rs + kp * a_ks]));
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
     }
   }
@@ -164,8 +166,8 @@ inline void micro(const T* a, int64_t a_rs, int64_t a_ks, const T* b, int64_t b_
 // 16, K of kPack. A strides count k-groups (floats, or bf16 pairs); B is
 // packed [K / P][N][P] so b_ks = N * P.
 template <typename T>
-void gemm_tile(const T* a, int64_t a_rs, int64_t a_ks, const T* b, int64_t M, int64_t N,
-               int64_t K, float* c, int64_t ldc, bool accumulate) {
+void gemm_tile(const T* a, int64_t a_rs, int64_t a_ks, const T* b, int64_t M, int64_t N, int64_t K,
+               float* c, int64_t ldc, bool accumulate) {
   constexpr int P = kPack<T>;
   const int64_t b_ks = N * P;
   for (int64_t r0 = 0; r0 < M; r0 += kMr) {
@@ -176,10 +178,17 @@ void gemm_tile(const T* a, int64_t a_rs, int64_t a_ks, const T* b, int64_t M, in
       micro<T, 4>(ar, a_rs, a_ks, b + n0 * P, b_ks, K, cr + n0, ldc, accumulate);
     }
     switch ((N - n0) / 16) {
-      case 3: micro<T, 3>(ar, a_rs, a_ks, b + n0 * P, b_ks, K, cr + n0, ldc, accumulate); break;
-      case 2: micro<T, 2>(ar, a_rs, a_ks, b + n0 * P, b_ks, K, cr + n0, ldc, accumulate); break;
-      case 1: micro<T, 1>(ar, a_rs, a_ks, b + n0 * P, b_ks, K, cr + n0, ldc, accumulate); break;
-      default: break;
+      case 3:
+        micro<T, 3>(ar, a_rs, a_ks, b + n0 * P, b_ks, K, cr + n0, ldc, accumulate);
+        break;
+      case 2:
+        micro<T, 2>(ar, a_rs, a_ks, b + n0 * P, b_ks, K, cr + n0, ldc, accumulate);
+        break;
+      case 1:
+        micro<T, 1>(ar, a_rs, a_ks, b + n0 * P, b_ks, K, cr + n0, ldc, accumulate);
+        break;
+      default:
+        break;
     }
   }
 }

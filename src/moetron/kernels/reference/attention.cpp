@@ -85,8 +85,8 @@ void attention_forward(Context&, const Tensor& q, const Tensor& k, const Tensor&
 // backward does, so the result is the gradient at that forward output.
 void attention_backward(Context&, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttentionMask& mask, float scale, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv) {
+                        const AttentionMask& mask, float scale, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv) {
   check_attention_backward_args(dout, q, k, v, out, lse, mask, dq, dk, dv, /*allow_f64=*/true);
   const Dims d = dims_of(q, k);
   const auto qv = load_all(q), kv = load_all(k), vv = load_all(v);
