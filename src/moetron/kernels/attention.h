@@ -39,8 +39,8 @@ inline bool attention_visible(const AttentionMask& mask, int64_t i, int64_t j) {
 // a row with no visible key gets out = 0 and lse = -inf.
 // q, k, v, out: f32 or bf16, all the same (reference also f64).
 MOETRON_KERNEL_DECL(void attention_forward(Context& ctx, const Tensor& q, const Tensor& k,
-                                           const Tensor& v, const AttentionMask& mask,
-                                           float scale, const Tensor& out, const Tensor& lse))
+                                           const Tensor& v, const AttentionMask& mask, float scale,
+                                           const Tensor& out, const Tensor& lse))
 
 // dq: [B, Sq, H, hd], dk, dv: [B, Sk, Hkv, hd], all overwritten (dk/dv summed
 // over the query heads sharing a kv head). Dtype of q.
@@ -49,5 +49,18 @@ MOETRON_KERNEL_DECL(void attention_backward(Context& ctx, const Tensor& dout, co
                                             const Tensor& lse, const AttentionMask& mask,
                                             float scale, const Tensor& dq, const Tensor& dk,
                                             const Tensor& dv))
+
+// Argument checks shared by every backend: shapes as above, dtypes equal
+// (f64 only where allow_f64, i.e. the reference), lse f32 (or f64 with
+// allow_f64), head_dim >= 1, H % Hkv == 0, and sizes below 2^31 (the CPU
+// backend's masks work on 32-bit positions). Throws moetron::Error naming the
+// argument. Backward passes its dout/out/dq/dk/dv as well.
+void check_attention_forward_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionMask& mask, const Tensor& out, const Tensor& lse,
+                                  bool allow_f64);
+void check_attention_backward_args(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const Tensor& out, const Tensor& lse,
+                                   const AttentionMask& mask, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv, bool allow_f64);
 
 }  // namespace moetron::kernels

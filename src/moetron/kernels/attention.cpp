@@ -1,0 +1,72 @@
+#include "moetron/kernels/attention.h"
+
+#include <limits>
+
+namespace moetron::kernels {
+
+void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionMask& mask, float scale, const Tensor& out,
+                       const Tensor& lse) {
+  MOETRON_KERNEL_DISPATCH(ctx, attention_forward, q, k, v, mask, scale, out, lse);
+}
+
+void attention_backward(Context& ctx, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const AttentionMask& mask, float scale, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv) {
+  MOETRON_KERNEL_DISPATCH(ctx, attention_backward, dout, q, k, v, out, lse, mask, scale, dq, dk,
+                          dv);
+}
+
+namespace {
+
+void check_float_dtype(const Tensor& t, const char* name, bool allow_f64) {
+  const DType d = t.dtype();
+  MOETRON_CHECK(d == DType::f32 || d == DType::bf16 || (allow_f64 && d == DType::f64),
+                "attention: ", name, " must be f32 or bf16", allow_f64 ? " (or f64)" : "", ", got ",
+                t.str());
+}
+
+}  // namespace
+
+void check_attention_forward_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionMask& mask, const Tensor& out, const Tensor& lse,
+                                  bool allow_f64) {
+  MOETRON_CHECK(q.defined() && q.rank() == 4, "attention: q must be [B, Sq, H, hd], got ",
+                q.defined() ? q.str() : "undefined");
+  MOETRON_CHECK(k.defined() && k.rank() == 4, "attention: k must be [B, Sk, Hkv, hd], got ",
+                k.defined() ? k.str() : "undefined");
+  const int64_t B = q.dim(0), Sq = q.dim(1), H = q.dim(2), hd = q.dim(3);
+  const int64_t Sk = k.dim(1), Hkv = k.dim(2);
+  MOETRON_CHECK(hd >= 1 && H >= 1 && Hkv >= 1, "attention: empty head dimension in q ", q.str(),
+                " / k ", k.str());
+  MOETRON_CHECK(H % Hkv == 0, "attention: query heads ", H, " not a multiple of kv heads ", Hkv);
+  MOETRON_CHECK(k.dim(0) == B && k.dim(3) == hd, "attention: k ", k.str(), " does not match q ",
+                q.str(), " in batch or head_dim");
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max() / 2;
+  MOETRON_CHECK(
+      Sq < kMax && Sk < kMax && mask.q_offset >= 0 && mask.q_offset + Sq < kMax &&
+          mask.window < kMax && mask.num_global >= 0 && mask.num_global < kMax,
+      "attention: sequence lengths, q_offset, window and num_global must be in [0, 2^30)");
+  check_float_dtype(q, "q", allow_f64);
+  check_tensor(k, "attention k", k.shape(), q.dtype());
+  check_tensor(v, "attention v", k.shape(), q.dtype());
+  check_tensor(out, "attention out", q.shape(), q.dtype());
+  MOETRON_CHECK(lse.defined(), "attention: lse is undefined");
+  check_shape(lse, "attention lse", Shape{B, H, Sq});
+  MOETRON_CHECK(lse.dtype() == DType::f32 || (allow_f64 && lse.dtype() == DType::f64),
+                "attention: lse must be f32", allow_f64 ? " or f64" : "", ", got ", lse.str());
+}
+
+void check_attention_backward_args(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const Tensor& out, const Tensor& lse,
+                                   const AttentionMask& mask, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv, bool allow_f64) {
+  check_attention_forward_args(q, k, v, mask, out, lse, allow_f64);
+  check_tensor(dout, "attention dout", q.shape(), q.dtype());
+  check_tensor(dq, "attention dq", q.shape(), q.dtype());
+  check_tensor(dk, "attention dk", k.shape(), q.dtype());
+  check_tensor(dv, "attention dv", k.shape(), q.dtype());
+}
+
+}  // namespace moetron::kernels

@@ -1,0 +1,252 @@
+// CPU attention backward: recomputes each visible tile's probabilities from
+// the saved log-sum-exp and runs the five tile GEMMs
+//   S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K
+// with dS = P * (dP - D) * scale and D_i = rowsum(dO_i * O_i).
+//
+// Parallel over (batch, query head): one task walks key blocks (outer) and
+// the query blocks they see (inner), so dK/dV of a key block accumulate in
+// one tile and dQ of the head in one per-task buffer. Every sum is formed by
+// one thread in a fixed order, and with grouped-query heads the per-head
+// dK/dV partials are added in head order afterwards, so the result has the
+// same bits for every thread count.
+// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 headers (the
+// _mm512_undefined_* placeholders of max/min/scalef/abs) once they inline
+// into exp512; a false positive, silenced for this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "moetron/kernels/attention.h"
+#include "moetron/kernels/cpu/attention_tiles.h"
+#include "moetron/kernels/cpu/cpu_util.h"
+#include "moetron/kernels/cpu/vec_math.h"
+
+namespace moetron::kernels::cpu {
+
+namespace {
+
+using namespace attn;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Two rows of 16 floats as 16 (row0, row1) bf16 pairs: the [k/2][n][2] layout
+// that lets a tile whose rows are the reduction index feed micro_bf16 as A.
+inline __m512i interleave_bf16(__m512 row0, __m512 row1) {
+  alignas(64) static constexpr uint16_t kIdx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                    21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                    11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(row1, row0);  // row0 low, row1 high
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), both);
+}
+
+// Per tile: s = Q K^T and dp = dO V^T (f32, kBq x kBk) in; out P (for P^T dO,
+// "pk" layout: [kBq / P][kBk][P]), scale * dS row-major (for dS K) and in the
+// pk layout (for dS^T Q). For f32 the pk layout is the row-major one and
+// ds_pk is not written.
+template <typename T>
+void grad_tile(const float* s, const float* dp, const float* L, const float* D, T* p_pk, T* ds_rm,
+               T* ds_pk, float scale, bool partial, const AttentionMask& mask, int64_t i0,
+               int64_t j0, int64_t Sk) {
+  constexpr int kV = kBk / 16;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < kBq; r += 2) {
+    for (int v = 0; v < kV; ++v) {
+      __m512 pr[2], dsr[2];
+      for (int t = 0; t < 2; ++t) {
+        const int64_t row = r + t, at = row * kBk + 16 * v;
+        const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + at), vscale, _mm512_set1_ps(L[row]));
+        pr[t] = exp512(x);
+        if (partial) {
+          pr[t] = _mm512_maskz_mov_ps(visible16(mask, mask.q_offset + i0 + row, j0 + 16 * v, Sk),
+                                      pr[t]);
+        }
+        const __m512 g = _mm512_sub_ps(_mm512_loadu_ps(dp + at), _mm512_set1_ps(D[row]));
+        dsr[t] = _mm512_mul_ps(_mm512_mul_ps(pr[t], g), vscale);
+      }
+      if constexpr (kPack<T> == 1) {
+        for (int t = 0; t < 2; ++t) {
+          _mm512_storeu_ps(p_pk + (r + t) * kBk + 16 * v, pr[t]);
+          _mm512_storeu_ps(ds_rm + (r + t) * kBk + 16 * v, dsr[t]);
+        }
+      } else {
+        const int64_t pk = (r / 2) * kBk * 2 + 32 * v;
+        _mm512_storeu_si512(p_pk + pk, interleave_bf16(pr[0], pr[1]));
+        _mm512_storeu_si512(ds_pk + pk, interleave_bf16(dsr[0], dsr[1]));
+        store_bf16x16(ds_rm + r * kBk + 16 * v, dsr[0]);
+        store_bf16x16(ds_rm + (r + 1) * kBk + 16 * v, dsr[1]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void store_rows(const float* acc, int64_t hdp, int64_t rows, int64_t hd, T* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < hd; c += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
+      store_f32_as(dst + r * ld + c, _mm512_loadu_ps(acc + r * hdp + c), n);
+    }
+  }
+}
+
+template <typename T>
+void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const AttentionMask& mask, float scale,
+                   const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  constexpr int P = kPack<T>;
+  const int64_t B = q.dim(0), Sq = q.dim(1), H = q.dim(2), hd = q.dim(3);
+  const int64_t Sk = k.dim(1), Hkv = k.dim(2), group = H / Hkv;
+  const int64_t hdp = round_up(hd, 16);
+  const int64_t nqb = ceil_div(Sq, kBq), nkb = ceil_div(Sk, kBk);
+  const int64_t ktile = kBk * hdp, qtile = kBq * hdp;
+
+  // With grouped heads each query head's dK/dV go to its own f32 slice,
+  // summed over the group in head order below.
+  Tensor partial;
+  if (group > 1) partial = Tensor::empty({2, B * H, nkb * ktile}, DType::f32, MemTag::workspace);
+
+#pragma omp parallel
+  {
+    // Packed operands of the task's head: per key block K for Q K^T (nk) and
+    // dS K (kn), V for dO V^T (nk); per query block Q and dO row-major (A of S
+    // and dP) and kn (B of dS^T Q and P^T dO; for f32 the row-major tile
+    // itself), the row's lse and D.
+    std::vector<T> k_nk(static_cast<size_t>(nkb * ktile)), k_kn(k_nk.size()), v_nk(k_nk.size());
+    std::vector<T> q_rm(static_cast<size_t>(nqb * qtile)), do_rm(q_rm.size());
+    std::vector<T> q_kn(P == 1 ? 0 : q_rm.size()), do_kn(q_kn.size());
+    std::vector<T> raw(static_cast<size_t>(ktile));
+    std::vector<float> L(static_cast<size_t>(nqb * kBq)), D(L.size());
+    std::vector<float> dq_acc(static_cast<size_t>(nqb * qtile));
+    std::vector<float> dk_acc(static_cast<size_t>(ktile)), dv_acc(static_cast<size_t>(ktile));
+    std::vector<float> s(static_cast<size_t>(kBq * kBk)), dp(static_cast<size_t>(kBq * kBk));
+    std::vector<T> p_pk(static_cast<size_t>(kBq * kBk)), ds_rm(static_cast<size_t>(kBq * kBk));
+    std::vector<T> ds_pk(static_cast<size_t>(kBq * kBk));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H, kvh = h / group;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
+        const int64_t rows = std::min(kBk, Sk - kb * kBk);
+        pack_rows(ptr<T>(k) + off, Hkv * hd, rows, hd, raw.data(), kBk, hdp);
+        pack_nk(raw.data(), kBk, hdp, k_nk.data() + kb * ktile);
+        pack_kn(raw.data(), kBk, hdp, k_kn.data() + kb * ktile);
+        pack_rows(ptr<T>(v) + off, Hkv * hd, rows, hd, raw.data(), kBk, hdp);
+        pack_nk(raw.data(), kBk, hdp, v_nk.data() + kb * ktile);
+      }
+      // Padded rows and rows with no visible key get lse = +inf, so their P
+      // is exactly 0 (after the mask) or flushes to 0.
+      for (int64_t qb = 0; qb < nqb; ++qb) {
+        const int64_t i0 = qb * kBq, off = ((b * Sq + i0) * H + h) * hd;
+        const int64_t rows = std::min(kBq, Sq - i0);
+        T* qr = q_rm.data() + qb * qtile;
+        T* dr = do_rm.data() + qb * qtile;
+        pack_rows(ptr<T>(q) + off, H * hd, rows, hd, qr, kBq, hdp);
+        pack_rows(ptr<T>(dout) + off, H * hd, rows, hd, dr, kBq, hdp);
+        if constexpr (P == 2) {
+          pack_kn(qr, kBq, hdp, q_kn.data() + qb * qtile);
+          pack_kn(dr, kBq, hdp, do_kn.data() + qb * qtile);
+        }
+        for (int64_t r = 0; r < kBq; ++r) {
+          float* Lr = L.data() + qb * kBq + r;
+          float* Dr = D.data() + qb * kBq + r;
+          if (r >= rows) {
+            *Lr = kInf;
+            *Dr = 0;
+            continue;
+          }
+          const float l = ptr<float>(lse)[bh * Sq + i0 + r];
+          *Lr = l == -kInf ? kInf : l;
+          const T* o = ptr<T>(out) + off + r * H * hd;
+          const T* g = ptr<T>(dout) + off + r * H * hd;
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t c = 0; c < hd; c += 16) {
+            const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
+            acc = _mm512_fmadd_ps(load_as_f32(o + c, n), load_as_f32(g + c, n), acc);
+          }
+          *Dr = hsum512(acc);
+        }
+      }
+      std::fill(dq_acc.begin(), dq_acc.end(), 0.0f);
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const T* kn = k_nk.data() + kb * ktile;
+        const T* vn = v_nk.data() + kb * ktile;
+        const T* kk = k_kn.data() + kb * ktile;
+        std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
+        std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
+        for (int64_t qb = 0; qb < nqb; ++qb) {
+          const TileKind kind = classify_tile(mask, qb * kBq, kb * kBk, Sq, Sk);
+          if (kind == TileKind::empty) continue;
+          const T* qr = q_rm.data() + qb * qtile;
+          const T* dor = do_rm.data() + qb * qtile;
+          const T* qk = P == 1 ? qr : q_kn.data() + qb * qtile;
+          const T* dok = P == 1 ? dor : do_kn.data() + qb * qtile;
+          gemm_tile<T>(qr, hdp / P, 1, kn, kBq, kBk, hdp, s.data(), kBk, false);
+          gemm_tile<T>(dor, hdp / P, 1, vn, kBq, kBk, hdp, dp.data(), kBk, false);
+          grad_tile<T>(s.data(), dp.data(), L.data() + qb * kBq, D.data() + qb * kBq, p_pk.data(),
+                       ds_rm.data(), ds_pk.data(), scale, kind == TileKind::partial, mask, qb * kBq,
+                       kb * kBk, Sk);
+          const T* dsk = P == 1 ? ds_rm.data() : ds_pk.data();
+          gemm_tile<T>(p_pk.data(), 1, kBk, dok, kBk, hdp, kBq, dv_acc.data(), hdp, true);
+          gemm_tile<T>(dsk, 1, kBk, qk, kBk, hdp, kBq, dk_acc.data(), hdp, true);
+          gemm_tile<T>(ds_rm.data(), kBk / P, 1, kk, kBq, hdp, kBk, dq_acc.data() + qb * qtile, hdp,
+                       true);
+        }
+        const int64_t rows = std::min(kBk, Sk - kb * kBk);
+        if (group == 1) {
+          const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
+          store_rows(dk_acc.data(), hdp, rows, hd, ptr<T>(dk) + off, Hkv * hd);
+          store_rows(dv_acc.data(), hdp, rows, hd, ptr<T>(dv) + off, Hkv * hd);
+        } else {
+          float* pk = ptr<float>(partial) + (bh * nkb + kb) * ktile;
+          float* pv = pk + B * H * nkb * ktile;
+          std::copy(dk_acc.begin(), dk_acc.end(), pk);
+          std::copy(dv_acc.begin(), dv_acc.end(), pv);
+        }
+      }
+      const int64_t off = (b * Sq * H + h) * hd;
+      store_rows(dq_acc.data(), hdp, Sq, hd, ptr<T>(dq) + off, H * hd);
+    }
+  }
+
+  if (group > 1) {
+    const int64_t plane = B * H * nkb * ktile;
+#pragma omp parallel
+    {
+      std::vector<float> sk(static_cast<size_t>(hdp)), sv(static_cast<size_t>(hdp));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < B * Hkv * Sk; ++t) {
+        const int64_t j = t % Sk, b = t / Sk / Hkv, kvh = (t / Sk) % Hkv;
+        std::fill(sk.begin(), sk.end(), 0.0f);
+        std::fill(sv.begin(), sv.end(), 0.0f);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* pk = ptr<float>(partial) + (b * H + kvh * group + g) * nkb * ktile + j * hdp;
+          for (int64_t c = 0; c < hd; ++c) {
+            sk[c] += pk[c];
+            sv[c] += pk[plane + c];
+          }
+        }
+        const int64_t off = ((b * Sk + j) * Hkv + kvh) * hd;
+        store_rows(sk.data(), hdp, 1, hd, ptr<T>(dk) + off, hd);
+        store_rows(sv.data(), hdp, 1, hd, ptr<T>(dv) + off, hd);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention_backward(Context&, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const AttentionMask& mask, float scale, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv) {
+  check_attention_backward_args(dout, q, k, v, out, lse, mask, dq, dk, dv, /*allow_f64=*/false);
+  if (q.dtype() == DType::f32) {
+    backward_impl<float>(dout, q, k, v, out, lse, mask, scale, dq, dk, dv);
+  } else {
+    backward_impl<uint16_t>(dout, q, k, v, out, lse, mask, scale, dq, dk, dv);
+  }
+}
+
+}  // namespace moetron::kernels::cpu

@@ -1,0 +1,33 @@
+#include "moetron/kernels/moe.h"
+
+namespace moetron::kernels {
+
+void router_topk(Context& ctx, const Tensor& logits, const Tensor& bias, const RouterArgs& args,
+                 const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight) {
+  MOETRON_KERNEL_DISPATCH(ctx, router_topk, logits, bias, args, scores, topk_idx, topk_weight);
+}
+void router_topk_backward(Context& ctx, const Tensor& d_topk_weight, const Tensor& d_scores_extra,
+                          const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight,
+                          const RouterArgs& args, const Tensor& d_logits) {
+  MOETRON_KERNEL_DISPATCH(ctx, router_topk_backward, d_topk_weight, d_scores_extra, scores,
+                          topk_idx, topk_weight, args, d_logits);
+}
+void moe_permute(Context& ctx, const Tensor& x, const MoePlan& plan, const Tensor& permuted) {
+  MOETRON_KERNEL_DISPATCH(ctx, moe_permute, x, plan, permuted);
+}
+void moe_permute_backward(Context& ctx, const Tensor& d_permuted, const MoePlan& plan,
+                          const Tensor& dx) {
+  MOETRON_KERNEL_DISPATCH(ctx, moe_permute_backward, d_permuted, plan, dx);
+}
+void moe_unpermute(Context& ctx, const Tensor& expert_out, const MoePlan& plan,
+                   const Tensor& topk_weight, const Tensor& out) {
+  MOETRON_KERNEL_DISPATCH(ctx, moe_unpermute, expert_out, plan, topk_weight, out);
+}
+void moe_unpermute_backward(Context& ctx, const Tensor& dout, const Tensor& expert_out,
+                            const MoePlan& plan, const Tensor& topk_weight,
+                            const Tensor& d_expert_out, const Tensor& d_topk_weight) {
+  MOETRON_KERNEL_DISPATCH(ctx, moe_unpermute_backward, dout, expert_out, plan, topk_weight,
+                          d_expert_out, d_topk_weight);
+}
+
+}  // namespace moetron::kernels

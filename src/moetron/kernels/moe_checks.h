@@ -1,0 +1,65 @@
+// Shape checks shared by the MoE backends (internal to kernels/): every
+// backend rejects the same bad input with the same message, before writing.
+#pragma once
+
+#include <string>
+
+#include "moetron/kernels/moe.h"
+
+namespace moetron::kernels::moe_detail {
+
+inline std::string describe(const Tensor& t) { return t.defined() ? t.str() : "undefined"; }
+
+inline void check_2d(const Tensor& t, const char* fn, const char* name, int64_t rows,
+                     int64_t cols) {
+  MOETRON_CHECK(t.defined() && t.rank() == 2 && t.dim(0) == rows && t.dim(1) == cols, fn, ": ",
+                name, " must be [", rows, ", ", cols, "], got ", describe(t));
+}
+
+// logits [T, E] and the router outputs; returns nothing, throws on mismatch.
+inline void check_router(const char* fn, const Tensor& scores, const Tensor& topk_idx,
+                         const Tensor& topk_weight, const RouterArgs& args) {
+  MOETRON_CHECK(scores.defined() && scores.rank() == 2, fn, ": scores must be [T, E], got ",
+                describe(scores));
+  const int64_t T = scores.dim(0), E = scores.dim(1);
+  MOETRON_CHECK(args.k >= 1 && args.k <= E, fn, ": k = ", args.k, " must be in [1, E = ", E, "]");
+  check_2d(topk_idx, fn, "topk_idx", T, args.k);
+  MOETRON_CHECK(topk_idx.dtype() == DType::i32, fn, ": topk_idx must be i32, got ",
+                topk_idx.str());
+  check_2d(topk_weight, fn, "topk_weight", T, args.k);
+  MOETRON_CHECK(topk_weight.dtype() == scores.dtype(), fn, ": topk_weight ", topk_weight.str(),
+                " must have the dtype of scores ", scores.str());
+}
+
+// Checks a plan against its own invariants' sizes (a plan built by moe_plan
+// always passes; a hand-made or stale one is caught here).
+inline void check_plan(const char* fn, const MoePlan& plan) {
+  MOETRON_CHECK(plan.num_experts >= 1 &&
+                    static_cast<int64_t>(plan.offsets.size()) == plan.num_experts + 1 &&
+                    static_cast<int64_t>(plan.row_of_slot.size()) ==
+                        plan.num_tokens * plan.top_k &&
+                    static_cast<int64_t>(plan.token_of_row.size()) == plan.rows(),
+                fn, ": the MoePlan is inconsistent (build it with moe_plan)");
+}
+
+// A [T, D] token-major tensor and a [>= rows, D] expert-major one.
+inline void check_rows(const char* fn, const MoePlan& plan, const Tensor& tokens,
+                       const char* tokens_name, const Tensor& rows, const char* rows_name) {
+  check_plan(fn, plan);
+  MOETRON_CHECK(tokens.defined() && tokens.rank() == 2 && tokens.dim(0) == plan.num_tokens, fn,
+                ": ", tokens_name, " must be [T = ", plan.num_tokens, ", D], got ",
+                describe(tokens));
+  const int64_t D = tokens.dim(1);
+  MOETRON_CHECK(rows.defined() && rows.rank() == 2 && rows.dim(0) >= plan.rows() &&
+                    rows.dim(1) == D,
+                fn, ": ", rows_name, " must be [>= ", plan.rows(), ", ", D, "], got ",
+                describe(rows));
+  MOETRON_CHECK(rows.dtype() == tokens.dtype(), fn, ": ", rows_name, " ", rows.str(), " and ",
+                tokens_name, " ", tokens.str(), " must share a dtype");
+}
+
+inline void check_weights(const char* fn, const MoePlan& plan, const Tensor& w, const char* name) {
+  check_2d(w, fn, name, plan.num_tokens, plan.top_k);
+}
+
+}  // namespace moetron::kernels::moe_detail
