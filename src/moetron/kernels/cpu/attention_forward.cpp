@@ -28,10 +28,11 @@ using namespace attn;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Rescales the running state of kBq rows by one tile's scores: s holds the
-// raw scores S = Q K^T (kBq x kBk, f32), overwritten with nothing useful; p
-// receives exp(scale S - m_new) as T, row-major; m, l are the running max and
-// sum, alpha the factor the caller applies to the output accumulator rows.
+// Folds one tile's scores into the running softmax state of kBq rows: s holds
+// the raw scores S = Q K^T (kBq x kBk, f32; overwritten by the scaled, masked
+// scores); p receives exp(scale S - m_new) as T, row-major; m, l are the
+// running max and sum, alpha the factor the caller applies to the output
+// accumulator rows before adding P V.
 template <typename T>
 void softmax_tile(float* s, T* p, float* m, float* l, float* alpha, float scale, bool partial,
                   const AttentionMask& mask, int64_t i0, int64_t j0, int64_t Sk) {
