@@ -1,0 +1,127 @@
+// moetron: train / eval / generate / prepare-data.
+// Library code throws moetron::Error; this is the one place that turns an
+// error into a message and a non-zero exit.
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "moetron/core/error.h"
+#include "moetron/core/threading.h"
+#include "moetron/data/corpus.h"
+#include "moetron/data/tokenizer.h"
+#include "moetron/train/generate.h"
+#include "moetron/train/trainer.h"
+
+namespace {
+
+using namespace moetron;
+
+int cmd_train(const std::string& config, const std::string& out, const std::vector<std::string>& sets,
+              bool resume) {
+  const train::Config cfg = train::load_config(config, sets);
+  train::Trainer trainer(cfg, out, resume);
+  const train::TrainResult r = trainer.run();
+  std::cout << "trained " << r.steps_done << " steps: loss " << r.first_loss << " -> " << r.last_loss
+            << ", validation loss " << r.val_loss << " (" << r.skipped_steps << " skipped steps); run in "
+            << out << "\n";
+  return 0;
+}
+
+std::string tokenizer_for(const train::Config& cfg, const std::string& given) {
+  const std::string path = given.empty() ? cfg.data.path + "/tokenizer.model" : given;
+  return path;
+}
+
+int cmd_generate(const std::string& ckpt_dir, const std::string& prompt, const std::string& tok_path,
+                 int64_t max_new, double temperature, int64_t top_k, uint64_t seed) {
+  kernels::Context ctx(kernels::Backend::cpu);
+  train::LoadedModel lm = train::load_model(ckpt_dir);
+  data::Tokenizer tok(tokenizer_for(lm.cfg, tok_path));
+  train::SampleOptions so;
+  so.max_new_tokens = max_new;
+  so.temperature = temperature;
+  so.top_k = top_k;
+  so.seed = seed;
+  so.stop_id = tok.eos_id();
+  std::vector<int32_t> ids = tok.encode(prompt);
+  if (ids.empty()) ids.push_back(tok.eos_id());
+  const auto out = train::sample_tokens(ctx, *lm.model, ids, so);
+  std::cout << prompt << tok.decode(out) << "\n";
+  return 0;
+}
+
+int cmd_eval(const std::string& ckpt_dir, const std::string& tokens, int64_t batch) {
+  kernels::Context ctx(kernels::Backend::cpu);
+  train::LoadedModel lm = train::load_model(ckpt_dir);
+  const auto r = train::evaluate_tokens(ctx, *lm.model, tokens, lm.cfg.train.seq_len, batch);
+  std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
+  return 0;
+}
+
+int cmd_prepare(const data::PrepareOptions& opts) {
+  const data::PrepareReport r = data::prepare_data(opts);
+  std::cout << "prepared " << opts.out_dir << ": " << r.files << " files, " << r.documents << " documents, "
+            << r.bytes << " bytes -> " << r.train_tokens << " train + " << r.val_tokens
+            << " validation tokens, vocabulary " << r.vocab_size << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moetron: train Mixture-of-Experts transformers"};
+  app.require_subcommand(1);
+
+  auto* train = app.add_subcommand("train", "train a model from a TOML config");
+  std::string config, out;
+  std::vector<std::string> sets;
+  bool resume = false;
+  train->add_option("--config", config, "TOML config file")->required();
+  train->add_option("--out", out, "run directory (metrics, checkpoints)")->required();
+  train->add_option("--set", sets, "override a config key: key=value (repeatable)");
+  train->add_flag("--resume", resume, "continue from the latest complete checkpoint in --out");
+
+  auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
+  std::string ckpt_dir, prompt, tok_path;
+  int64_t max_new = 100, top_k = 40;
+  double temperature = 0.8;
+  uint64_t seed = 1;
+  gen->add_option("--checkpoint", ckpt_dir, "checkpoint directory (RUN/checkpoints/step-N)")->required();
+  gen->add_option("--prompt", prompt, "text to continue")->required();
+  gen->add_option("--tokenizer", tok_path, "tokenizer .model (default: the run's data.path)");
+  gen->add_option("--max-new-tokens", max_new, "tokens to generate");
+  gen->add_option("--temperature", temperature, "sampling temperature (0: greedy)");
+  gen->add_option("--top-k", top_k, "sample among the k most likely tokens");
+  gen->add_option("--seed", seed, "sampling seed");
+
+  auto* ev = app.add_subcommand("eval", "mean next-token cross-entropy on a raw int32 token file");
+  std::string tokens;
+  int64_t eval_batch = 8;
+  ev->add_option("--checkpoint", ckpt_dir, "checkpoint directory")->required();
+  ev->add_option("--tokens", tokens, "raw little-endian int32 token ids")->required();
+  ev->add_option("--batch", eval_batch, "rows per forward pass");
+
+  auto* prep = app.add_subcommand("prepare-data", "tokenise a text corpus for training");
+  data::PrepareOptions popts;
+  prep->add_option("--input", popts.input, "text file or folder of text files")->required();
+  prep->add_option("--out", popts.out_dir, "output directory (must not exist)")->required();
+  prep->add_option("--tokenizer", popts.tokenizer_model, "existing SentencePiece .model (default: train one)");
+  prep->add_option("--vocab-size", popts.vocab_size, "vocabulary size of a trained tokenizer");
+  prep->add_option("--val-fraction", popts.val_fraction, "share of documents held out for validation");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*train) return cmd_train(config, out, sets, resume);
+    if (*gen) return cmd_generate(ckpt_dir, prompt, tok_path, max_new, temperature, top_k, seed);
+    if (*ev) return cmd_eval(ckpt_dir, tokens, eval_batch);
+    if (*prep) return cmd_prepare(popts);
+  } catch (const moetron::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

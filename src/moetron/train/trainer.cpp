@@ -1,0 +1,260 @@
+#include "moetron/train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "moetron/ckpt/checkpoint.h"
+#include "moetron/core/manifest.h"
+#include "moetron/kernels/matmul.h"
+
+namespace moetron::train {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+nn::Precision resolve_precision(const std::string& precision, std::string* notice) {
+  if (precision == "fp32") return nn::Precision::fp32();
+  if (precision == "bf16") return nn::Precision::bf16();
+  MOETRON_CHECK(precision != "fp16", "train.precision = \"fp16\" is not available: the CPU backend "
+                "has no fp16 GEMM on this machine; use \"bf16\" or \"fp32\"");
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512bf16")) return nn::Precision::bf16();
+  if (notice) *notice = "this CPU has no AVX512-BF16: training in fp32";
+  return nn::Precision::fp32();
+}
+
+Trainer::Trainer(Config cfg, std::string run_dir, bool resume)
+    : cfg_(std::move(cfg)), run_dir_(std::move(run_dir)) {
+  std::string notice;
+  prec_ = resolve_precision(cfg_.train.precision, &notice);
+  if (!notice.empty()) std::cerr << "notice: " << notice << "\n";
+  ctx_ = std::make_unique<kernels::Context>(kernels::Backend::cpu, static_cast<int>(cfg_.train.threads));
+
+  const std::string data_dir = cfg_.data.path;
+  MOETRON_CHECK(fs::exists(data_dir + "/manifest.json"), "data.path '", data_dir,
+                "' is not a prepared corpus (no manifest.json); run `moetron prepare-data` first");
+  const nlohmann::json info = verify_manifest(data_dir);
+  const int64_t corpus_vocab = info.at("vocab_size").get<int64_t>();
+  MOETRON_CHECK(corpus_vocab <= cfg_.model.vocab_size, "corpus '", data_dir, "' has a vocabulary of ",
+                corpus_vocab, " but model.vocab_size is ", cfg_.model.vocab_size);
+  train_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/train.bin", cfg_.model.vocab_size);
+  val_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/val.bin", cfg_.model.vocab_size);
+  sampler_ = std::make_unique<data::WindowSampler>(*train_tokens_, cfg_.train.seq_len + 1, cfg_.train.seed);
+
+  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_);
+  model_->initialize(cfg_.train.seed);
+  optim::OptimizerOptions oo;
+  oo.name = cfg_.optim.name;
+  oo.weight_decay = cfg_.optim.weight_decay;
+  oo.beta1 = cfg_.optim.beta1;
+  oo.beta2 = cfg_.optim.beta2;
+  oo.eps = cfg_.optim.eps;
+  oo.grad_clip = cfg_.optim.grad_clip;
+  oo.muon_momentum = cfg_.optim.muon_momentum;
+  oo.muon_nesterov = cfg_.optim.muon_nesterov;
+  oo.muon_ns_steps = static_cast<int>(cfg_.optim.muon_ns_steps);
+  oo.schedule = {cfg_.optim.lr, cfg_.optim.min_lr_ratio, cfg_.optim.warmup_steps, cfg_.train.steps};
+  opt_ = std::make_unique<optim::Optimizer>(model_->params(), oo);
+
+  fs::create_directories(run_dir_);
+  if (resume) {
+    std::vector<std::string> warnings;
+    const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings);
+    for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+    if (dir) {
+      const nlohmann::json st = ckpt::load_checkpoint(*dir, *model_, opt_.get());
+      start_step_ = st.at("step").get<int64_t>();
+      skipped_ = st.value("skipped_steps", int64_t{0});
+      std::cerr << "resumed from " << *dir << " at step " << start_step_ << "\n";
+    } else {
+      std::cerr << "notice: --resume found no complete checkpoint in '" << run_dir_
+                << "'; starting from step 0\n";
+    }
+  }
+  // Peak of the dtype we train in, measured now on this machine: the MFU denominator.
+  const int64_t n = 1024;
+  Tensor a = Tensor::zeros({n, n}, prec_.compute, MemTag::workspace);
+  Tensor b = Tensor::zeros({n, n}, prec_.compute, MemTag::workspace);
+  Tensor c = Tensor::empty({n, n}, DType::f32, MemTag::workspace);
+  a.fill(0.5);
+  b.fill(0.25);
+  double best = 1e30;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = clock_type::now();
+    kernels::matmul(*ctx_, a, b, c, {});
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  peak_flops_ = 2.0 * static_cast<double>(n * n * n) / best;
+}
+
+Trainer::~Trainer() = default;
+
+double Trainer::flops_per_token() const {
+  // 6 x active parameters (forward + backward) plus causal attention
+  // 12 L D S (PaLM's convention, counted both ways), D = H * head_dim.
+  const auto& m = cfg_.model;
+  const auto& e = cfg_.moe;
+  double active = 0;
+  for (const auto& p : model_->params().all()) {
+    if (p->name == "model.embed_tokens.weight" && !m.tie_embeddings) continue;  // a gather, not a GEMM
+    if (p->expert >= 0) continue;
+    active += static_cast<double>(p->value.numel());
+  }
+  int64_t moe_layers = 0;
+  for (int64_t i = 0; i < m.n_layers; ++i) moe_layers += nn::layer_is_moe(e, i) ? 1 : 0;
+  active += static_cast<double>(moe_layers * e.top_k * 3 * m.d_model * e.expert_hidden);
+  const double attn = 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.resolved_head_dim() * cfg_.train.seq_len);
+  return 6.0 * active + attn;
+}
+
+double Trainer::evaluate() {
+  const int64_t s = cfg_.train.seq_len, b = cfg_.train.micro_batch;
+  const int64_t span = val_tokens_->size() - (s + 1);
+  MOETRON_CHECK(span >= 0, "validation split has ", val_tokens_->size(), " tokens, fewer than one window of ",
+                s + 1);
+  double ce = 0;
+  int64_t tokens = 0;
+  Tensor inputs = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b, s}, DType::i32);
+  for (int64_t batch = 0; batch < cfg_.train.eval_batches; ++batch) {
+    for (int64_t r = 0; r < b; ++r) {
+      const int64_t j = batch * b + r;
+      const int64_t start = span > 0 ? (j * (s + 1)) % span : 0;
+      const int32_t* w = val_tokens_->data() + start;
+      std::copy(w, w + s, inputs.data<int32_t>() + r * s);
+      std::copy(w + 1, w + s + 1, targets.data<int32_t>() + r * s);
+    }
+    const nn::LossStats st = model_->forward_backward(*ctx_, inputs, targets, 0, 0, false);
+    ce += st.ce_sum;
+    tokens += st.tokens;
+  }
+  return ce / static_cast<double>(std::max<int64_t>(tokens, 1));
+}
+
+void Trainer::log_line(const StepRecord& r) {
+  const double remaining = static_cast<double>(cfg_.train.steps - r.step);
+  const double tokens_per_step = static_cast<double>(cfg_.train.micro_batch * cfg_.train.grad_accum * cfg_.train.seq_len);
+  const double eta = r.tokens_per_s > 0 ? remaining * tokens_per_step / r.tokens_per_s : 0;
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %7.0f tok/s | MFU %5.1f%% | ETA %4.0fs%s",
+                static_cast<long long>(r.step), static_cast<long long>(cfg_.train.steps), r.loss, r.lr,
+                r.grad_norm, r.tokens_per_s, 100.0 * r.mfu, eta, r.skipped ? " | skipped" : "");
+  if (::isatty(STDOUT_FILENO)) {
+    std::cout << "\r" << buf << "\033[K" << std::flush;
+    if (r.step == cfg_.train.steps) std::cout << "\n";
+  } else {
+    std::cout << buf << std::endl;
+  }
+}
+
+void Trainer::save(int64_t step) {
+  const nlohmann::json state = {{"step", step},
+                                {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * cfg_.train.grad_accum)},
+                                {"skipped_steps", skipped_},
+                                {"seed", cfg_.train.seed}};
+  ckpt::save_checkpoint(run_dir_, step, *model_, *opt_, state, to_toml(cfg_), cfg_.checkpoint.keep);
+}
+
+TrainResult Trainer::run() {
+  TrainResult res;
+  res.val_loss = NAN;
+  const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, acc = cfg_.train.grad_accum;
+  std::ofstream metrics(run_dir_ + "/metrics.jsonl", std::ios::app);
+  MOETRON_CHECK(metrics.good(), "cannot open '", run_dir_, "/metrics.jsonl' for writing");
+  std::vector<Tensor> inputs, targets;
+  for (int64_t m = 0; m < acc; ++m) {
+    inputs.push_back(Tensor::empty({mb, s}, DType::i32));
+    targets.push_back(Tensor::empty({mb, s}, DType::i32));
+  }
+  std::vector<int32_t> window(static_cast<size_t>(s + 1));
+  const double fpt = flops_per_token();
+  for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
+    const auto t0 = clock_type::now();
+    int64_t step_tokens = 0;
+    std::vector<int64_t> mb_tokens(static_cast<size_t>(acc), 0);
+    for (int64_t m = 0; m < acc; ++m) {
+      for (int64_t r = 0; r < mb; ++r) {
+        const auto index = static_cast<uint64_t>((step - 1) * mb * acc + m * mb + r);
+        sampler_->fill(index, window.data());
+        std::copy(window.begin(), window.end() - 1, inputs[static_cast<size_t>(m)].data<int32_t>() + r * s);
+        std::copy(window.begin() + 1, window.end(), targets[static_cast<size_t>(m)].data<int32_t>() + r * s);
+      }
+      const int32_t* tp = targets[static_cast<size_t>(m)].data<int32_t>();
+      for (int64_t i = 0; i < mb * s; ++i) mb_tokens[static_cast<size_t>(m)] += tp[i] >= 0;
+      step_tokens += mb_tokens[static_cast<size_t>(m)];
+    }
+    model_->params().zero_grads();
+    StepRecord rec;
+    rec.step = step;
+    double ce = 0;
+    for (int64_t m = 0; m < acc; ++m) {
+      const double share = static_cast<double>(mb_tokens[static_cast<size_t>(m)]) / static_cast<double>(step_tokens);
+      const nn::LossStats st = model_->forward_backward(*ctx_, inputs[static_cast<size_t>(m)],
+                                                        targets[static_cast<size_t>(m)],
+                                                        1.0 / static_cast<double>(step_tokens), share, true);
+      ce += st.ce_sum;
+      rec.aux_loss += st.aux_loss * share;
+      rec.z_loss += st.z_loss * share;
+    }
+    rec.tokens = step_tokens;
+    rec.loss = ce / static_cast<double>(step_tokens);
+    if (before_update) before_update(step);
+    rec.grad_norm = opt_->grad_norm(*ctx_, 1.0);
+    if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
+      MOETRON_CHECK(cfg_.train.nan_policy == "skip", "non-finite loss or gradient at step ", step,
+                    " (train.nan_policy = \"stop\")");
+      rec.skipped = true;
+      ++skipped_;
+      for (nn::MoeLayer* l : model_->moe_layers()) l->reset_load();
+    } else {
+      const optim::StepInfo info = opt_->step(*ctx_, step);
+      rec.lr = info.lr;
+    }
+    const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+    rec.tokens_per_s = static_cast<double>(step_tokens) / secs;
+    rec.mfu = rec.tokens_per_s * fpt / peak_flops_;
+    nlohmann::json line = {{"step", step},         {"loss", rec.loss},       {"lr", rec.lr},
+                           {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
+                           {"mfu", rec.mfu},       {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
+                           {"skipped", rec.skipped}, {"tokens", step_tokens}};
+    nlohmann::json loads = nlohmann::json::array();
+    for (nn::MoeLayer* l : model_->moe_layers()) {
+      loads.push_back(l->expert_load());
+      if (!rec.skipped) {
+        if (cfg_.moe.bias_update_rate > 0) {
+          l->update_bias(cfg_.moe.bias_update_rate);
+        } else {
+          l->reset_load();
+        }
+      }
+    }
+    line["expert_load"] = loads;
+    const bool eval_now = cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0;
+    if (eval_now || step == cfg_.train.steps) {
+      res.val_loss = evaluate();
+      line["val_loss"] = res.val_loss;
+    }
+    metrics << line.dump() << "\n" << std::flush;
+    if (step % cfg_.train.log_every == 0 || step == cfg_.train.steps || step == start_step_ + 1) log_line(rec);
+    if (line.contains("val_loss") && !::isatty(STDOUT_FILENO)) {
+      std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
+    }
+    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) save(step);
+    if (res.history.empty()) res.first_loss = rec.loss;
+    res.last_loss = rec.loss;
+    res.history.push_back(rec);
+    ++res.steps_done;
+  }
+  if (res.steps_done > 0) save(cfg_.train.steps);
+  res.skipped_steps = skipped_;
+  return res;
+}
+
+}  // namespace moetron::train

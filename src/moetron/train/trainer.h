@@ -1,0 +1,73 @@
+// The single-process training loop: deterministic sampling, gradient
+// accumulation normalised by the step's total token count, periodic
+// validation, metrics (JSON lines), progress lines, checkpoints and resume.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moetron/data/token_dataset.h"
+#include "moetron/kernels/context.h"
+#include "moetron/nn/transformer.h"
+#include "moetron/optim/optimizer.h"
+#include "moetron/train/config.h"
+
+namespace moetron::train {
+
+// bf16 where the CPU has AVX512-BF16, else fp32 (`auto`); explicit values are
+// honoured. fp16 is refused with a message (no fp16 GEMM on this backend).
+nn::Precision resolve_precision(const std::string& precision, std::string* notice);
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;  // mean token cross-entropy of the step
+  double aux_loss = 0, z_loss = 0;
+  double lr = 0, grad_norm = 0;
+  double tokens_per_s = 0, mfu = 0;
+  int64_t tokens = 0;
+  bool skipped = false;
+};
+
+struct TrainResult {
+  int64_t steps_done = 0;
+  int64_t skipped_steps = 0;
+  double first_loss = 0, last_loss = 0;
+  double val_loss = 0;  // last validation loss (NaN if never evaluated)
+  std::vector<StepRecord> history;
+};
+
+class Trainer {
+ public:
+  Trainer(Config cfg, std::string run_dir, bool resume);
+  ~Trainer();
+  TrainResult run();
+
+  // Mean validation cross-entropy over cfg.train.eval_batches deterministic windows.
+  double evaluate();
+  nn::Transformer& model() { return *model_; }
+  kernels::Context& context() { return *ctx_; }
+  // Test hook: runs before each optimizer step with the gradients in place.
+  std::function<void(int64_t step)> before_update;
+
+ private:
+  void log_line(const StepRecord& r);
+  void save(int64_t step);
+  double flops_per_token() const;
+
+  Config cfg_;
+  std::string run_dir_;
+  nn::Precision prec_;
+  std::unique_ptr<kernels::Context> ctx_;
+  std::unique_ptr<data::TokenFile> train_tokens_, val_tokens_;
+  std::unique_ptr<data::WindowSampler> sampler_;
+  std::unique_ptr<nn::Transformer> model_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  int64_t start_step_ = 0;
+  int64_t skipped_ = 0;
+  double peak_flops_ = 0;
+};
+
+}  // namespace moetron::train
