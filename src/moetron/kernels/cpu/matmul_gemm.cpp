@@ -57,7 +57,7 @@ dnnl::primitive create(CpuState& st, const GemmSpec& s, VaryingDim runtime) {
   }
 }
 
-dnnl::primitive& lookup(CpuState& st, const GemmSpec& s, VaryingDim varying) {
+CachedPrimitive& lookup(CpuState& st, const GemmSpec& s, VaryingDim varying) {
   auto& cache = st.keyed_primitives;
   const PrimitiveKey exact = make_key(s, VaryingDim::none, 0);
   if (auto it = cache.find(exact); it != cache.end()) return it->second;
@@ -66,12 +66,18 @@ dnnl::primitive& lookup(CpuState& st, const GemmSpec& s, VaryingDim varying) {
     if (count >= kMaxFixedVariants) {
       const PrimitiveKey rt = make_key(s, varying, kRuntime);
       auto it = cache.find(rt);
-      if (it == cache.end()) it = cache.emplace(rt, create(st, s, varying)).first;
+      if (it == cache.end()) it = cache.emplace(rt, CachedPrimitive{create(st, s, varying), {}}).first;
       return it->second;
     }
     ++count;
   }
-  return cache.emplace(exact, create(st, s, VaryingDim::none)).first->second;
+  // Fixed shape: the memory objects are part of the entry (null data for now).
+  const GemmDescs d = gemm_descs(s, to_dnnl(s.c));
+  CachedPrimitive entry{create(st, s, VaryingDim::none),
+                        {{DNNL_ARG_SRC, memory(d.a, st.engine, nullptr)},
+                         {DNNL_ARG_WEIGHTS, memory(d.b, st.engine, nullptr)},
+                         {DNNL_ARG_DST, memory(d.c, st.engine, nullptr)}}};
+  return cache.emplace(exact, std::move(entry)).first->second;
 }
 
 // bf16 -> f32 widening written with zero-masked intrinsics: vec_math.h's
@@ -155,13 +161,19 @@ void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c
     p.c = DType::f32;
     p.beta = 0.0f;
   }
-  dnnl::primitive& prim = lookup(st, p, varying);
-  const GemmDescs d = gemm_descs(p, to_dnnl(p.c));
+  CachedPrimitive& entry = lookup(st, p, varying);
   void* dst = staged ? st.scratch_f32(s.batch * s.m * s.n) : c;
-  memory ma(d.a, st.engine, const_cast<void*>(a));
-  memory mb(d.b, st.engine, const_cast<void*>(b));
-  memory mc(d.c, st.engine, dst);
-  prim.execute(st.stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  if (!entry.args.empty()) {
+    entry.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<void*>(a));
+    entry.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<void*>(b));
+    entry.args.at(DNNL_ARG_DST).set_data_handle(dst);
+    entry.primitive.execute(st.stream, entry.args);
+  } else {
+    const GemmDescs d = gemm_descs(p, to_dnnl(p.c));
+    entry.primitive.execute(st.stream, {{DNNL_ARG_SRC, memory(d.a, st.engine, const_cast<void*>(a))},
+                                        {DNNL_ARG_WEIGHTS, memory(d.b, st.engine, const_cast<void*>(b))},
+                                        {DNNL_ARG_DST, memory(d.c, st.engine, dst)}});
+  }
   st.stream.wait();
   if (staged) store_bf16(static_cast<const float*>(dst), static_cast<uint16_t*>(c), s.batch * s.m * s.n, s.beta);
 }
