@@ -101,16 +101,25 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir,
-                                             std::vector<std::string>* warnings) {
+                                             std::vector<std::string>* warnings,
+                                             std::vector<std::string>* skipped) {
   for (const auto& [step, dir] : checkpoint_dirs(run_dir)) {
     try {
       verify_manifest(dir);
       return dir;
     } catch (const Error& e) {
       if (warnings) warnings->push_back(str_cat("skipping checkpoint '", dir, "': ", e.what()));
+      if (skipped) skipped->push_back(dir);
     }
   }
   return std::nullopt;
+}
+
+std::string quarantine_checkpoint(const std::string& dir) {
+  std::string target = dir + ".corrupt";
+  for (int k = 1; fs::exists(target); ++k) target = dir + ".corrupt-" + std::to_string(k);
+  fs::rename(dir, target);
+  return target;
 }
 
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,

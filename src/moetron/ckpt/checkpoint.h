@@ -33,9 +33,16 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
                      const std::string& config_toml, int64_t keep);
 
 // The newest checkpoint whose manifest verifies; each skipped (corrupt or
-// truncated) one adds a warning naming it. nullopt if none.
+// truncated) one adds a warning naming it (and its path to `skipped`).
+// nullopt if none.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir,
-                                             std::vector<std::string>* warnings);
+                                             std::vector<std::string>* warnings,
+                                             std::vector<std::string>* skipped = nullptr);
+
+// Renames a corrupt checkpoint to step-N.corrupt[-k] so the step can be saved
+// again while the damaged files stay available for inspection (nothing is
+// deleted). Returns the new path.
+std::string quarantine_checkpoint(const std::string& dir);
 
 // Loads weights (and optimizer state and router biases when opt is given)
 // after verifying the manifest; returns trainer.json. Errors name the file.

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace moetron {
 
@@ -67,5 +68,27 @@ class Allocator {
 // The process's host allocator. One per process is the honest model of host
 // memory; every Tensor allocated on the CPU is counted here.
 Allocator& cpu_allocator();
+
+// A standard-library allocator that counts through cpu_allocator() under a
+// tag, so kernels' scratch vectors are counted like tensors:
+//   std::vector<float, TaggedAllocator<float>> scratch(n);
+template <typename T, MemTag Tag = MemTag::workspace>
+struct TaggedAllocator {
+  using value_type = T;
+  template <typename U>
+  struct rebind {
+    using other = TaggedAllocator<U, Tag>;
+  };
+  TaggedAllocator() = default;
+  template <typename U>
+  TaggedAllocator(const TaggedAllocator<U, Tag>&) {}  // NOLINT: converting, as allocators must be
+  T* allocate(size_t n) { return static_cast<T*>(cpu_allocator().allocate(n * sizeof(T), Tag)); }
+  void deallocate(T* p, size_t n) noexcept { cpu_allocator().deallocate(p, n * sizeof(T), Tag); }
+  template <typename U>
+  bool operator==(const TaggedAllocator<U, Tag>&) const { return true; }
+};
+
+template <typename T>
+using WorkspaceVector = std::vector<T, TaggedAllocator<T, MemTag::workspace>>;
 
 }  // namespace moetron

@@ -65,9 +65,12 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume)
 
   fs::create_directories(run_dir_);
   if (resume) {
-    std::vector<std::string> warnings;
-    const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings);
+    std::vector<std::string> warnings, skipped;
+    const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
     for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+    for (const auto& bad : skipped) {
+      std::cerr << "warning: moved the damaged checkpoint to '" << ckpt::quarantine_checkpoint(bad) << "'\n";
+    }
     if (dir) {
       const nlohmann::json st = ckpt::load_checkpoint(*dir, *model_, opt_.get());
       start_step_ = st.at("step").get<int64_t>();
@@ -154,7 +157,7 @@ void Trainer::log_line(const StepRecord& r) {
   }
 }
 
-void Trainer::save(int64_t step) {
+void Trainer::save_checkpoint(int64_t step) {
   const nlohmann::json state = {{"step", step},
                                 {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * cfg_.train.grad_accum)},
                                 {"skipped_steps", skipped_},
@@ -246,13 +249,13 @@ TrainResult Trainer::run() {
     if (line.contains("val_loss") && !::isatty(STDOUT_FILENO)) {
       std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
     }
-    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) save(step);
+    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) save_checkpoint(step);
     if (res.history.empty()) res.first_loss = rec.loss;
     res.last_loss = rec.loss;
     res.history.push_back(rec);
     ++res.steps_done;
   }
-  if (res.steps_done > 0) save(cfg_.train.steps);
+  if (res.steps_done > 0) save_checkpoint(cfg_.train.steps);
   res.skipped_steps = skipped_;
   return res;
 }

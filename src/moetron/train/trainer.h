@@ -48,13 +48,14 @@ class Trainer {
   // Mean validation cross-entropy over cfg.train.eval_batches deterministic windows.
   double evaluate();
   nn::Transformer& model() { return *model_; }
+  // Writes RUN_DIR/checkpoints/step-N now (atomically; keeps checkpoint.keep).
+  void save_checkpoint(int64_t step);
   kernels::Context& context() { return *ctx_; }
   // Test hook: runs before each optimizer step with the gradients in place.
   std::function<void(int64_t step)> before_update;
 
  private:
   void log_line(const StepRecord& r);
-  void save(int64_t step);
   double flops_per_token() const;
 
   Config cfg_;

@@ -113,16 +113,16 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     // dS K (kn), V for dO V^T (nk); per query block Q and dO row-major (A of S
     // and dP) and kn (B of dS^T Q and P^T dO; for f32 the row-major tile
     // itself), the row's lse and D.
-    std::vector<T> k_nk(static_cast<size_t>(nkb * ktile)), k_kn(k_nk.size()), v_nk(k_nk.size());
-    std::vector<T> q_rm(static_cast<size_t>(nqb * qtile)), do_rm(q_rm.size());
-    std::vector<T> q_kn(P == 1 ? 0 : q_rm.size()), do_kn(q_kn.size());
-    std::vector<T> raw(static_cast<size_t>(ktile));
-    std::vector<float> L(static_cast<size_t>(nqb * kBq)), D(L.size());
-    std::vector<float> dq_acc(static_cast<size_t>(nqb * qtile));
-    std::vector<float> dk_acc(static_cast<size_t>(ktile)), dv_acc(static_cast<size_t>(ktile));
-    std::vector<float> s(static_cast<size_t>(kBq * kBk)), dp(static_cast<size_t>(kBq * kBk));
-    std::vector<T> p_pk(static_cast<size_t>(kBq * kBk)), ds_rm(static_cast<size_t>(kBq * kBk));
-    std::vector<T> ds_pk(static_cast<size_t>(kBq * kBk));
+    WorkspaceVector<T> k_nk(static_cast<size_t>(nkb * ktile)), k_kn(k_nk.size()), v_nk(k_nk.size());
+    WorkspaceVector<T> q_rm(static_cast<size_t>(nqb * qtile)), do_rm(q_rm.size());
+    WorkspaceVector<T> q_kn(P == 1 ? 0 : q_rm.size()), do_kn(q_kn.size());
+    WorkspaceVector<T> raw(static_cast<size_t>(ktile));
+    WorkspaceVector<float> L(static_cast<size_t>(nqb * kBq)), D(L.size());
+    WorkspaceVector<float> dq_acc(static_cast<size_t>(nqb * qtile));
+    WorkspaceVector<float> dk_acc(static_cast<size_t>(ktile)), dv_acc(static_cast<size_t>(ktile));
+    WorkspaceVector<float> s(static_cast<size_t>(kBq * kBk)), dp(static_cast<size_t>(kBq * kBk));
+    WorkspaceVector<T> p_pk(static_cast<size_t>(kBq * kBk)), ds_rm(static_cast<size_t>(kBq * kBk));
+    WorkspaceVector<T> ds_pk(static_cast<size_t>(kBq * kBk));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
@@ -214,7 +214,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     const int64_t plane = B * H * nkb * ktile;
 #pragma omp parallel
     {
-      std::vector<float> sk(static_cast<size_t>(hdp)), sv(static_cast<size_t>(hdp));
+      WorkspaceVector<float> sk(static_cast<size_t>(hdp)), sv(static_cast<size_t>(hdp));
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < B * Hkv * Sk; ++t) {
         const int64_t j = t % Sk, b = t / Sk / Hkv, kvh = (t / Sk) % Hkv;

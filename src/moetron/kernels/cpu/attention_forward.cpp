@@ -106,12 +106,12 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
 #pragma omp parallel
   {
     // K as [hdp / P][kBk][P] (B operand of Q K^T), V as [kBk / P][hdp][P] (of P V).
-    std::vector<T> kt(static_cast<size_t>(nkb * tile)), vt(static_cast<size_t>(nkb * tile));
-    std::vector<T> raw(static_cast<size_t>(tile));
-    std::vector<int64_t> packed_by(static_cast<size_t>(nkb), -1);
-    std::vector<T> qtile(static_cast<size_t>(kBq * hdp)), ptile(static_cast<size_t>(kBq * kBk));
-    std::vector<float> s(static_cast<size_t>(kBq * kBk)), o(static_cast<size_t>(kBq * hdp));
-    std::vector<float> m(kBq), l(kBq), alpha(kBq);
+    WorkspaceVector<T> kt(static_cast<size_t>(nkb * tile)), vt(static_cast<size_t>(nkb * tile));
+    WorkspaceVector<T> raw(static_cast<size_t>(tile));
+    WorkspaceVector<int64_t> packed_by(static_cast<size_t>(nkb), -1);
+    WorkspaceVector<T> qtile(static_cast<size_t>(kBq * hdp)), ptile(static_cast<size_t>(kBq * kBk));
+    WorkspaceVector<float> s(static_cast<size_t>(kBq * kBk)), o(static_cast<size_t>(kBq * hdp));
+    WorkspaceVector<float> m(kBq), l(kBq), alpha(kBq);
     // Later query blocks see more keys under a causal mask: hand them out first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < B * H * nchunks; ++u) {
