@@ -7,6 +7,7 @@
 
 #define MOETRON_KERNEL_DISPATCH(ctx, fn, ...)                                        \
   do {                                                                               \
+    const ::moetron::kernels::ScopedKernelTimer moetron_kernel_timer_((ctx), #fn);   \
     switch ((ctx).backend()) {                                                       \
       case ::moetron::kernels::Backend::reference:                                   \
         return ::moetron::kernels::reference::fn((ctx), __VA_ARGS__);                \
