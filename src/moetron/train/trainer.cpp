@@ -13,6 +13,7 @@
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/core/manifest.h"
 #include "moetron/kernels/matmul.h"
+#include "moetron/nn/flops.h"
 
 namespace moetron::train {
 
@@ -100,21 +101,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume)
 Trainer::~Trainer() = default;
 
 double Trainer::flops_per_token() const {
-  // 6 x active parameters (forward + backward) plus causal attention
-  // 12 L D S (PaLM's convention, counted both ways), D = H * head_dim.
-  const auto& m = cfg_.model;
-  const auto& e = cfg_.moe;
-  double active = 0;
-  for (const auto& p : model_->params().all()) {
-    if (p->name == "model.embed_tokens.weight" && !m.tie_embeddings) continue;  // a gather, not a GEMM
-    if (p->expert >= 0) continue;
-    active += static_cast<double>(p->value.numel());
-  }
-  int64_t moe_layers = 0;
-  for (int64_t i = 0; i < m.n_layers; ++i) moe_layers += nn::layer_is_moe(e, i) ? 1 : 0;
-  active += static_cast<double>(moe_layers * e.top_k * 3 * m.d_model * e.expert_hidden);
-  const double attn = 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.resolved_head_dim() * cfg_.train.seq_len);
-  return 6.0 * active + attn;
+  return nn::model_flops_per_token(cfg_.model, cfg_.moe, cfg_.train.seq_len);
 }
 
 double Trainer::evaluate() {

@@ -1,0 +1,18 @@
+// Model FLOPs per token, the MFU numerator (REFERENCE.md): 6 x active
+// parameters touched by GEMMs (forward 2, backward 4) plus causal attention
+// 12 L (H hd) S per token, counted both ways as in PaLM's definition. The
+// embedding is a gather and does not count (unless tied, where it is the head).
+#pragma once
+
+#include <cstdint>
+
+#include "moetron/nn/model_config.h"
+
+namespace moetron::nn {
+
+// Parameters a token's GEMMs touch: attention, the K routed experts (and the
+// shared ones) of each MoE layer, the router, dense FFNs, and the LM head.
+double active_gemm_params(const ModelConfig& m, const MoeConfig& e);
+double model_flops_per_token(const ModelConfig& m, const MoeConfig& e, int64_t seq_len);
+
+}  // namespace moetron::nn
