@@ -25,7 +25,9 @@ MOETRON_KERNEL_DECL(void cross_entropy(Context& ctx, const Tensor& logits, const
 // logits = hidden head_w^T computed chunk_tokens rows at a time (fp32).
 // losses: [T] f32 (or f64). d_hidden: [T, D] dtype of hidden, overwritten;
 // d_head_w: [V, D] f32 (or f64), accumulated (+=). Undefined gradient tensors
-// are skipped (evaluation).
+// are skipped (evaluation). CPU, bf16 inputs: d_hidden is computed from the
+// chunk's dlogits rounded to bf16, d_head_w from the fp32 dlogits (see
+// kernels/cpu/cross_entropy.cpp for the measured trade-off).
 MOETRON_KERNEL_DECL(void cross_entropy_fused(Context& ctx, const Tensor& hidden,
                                              const Tensor& head_w, const Tensor& targets,
                                              float grad_scale, int64_t chunk_tokens,

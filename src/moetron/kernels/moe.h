@@ -34,7 +34,8 @@ MOETRON_KERNEL_DECL(void router_topk(Context& ctx, const Tensor& logits, const T
 
 // d_logits: [T, E] overwritten = J^T (d_scores_extra + dscores from d_topk_weight),
 // through the renormalisation and the softmax/sigmoid. d_scores_extra: [T, E]
-// or undefined (e.g. the aux loss's gradient on the scores).
+// or undefined (e.g. the aux loss's gradient on the scores); d_topk_weight
+// may also be undefined (treated as zero). CPU: every tensor f32.
 MOETRON_KERNEL_DECL(void router_topk_backward(Context& ctx, const Tensor& d_topk_weight,
                                               const Tensor& d_scores_extra, const Tensor& scores,
                                               const Tensor& topk_idx, const Tensor& topk_weight,
@@ -68,7 +69,8 @@ MOETRON_KERNEL_DECL(void moe_permute_backward(Context& ctx, const Tensor& d_perm
 MOETRON_KERNEL_DECL(void moe_unpermute(Context& ctx, const Tensor& expert_out, const MoePlan& plan,
                                        const Tensor& topk_weight, const Tensor& out))
 // d_expert_out[row_of_slot[t,k]] = topk_weight[t,k] * dout[t] (rows past plan.rows() untouched);
-// d_topk_weight[t, k] = dout[t] . expert_out[row] (0 for dropped slots). Both overwritten.
+// d_topk_weight[t, k] = dout[t] . expert_out[row] (0 for dropped slots). Both overwritten;
+// either may be undefined (skipped). d_expert_out: dtype of expert_out; d_topk_weight: f32 (or f64).
 MOETRON_KERNEL_DECL(void moe_unpermute_backward(Context& ctx, const Tensor& dout,
                                                 const Tensor& expert_out, const MoePlan& plan,
                                                 const Tensor& topk_weight,

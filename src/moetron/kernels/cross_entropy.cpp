@@ -1,0 +1,16 @@
+#include "moetron/kernels/cross_entropy.h"
+
+namespace moetron::kernels {
+
+void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, float grad_scale,
+                   const Tensor& losses, const Tensor& dlogits) {
+  MOETRON_KERNEL_DISPATCH(ctx, cross_entropy, logits, targets, grad_scale, losses, dlogits);
+}
+void cross_entropy_fused(Context& ctx, const Tensor& hidden, const Tensor& head_w,
+                         const Tensor& targets, float grad_scale, int64_t chunk_tokens,
+                         const Tensor& losses, const Tensor& d_hidden, const Tensor& d_head_w) {
+  MOETRON_KERNEL_DISPATCH(ctx, cross_entropy_fused, hidden, head_w, targets, grad_scale,
+                          chunk_tokens, losses, d_hidden, d_head_w);
+}
+
+}  // namespace moetron::kernels
