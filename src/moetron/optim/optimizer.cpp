@@ -62,8 +62,9 @@ StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale)
     a.step = step;
     a.grad_scale = static_cast<float>(mult);
     const bool separate = s.master.raw() != s.param->value.raw();
-    kernels::adamw_step(ctx, s.master, s.param->grad, s.m, s.v, a,
-                        separate ? s.param->value : Tensor());
+    const Shape flat{s.master.numel()};
+    kernels::adamw_step(ctx, s.master.reshape(flat), s.param->grad.reshape(flat), s.m.reshape(flat),
+                        s.v.reshape(flat), a, separate ? s.param->value.reshape(flat) : Tensor());
   }
   return info;
 }

@@ -1,0 +1,162 @@
+// Whole-model gradient checks: the fp64 reference model against finite
+// differences (balancing losses included), the CPU fp32 model against the
+// reference, and micro-batch accumulation against one batch.
+#include "moetron/nn/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "moetron/core/rng.h"
+#include "moetron/kernels/elementwise.h"
+#include "util/test_util.h"
+
+namespace moetron::nn {
+namespace {
+
+ModelConfig tiny_model() {
+  ModelConfig m;
+  m.vocab_size = 11;
+  m.d_model = 8;
+  m.n_layers = 2;
+  m.n_heads = 2;
+  m.n_kv_heads = 1;
+  m.ffn_hidden = 10;
+  m.max_seq_len = 8;
+  m.init_std = 0.3;  // large enough that every gradient is well above FD noise
+  return m;
+}
+
+MoeConfig tiny_moe() {
+  MoeConfig e;
+  e.num_experts = 4;
+  e.top_k = 2;
+  e.expert_hidden = 6;
+  e.first_dense_layers = 1;
+  e.shared_experts = 1;
+  e.shared_expert_hidden = 5;
+  e.aux_loss_coef = 0.05;
+  e.z_loss_coef = 0.01;
+  return e;
+}
+
+void fill_tokens(const Tensor& t, uint32_t seed, int64_t vocab) {
+  PhiloxStream rng(seed, "tokens");
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % vocab);
+}
+
+double total_loss(kernels::Context& ctx, Transformer& model, const Tensor& in, const Tensor& tgt, double scale) {
+  const LossStats st = model.forward_backward(ctx, in, tgt, scale, 1.0, false);
+  return scale * st.ce_sum + st.aux_loss + st.z_loss;
+}
+
+TEST(Transformer, ReferenceGradientsMatchFiniteDifferences) {
+  for (const char* score : {"softmax", "sigmoid"}) {
+    kernels::Context ref(kernels::Backend::reference);
+    MoeConfig moe = tiny_moe();
+    moe.router_score = score;
+    Transformer model(tiny_model(), moe, Precision::fp64());
+    model.initialize(3);
+    Tensor in = Tensor::empty({2, 5}, DType::i32), tgt = Tensor::empty({2, 5}, DType::i32);
+    fill_tokens(in, 1, 11);
+    fill_tokens(tgt, 2, 11);
+    tgt.data<int32_t>()[3] = -1;  // an ignored target
+    const double scale = 1.0 / 9.0;
+    model.params().zero_grads();
+    model.forward_backward(ref, in, tgt, scale, 1.0, true);
+    for (const auto& p : model.params().all()) {
+      SCOPED_TRACE(p->name + " (" + score + ")");
+      EXPECT_TRUE(test::finite_difference_check([&] { return total_loss(ref, model, in, tgt, scale); },
+                                                p->value, p->grad, 1e-6, 2e-5));
+    }
+  }
+}
+
+TEST(Transformer, CpuFp32GradientsMatchReference) {
+  kernels::Context ref(kernels::Backend::reference), cpu(kernels::Backend::cpu);
+  ModelConfig m = tiny_model();
+  m.d_model = 32;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.max_seq_len = 16;
+  m.init_std = 0.1;
+  MoeConfig e = tiny_moe();
+  e.expert_hidden = 24;
+  Transformer a(m, e, Precision::fp64()), b(m, e, Precision::fp32());
+  a.initialize(5);
+  b.initialize(5);
+  Tensor in = Tensor::empty({3, 13}, DType::i32), tgt = Tensor::empty({3, 13}, DType::i32);
+  fill_tokens(in, 3, m.vocab_size);
+  fill_tokens(tgt, 4, m.vocab_size);
+  a.params().zero_grads();
+  b.params().zero_grads();
+  const LossStats la = a.forward_backward(ref, in, tgt, 1.0 / 39, 1.0, true);
+  const LossStats lb = b.forward_backward(cpu, in, tgt, 1.0 / 39, 1.0, true);
+  EXPECT_NEAR(lb.ce_sum, la.ce_sum, 1e-5 * la.ce_sum);
+  EXPECT_NEAR(lb.aux_loss, la.aux_loss, 1e-5);
+  EXPECT_NEAR(lb.z_loss, la.z_loss, 1e-6);
+  for (size_t i = 0; i < a.params().all().size(); ++i) {
+    const auto& pa = a.params().all()[i];
+    const auto& pb = b.params().all()[i];
+    ASSERT_EQ(pa->name, pb->name);
+    // fp32 accumulation over a few hundred terms against fp64: ~1e-6 relative;
+    // 1e-4 leaves room for the fp32 rounding of the parameters themselves.
+    EXPECT_TRUE(test::normalized_close(pb->grad, pa->grad, 1e-4)) << pa->name;
+  }
+}
+
+TEST(Transformer, AccumulatedMicroBatchesEqualOneBatch) {
+  // Four micro-batches with different numbers of counted tokens, normalised
+  // by the step's total, must give the gradient of one batch of all of them.
+  // The balancing losses are per micro-batch statistics by definition (their
+  // value depends on which tokens share a batch), so they are off here.
+  kernels::Context cpu(kernels::Backend::cpu);
+  ModelConfig m = tiny_model();
+  m.d_model = 16;
+  MoeConfig e = tiny_moe();
+  e.aux_loss_coef = 0;
+  e.z_loss_coef = 0;
+  Transformer acc(m, e, Precision::fp32()), one(m, e, Precision::fp32());
+  acc.initialize(9);
+  one.initialize(9);
+  const int64_t s = 6;
+  Tensor all_in = Tensor::empty({8, s}, DType::i32), all_tgt = Tensor::empty({8, s}, DType::i32);
+  fill_tokens(all_in, 5, m.vocab_size);
+  fill_tokens(all_tgt, 6, m.vocab_size);
+  // Micro-batch j (rows 2j, 2j+1) ignores j*2 targets: 12, 10, 8, 6 counted tokens.
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 2 * j; ++i) all_tgt.data<int32_t>()[2 * j * s + i] = -1;
+  const int64_t total = 12 + 10 + 8 + 6;
+  acc.params().zero_grads();
+  one.params().zero_grads();
+  double ce_acc = 0;
+  for (int j = 0; j < 4; ++j) {
+    const LossStats st = acc.forward_backward(cpu, all_in.slice(2 * j, 2 * j + 2), all_tgt.slice(2 * j, 2 * j + 2),
+                                              1.0 / total, 0.0, true);
+    ce_acc += st.ce_sum;
+  }
+  const LossStats st = one.forward_backward(cpu, all_in, all_tgt, 1.0 / total, 1.0, true);
+  EXPECT_EQ(st.tokens, total);
+  EXPECT_NEAR(ce_acc, st.ce_sum, 1e-6 * st.ce_sum);
+  for (size_t i = 0; i < acc.params().all().size(); ++i) {
+    EXPECT_TRUE(test::normalized_close(acc.params().all()[i]->grad, one.params().all()[i]->grad, 1e-6))
+        << acc.params().all()[i]->name;
+  }
+}
+
+TEST(Transformer, ParameterNamesFollowHuggingFaceMixtral) {
+  Transformer model(tiny_model(), tiny_moe(), Precision::fp32());
+  auto& ps = model.params();
+  EXPECT_NO_THROW(ps.get("model.embed_tokens.weight"));
+  EXPECT_NO_THROW(ps.get("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_NO_THROW(ps.get("model.layers.1.self_attn.k_proj.weight"));
+  EXPECT_NO_THROW(ps.get("model.layers.1.block_sparse_moe.gate.weight"));
+  EXPECT_EQ(ps.get("model.layers.1.block_sparse_moe.experts.3.w2.weight").value.shape(), Shape({8, 6}));
+  EXPECT_EQ(ps.get("model.layers.1.block_sparse_moe.experts.0.w1.weight").value.shape(), Shape({6, 8}));
+  EXPECT_EQ(ps.get("model.layers.1.self_attn.k_proj.weight").value.shape(), Shape({4, 8}));
+  EXPECT_NO_THROW(ps.get("model.norm.weight"));
+  EXPECT_NO_THROW(ps.get("lm_head.weight"));
+}
+
+}  // namespace
+}  // namespace moetron::nn

@@ -1,0 +1,183 @@
+// End-to-end single-process training on the tiny config: learning, exact
+// resume, and the bad-input paths (missing corpus, corrupt checkpoint,
+// failed save, NaN steps).
+#include "moetron/train/trainer.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "moetron/ckpt/checkpoint.h"
+#include "moetron/core/manifest.h"
+#include "moetron/core/rng.h"
+#include "moetron/core/staged_dir.h"
+#include "moetron/data/corpus.h"
+
+namespace moetron::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string& corpus_dir() {
+  static const std::string dir = [] {
+    const std::string root = (fs::temp_directory_path() / ("moetron_trainer_" + std::to_string(::getpid()))).string();
+    remove_tree(root);
+    fs::create_directories(root + "/text");
+    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "while", "dogs", "bark", "at",
+                           "night", "and", "stars", "shine", "over", "quiet", "hills", "river"};
+    std::ofstream f(root + "/text/quotes");
+    PhiloxStream rng(5, "corpus");
+    for (int d = 0; d < 600; ++d) {
+      // A learnable structure: each document repeats a short pattern.
+      const int a = static_cast<int>(rng.next_u32() % 18), b = static_cast<int>(rng.next_u32() % 18);
+      for (int l = 0; l < 3; ++l) f << words[a] << " " << words[b] << " " << words[(a + b) % 18] << ".\n";
+      f << "%\n";
+    }
+    f.close();
+    data::PrepareOptions o;
+    o.input = root + "/text";
+    o.out_dir = root + "/prepared";
+    o.vocab_size = 300;
+    o.val_fraction = 0.1;
+    data::prepare_data(o);
+    return root;
+  }();
+  return dir;
+}
+
+Config tiny_config(const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> sets = {"data.path=" + corpus_dir() + "/prepared"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
+}
+
+std::string run_dir(const std::string& name) {
+  const std::string d = corpus_dir() + "/runs/" + name;
+  remove_tree(d);
+  return d;
+}
+
+TEST(Trainer, ThirtyStepsLowerTheLossClearly) {
+  Trainer t(tiny_config({"train.eval_every=30"}), run_dir("learn"), false);
+  const TrainResult r = t.run();
+  ASSERT_EQ(r.steps_done, 30);
+  EXPECT_LT(r.last_loss, r.first_loss - 1.0) << r.first_loss << " -> " << r.last_loss;
+  EXPECT_TRUE(std::isfinite(r.val_loss));
+}
+
+TEST(Trainer, MetricsAndCheckpointFilesAreWritten) {
+  const std::string dir = run_dir("files");
+  Trainer t(tiny_config({"train.steps=4"}), dir, false);
+  t.run();
+  std::ifstream m(dir + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(m, line)) {
+    const auto j = nlohmann::json::parse(line);
+    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "expert_load"}) {
+      EXPECT_TRUE(j.contains(k)) << k;
+    }
+    EXPECT_EQ(j.at("expert_load").size(), 3u);  // 4 layers, the first dense
+    ++lines;
+  }
+  EXPECT_EQ(lines, 4);
+  const std::string ck = ckpt::checkpoint_dir(dir, 4);
+  EXPECT_NO_THROW(verify_manifest(ck));
+  EXPECT_TRUE(fs::exists(ck + "/config.json"));
+}
+
+TEST(Trainer, ResumeIsBitExact) {
+  const std::string a = run_dir("straight"), b = run_dir("resumed");
+  const Config cfg = tiny_config({"train.steps=12", "checkpoint.every=6", "optim.name=muon"});
+  Trainer ta(cfg, a, false);
+  const TrainResult ra = ta.run();
+  // Resume from step 6 of a copy of the run.
+  fs::create_directories(b + "/checkpoints");
+  fs::copy(ckpt::checkpoint_dir(a, 6), ckpt::checkpoint_dir(b, 6), fs::copy_options::recursive);
+  Trainer tb(cfg, b, true);
+  const TrainResult rb = tb.run();
+  ASSERT_EQ(rb.steps_done, 6);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(rb.history[static_cast<size_t>(i)].loss, ra.history[static_cast<size_t>(6 + i)].loss) << i;
+  EXPECT_EQ(file_checksum(ckpt::checkpoint_dir(a, 12) + "/model.safetensors"),
+            file_checksum(ckpt::checkpoint_dir(b, 12) + "/model.safetensors"));
+  EXPECT_EQ(file_checksum(ckpt::checkpoint_dir(a, 12) + "/state.safetensors"),
+            file_checksum(ckpt::checkpoint_dir(b, 12) + "/state.safetensors"));
+}
+
+TEST(Trainer, CorruptCheckpointFallsBackToThePreviousOne) {
+  const std::string dir = run_dir("corrupt");
+  Trainer t(tiny_config({"train.steps=4", "checkpoint.every=2"}), dir, false);
+  t.run();
+  {  // flip a byte of the newest checkpoint's weights
+    std::fstream f(ckpt::checkpoint_dir(dir, 4) + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x55');
+  }
+  std::vector<std::string> warnings;
+  const auto latest = ckpt::latest_checkpoint(dir, &warnings);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(*latest, ckpt::checkpoint_dir(dir, 2));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("step-4"), std::string::npos) << warnings[0];
+  // --resume continues from step 2, sets the damaged step-4 aside and saves a good one.
+  Trainer resumed(tiny_config({"train.steps=4", "checkpoint.every=2"}), dir, true);
+  EXPECT_EQ(resumed.run().steps_done, 2);
+  EXPECT_TRUE(fs::exists(ckpt::checkpoint_dir(dir, 4) + ".corrupt"));
+  EXPECT_NO_THROW(verify_manifest(ckpt::checkpoint_dir(dir, 4)));
+}
+
+TEST(Trainer, FailedSaveLeavesThePreviousCheckpointIntact) {
+  const std::string dir = run_dir("diskfull");
+  Trainer t(tiny_config({"train.steps=2"}), dir, false);
+  t.run();
+  const std::string good = ckpt::checkpoint_dir(dir, 2);
+  const std::string sum = file_checksum(good + "/model.safetensors");
+  // Simulate a full disk: files may not grow beyond 4 KB in this process.
+  ::signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  ::getrlimit(RLIMIT_FSIZE, &old);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ::setrlimit(RLIMIT_FSIZE, &small);
+  EXPECT_THROW(t.save_checkpoint(3), Error);
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_FALSE(fs::exists(ckpt::checkpoint_dir(dir, 3)));
+  EXPECT_EQ(file_checksum(good + "/model.safetensors"), sum);
+}
+
+TEST(Trainer, MissingCorpusNamesThePath) {
+  try {
+    Trainer t(tiny_config({"data.path=/nonexistent/corpus"}), run_dir("missing"), false);
+    FAIL() << "missing corpus accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/corpus"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, NonFiniteStepsAreSkippedAndCountedOrStop) {
+  Trainer t(tiny_config({"train.steps=6"}), run_dir("nan_skip"), false);
+  t.before_update = [&](int64_t step) {
+    if (step == 3) t.model().params().all()[0]->grad.data<float>()[0] = NAN;
+  };
+  const TrainResult r = t.run();
+  EXPECT_EQ(r.skipped_steps, 1);
+  EXPECT_TRUE(r.history[2].skipped);
+  EXPECT_TRUE(std::isfinite(r.last_loss));
+
+  Trainer s(tiny_config({"train.steps=6", "train.nan_policy=stop"}), run_dir("nan_stop"), false);
+  s.before_update = [&](int64_t step) {
+    if (step == 4) s.model().params().all()[0]->grad.data<float>()[0] = INFINITY;
+  };
+  try {
+    s.run();
+    FAIL() << "stop policy did not stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step 4"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace moetron::train
