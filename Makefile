@@ -30,9 +30,14 @@ test-asan:
 bench: build
 	$(BUILD)/bench/moetron_bench_kernels --json $(BUILD)/bench-kernels.json
 
+# Trains the demo MoE on Debian's fortune files and prints a sample. A second
+# run resumes the finished run (nothing is overwritten) and samples again;
+# `rm -rf runs/demo` trains afresh.
+DEMO_STEPS := $(shell sed -n 's/^steps = //p' configs/demo.toml)
 demo: build
-	@echo "demo: the end-to-end training path lands with issue 3; running the kernel benchmark smoke instead"
-	$(BUILD)/bench/moetron_bench_kernels --quick
+	@test -f data/demo/manifest.json || $(BUILD)/moetron prepare-data --input /usr/share/games/fortunes --out data/demo --vocab-size 4096
+	$(BUILD)/moetron train --config configs/demo.toml --out runs/demo --resume
+	$(BUILD)/moetron generate --checkpoint runs/demo/checkpoints/step-$(DEMO_STEPS) --prompt "A wise man once said" --max-new-tokens 120
 
 clean:
 	rm -rf build build-debug build-asan

@@ -47,7 +47,10 @@ int cmd_generate(const std::string& ckpt_dir, const std::string& prompt, const s
   std::vector<int32_t> ids = tok.encode(prompt);
   if (ids.empty()) ids.push_back(tok.eos_id());
   const auto out = train::sample_tokens(ctx, *lm.model, ids, so);
-  std::cout << prompt << tok.decode(out) << "\n";
+  // Decoding prompt and continuation together keeps the spacing between them.
+  std::vector<int32_t> all = ids;
+  all.insert(all.end(), out.begin(), out.end());
+  std::cout << tok.decode(all) << "\n";
   return 0;
 }
 
