@@ -1,7 +1,3 @@
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics
-// (their _mm512_undefined_* pass-through operand) once they are inlined into
-// masked loops; a known false positive, silenced before immintrin.h is seen.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // SwiGLU and row softmax on the CPU: OpenMP over rows, AVX-512 along a row
 // with exp512 from vec_math.h, f32 math for f32 and bf16 storage.
 #include "moetron/kernels/activation.h"

@@ -1,7 +1,3 @@
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics
-// (their _mm512_undefined_* pass-through operand) once they are inlined into
-// masked loops; a known false positive, silenced before immintrin.h is seen.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // AdamW on the CPU: one streaming pass over master, m, v and grad (f32 or
 // bf16), AVX-512, OpenMP over fixed blocks. Bias corrections are formed in
 // double once per call, then used as fp32 factors.

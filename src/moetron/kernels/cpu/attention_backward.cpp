@@ -9,10 +9,6 @@
 // one thread in a fixed order, and with grouped-query heads the per-head
 // dK/dV partials are added in head order afterwards, so the result has the
 // same bits for every thread count.
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 headers (the
-// _mm512_undefined_* placeholders of max/min/scalef/abs) once they inline
-// into exp512; a false positive, silenced for this file only.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <cmath>
 #include <limits>

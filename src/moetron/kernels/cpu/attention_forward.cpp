@@ -4,10 +4,6 @@
 // per query block, walks the key blocks the mask leaves visible
 // (skipping empty tiles, masking elementwise only on boundary tiles), so
 // causal costs ~S^2/2 and a sliding window O(S (w + g)).
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 headers (the
-// _mm512_undefined_* placeholders of max/min/scalef/abs) once they inline
-// into exp512; a false positive, silenced for this file only.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <omp.h>
 

@@ -2,10 +2,6 @@
 // order (max, sum of exp, gradient), so the losses and dlogits do not depend
 // on the thread count; the fused version's GEMMs are the CPU matmul kernel.
 
-// GCC 12 (PR105593) reports the _mm512_undefined_*() pass-through inside
-// AVX-512 intrinsics (reduce_add, max, ...) as maybe-uninitialized once they
-// are inlined; the warning is a known false positive.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <immintrin.h>
 

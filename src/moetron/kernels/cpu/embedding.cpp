@@ -1,7 +1,3 @@
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics
-// (their _mm512_undefined_* pass-through operand) once they are inlined into
-// masked loops; a known false positive, silenced before immintrin.h is seen.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Embedding on the CPU. Forward: one row copy per token. Backward without
 // atomics: a stable counting sort groups the tokens by local row (in token
 // order), then rows are spread over the threads and each row adds its

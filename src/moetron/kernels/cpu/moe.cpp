@@ -1,10 +1,6 @@
 // CPU MoE routing and row movement. Every output element is produced by one
 // thread in a fixed order, so results do not depend on the thread count.
 
-// GCC 12 (PR105593) reports the _mm512_undefined_*() pass-through inside
-// AVX-512 intrinsics (reduce_add, max, cvtepu16, ...) as maybe-uninitialized
-// once they are inlined; the warning is a known false positive.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <immintrin.h>
 

@@ -1,8 +1,3 @@
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics
-// (their _mm512_undefined_* pass-through operand) once they are inlined into
-// masked loops; the warning is a known false positive, so it is silenced for
-// this file before immintrin.h is first seen.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // RMSNorm on the CPU: one row per OpenMP iteration, AVX-512 over the row,
 // f32 math for f32 and bf16 storage. The weight gradient is reduced
 // deterministically: rows are cut into a fixed number of chunks (a function

@@ -1,7 +1,3 @@
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics
-// (their _mm512_undefined_* pass-through operand) once they are inlined into
-// masked loops; a known false positive, silenced before immintrin.h is seen.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Rotary embedding on the CPU. Per token, the hd/2 angles p * inv_freq_i are
 // formed in fp32 (inv_freq rounded once from double) and their sin/cos come
 // from a vectorised sincos, then every head of the token reuses them. The
