@@ -112,6 +112,7 @@ void bench_step(Runner& runner, bool bf16) {
   for (const auto& [fn, s] : ctx.profile().seconds()) {
     groups[group_of(fn)] += s / reps;
     counted += s / reps;
+    res.metrics["ms_" + fn] = 1e3 * s / reps;
   }
   for (const auto& [g, s] : groups) res.metrics["frac_" + g] = s / secs;
   res.metrics["frac_other"] = std::max(0.0, secs - counted) / secs;

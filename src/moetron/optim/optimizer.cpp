@@ -1,12 +1,33 @@
 #include "moetron/optim/optimizer.h"
 
+#include <fnmatch.h>
+
 #include <cmath>
+#include <sstream>
 
 #include "moetron/kernels/adamw.h"
 #include "moetron/kernels/elementwise.h"
 #include "moetron/optim/newton_schulz.h"
 
 namespace moetron::optim {
+
+std::vector<std::string> split_patterns(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+bool matches_any(const std::string& name, const std::vector<std::string>& patterns) {
+  for (const auto& p : patterns) {
+    if (::fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
 
 Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts) : opts_(std::move(opts)) {
   MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
@@ -23,7 +44,7 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts) : opts_(st
       kernels::convert(conv, p->value, s.master);
     }
     s.muon = uses_muon(*p);
-    s.decay = p->value.rank() >= 2;
+    s.decay = p->value.rank() >= 2 && !matches_any(p->name, opts_.no_decay_patterns);
     s.m = Tensor::zeros(p->value.shape(), master, MemTag::optimizer);
     if (!s.muon) s.v = Tensor::zeros(p->value.shape(), master, MemTag::optimizer);
     slots_.push_back(std::move(s));
@@ -31,7 +52,8 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts) : opts_(st
 }
 
 bool Optimizer::uses_muon(const nn::Parameter& p) const {
-  return opts_.name == "muon" && p.hidden_matrix && p.value.rank() == 2;
+  return opts_.name == "muon" && p.hidden_matrix && p.value.rank() == 2 &&
+         !matches_any(p.name, opts_.adamw_patterns);
 }
 
 double Optimizer::grad_norm(kernels::Context& ctx, double grad_scale) const {

@@ -24,8 +24,17 @@ struct OptimizerOptions {
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   int muon_ns_steps = 5;
+  // Parameter groups by name (glob patterns, fnmatch syntax): parameters
+  // matching `adamw_patterns` stay on AdamW even when Muon would take them;
+  // parameters matching `no_decay_patterns` get no weight decay.
+  std::vector<std::string> adamw_patterns;
+  std::vector<std::string> no_decay_patterns;
   LrSchedule schedule;
 };
+
+// Splits "a, b,c" into {"a", "b", "c"} (empty entries dropped).
+std::vector<std::string> split_patterns(const std::string& list);
+bool matches_any(const std::string& name, const std::vector<std::string>& patterns);
 
 struct StepInfo {
   double lr = 0;

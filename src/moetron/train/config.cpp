@@ -64,6 +64,8 @@ const std::vector<Field>& fields() {
       field("optim.muon_momentum", &Config::optim, &OptimConfig::muon_momentum),
       field("optim.muon_nesterov", &Config::optim, &OptimConfig::muon_nesterov),
       field("optim.muon_ns_steps", &Config::optim, &OptimConfig::muon_ns_steps),
+      field("optim.adamw_params", &Config::optim, &OptimConfig::adamw_params),
+      field("optim.no_decay_params", &Config::optim, &OptimConfig::no_decay_params),
       field("data.path", &Config::data, &DataConfig::path),
       field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
       field("train.seq_len", &Config::train, &TrainingConfig::seq_len),

@@ -28,6 +28,9 @@ struct OptimConfig {
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   int64_t muon_ns_steps = 5;
+  // Parameter groups by name, comma-separated globs (e.g. "*.o_proj.weight"):
+  std::string adamw_params = "";     // kept on AdamW under optim.name = "muon"
+  std::string no_decay_params = "";  // no weight decay (1-D parameters never decay)
 };
 
 struct DataConfig {

@@ -61,6 +61,8 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume)
   oo.muon_momentum = cfg_.optim.muon_momentum;
   oo.muon_nesterov = cfg_.optim.muon_nesterov;
   oo.muon_ns_steps = static_cast<int>(cfg_.optim.muon_ns_steps);
+  oo.adamw_patterns = optim::split_patterns(cfg_.optim.adamw_params);
+  oo.no_decay_patterns = optim::split_patterns(cfg_.optim.no_decay_params);
   oo.schedule = {cfg_.optim.lr, cfg_.optim.min_lr_ratio, cfg_.optim.warmup_steps, cfg_.train.steps};
   opt_ = std::make_unique<optim::Optimizer>(model_->params(), oo);
 
