@@ -57,3 +57,34 @@ TEST(Allocator, ParsesTagNamesAndRejectsUnknown) {
 
 }  // namespace
 }  // namespace moetron
+
+namespace moetron {
+namespace {
+
+TEST(Allocator, LargeBlocksAreCachedAndReusedWithExactTagAccounting) {
+  Allocator alloc;
+  const size_t big = (size_t{3} << 20) + 100;  // 3 MiB + 100 bytes
+  void* a = alloc.allocate(big, MemTag::activations);
+  EXPECT_EQ(alloc.current(MemTag::activations), static_cast<int64_t>(Allocator::rounded(big)));
+  const size_t cls = Allocator::pool_class(Allocator::rounded(big));
+  EXPECT_GE(cls, Allocator::rounded(big));
+  EXPECT_LE(cls, Allocator::rounded(big) * 9 / 8);
+  EXPECT_EQ(alloc.reserved(), static_cast<int64_t>(cls));
+  alloc.deallocate(a, big, MemTag::activations);
+  EXPECT_EQ(alloc.current(MemTag::activations), 0);
+  EXPECT_EQ(alloc.cached(), static_cast<int64_t>(cls));
+  // A request of the same class gets the cached block back.
+  void* b = alloc.allocate(big - 50, MemTag::grads);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(alloc.cached(), 0);
+  EXPECT_EQ(alloc.current(MemTag::grads), static_cast<int64_t>(Allocator::rounded(big - 50)));
+  alloc.deallocate(b, big - 50, MemTag::grads);
+  alloc.release_cached();
+  EXPECT_EQ(alloc.reserved(), 0);
+  // Classes: 8 per power of two.
+  EXPECT_EQ(Allocator::pool_class(size_t{1} << 20), size_t{1} << 20);
+  EXPECT_EQ(Allocator::pool_class((size_t{1} << 20) + 1), (size_t{1} << 20) + (size_t{1} << 17));
+}
+
+}  // namespace
+}  // namespace moetron

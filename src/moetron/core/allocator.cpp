@@ -35,12 +35,67 @@ void Allocator::raise_peak(std::atomic<int64_t>& peak, int64_t value) {
   }
 }
 
+size_t Allocator::pool_class(size_t bytes) {
+  // 8 classes per power of two: the class is the request rounded up to a
+  // multiple of 2^(floor(log2(bytes)) - 3).
+  const int top = 63 - __builtin_clzll(static_cast<unsigned long long>(bytes));
+  const size_t step = size_t{1} << (top - 3);
+  return (bytes + step - 1) / step * step;
+}
+
+Allocator::~Allocator() { release_cached(); }
+
+int64_t Allocator::cached() const {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  return cached_bytes_;
+}
+
+int64_t Allocator::reserved() const {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  return cached_bytes_ + pooled_in_use_ + unpooled_in_use_.load(std::memory_order_relaxed);
+}
+
+void Allocator::release_cached() {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  for (auto& [size, blocks] : free_blocks_) {
+    for (void* p : blocks) std::free(p);
+  }
+  free_blocks_.clear();
+  cached_bytes_ = 0;
+}
+
 void* Allocator::allocate(size_t bytes, MemTag tag) {
   if (bytes == 0) return nullptr;
   MOETRON_CHECK(device_ == Device::cpu, "the host allocator cannot allocate ", device_name(device_),
                 " memory");
   const size_t size = rounded(bytes);
-  void* p = std::aligned_alloc(kAlignment, size);
+  void* p = nullptr;
+  if (size >= kPoolMinBytes) {
+    const size_t cls = pool_class(size);
+    {
+      std::lock_guard<std::mutex> lock(pool_mutex_);
+      auto it = free_blocks_.find(cls);
+      if (it != free_blocks_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= static_cast<int64_t>(cls);
+      }
+    }
+    if (p == nullptr) {
+      p = std::aligned_alloc(kAlignment, cls);
+      if (p == nullptr) {
+        release_cached();
+        p = std::aligned_alloc(kAlignment, cls);
+      }
+    }
+    if (p != nullptr) {
+      std::lock_guard<std::mutex> lock(pool_mutex_);
+      pooled_in_use_ += static_cast<int64_t>(cls);
+    }
+  } else {
+    p = std::aligned_alloc(kAlignment, size);
+    if (p != nullptr) unpooled_in_use_.fetch_add(static_cast<int64_t>(size), std::memory_order_relaxed);
+  }
   if (p == nullptr) {
     MOETRON_FAIL("out of memory: allocating ", size, " bytes tagged '", mem_tag_name(tag),
                  "' with ", total_current(), " bytes already in use");
@@ -53,8 +108,22 @@ void* Allocator::allocate(size_t bytes, MemTag tag) {
 
 void Allocator::deallocate(void* ptr, size_t bytes, MemTag tag) noexcept {
   if (ptr == nullptr) return;
-  std::free(ptr);
-  const auto n = static_cast<int64_t>(rounded(bytes));
+  const size_t size = rounded(bytes);
+  if (size >= kPoolMinBytes) {
+    const size_t cls = pool_class(size);
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    try {
+      free_blocks_[cls].push_back(ptr);
+      cached_bytes_ += static_cast<int64_t>(cls);
+    } catch (...) {  // no memory for the free list itself: give the block back
+      std::free(ptr);
+    }
+    pooled_in_use_ -= static_cast<int64_t>(cls);
+  } else {
+    std::free(ptr);
+    unpooled_in_use_.fetch_sub(static_cast<int64_t>(size), std::memory_order_relaxed);
+  }
+  const auto n = static_cast<int64_t>(size);
   current_[idx(tag)].fetch_sub(n, std::memory_order_relaxed);
   total_current_.fetch_sub(n, std::memory_order_relaxed);
 }
