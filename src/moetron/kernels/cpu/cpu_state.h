@@ -61,9 +61,6 @@ struct CpuState {
   std::unordered_map<std::string, dnnl::primitive> primitives;
   // Keyed by a PrimitiveKey: the hot-path cache (matmul family).
   std::unordered_map<PrimitiveKey, CachedPrimitive, PrimitiveKeyHash> keyed_primitives;
-  // How many fixed-shape variants of a primitive family exist (key with the
-  // varying dimension masked); lets a kernel cap per-shape caching.
-  std::unordered_map<PrimitiveKey, int64_t, PrimitiveKeyHash> variant_counts;
 
   // fp32 staging memory, grown on demand and reused (counted as workspace).
   float* scratch_f32(int64_t n) {

@@ -59,18 +59,19 @@ dnnl::primitive create(CpuState& st, const GemmSpec& s, VaryingDim runtime) {
 
 CachedPrimitive& lookup(CpuState& st, const GemmSpec& s, VaryingDim varying) {
   auto& cache = st.keyed_primitives;
+  if (varying != VaryingDim::none) {
+    // One primitive per family with the varying dimension given at run time.
+    // Choosing exact-shape primitives for some sizes and this one for others
+    // would make the arithmetic (blocking, summation order) depend on which
+    // sizes earlier steps happened to see, and a resumed run would then not
+    // repeat the uninterrupted one bit for bit.
+    const PrimitiveKey rt = make_key(s, varying, kRuntime);
+    auto it = cache.find(rt);
+    if (it == cache.end()) it = cache.emplace(rt, CachedPrimitive{create(st, s, varying), {}}).first;
+    return it->second;
+  }
   const PrimitiveKey exact = make_key(s, VaryingDim::none, 0);
   if (auto it = cache.find(exact); it != cache.end()) return it->second;
-  if (varying != VaryingDim::none) {
-    int64_t& count = st.variant_counts[make_key(s, varying, kAnyValue)];
-    if (count >= kMaxFixedVariants) {
-      const PrimitiveKey rt = make_key(s, varying, kRuntime);
-      auto it = cache.find(rt);
-      if (it == cache.end()) it = cache.emplace(rt, CachedPrimitive{create(st, s, varying), {}}).first;
-      return it->second;
-    }
-    ++count;
-  }
   // Fixed shape: the memory objects are part of the entry (null data for now).
   const GemmDescs d = gemm_descs(s, to_dnnl(s.c));
   CachedPrimitive entry{create(st, s, VaryingDim::none),

@@ -29,13 +29,12 @@ struct GemmSpec {
 };
 
 // The dimension that changes from call to call, if any (grouped GEMMs: the
-// rows of a group, which move every step). Each distinct value gets its own
-// exact-shape primitive, the fastest kind (brgemm), until a family has
-// kMaxFixedVariants of them; later values share one primitive whose
-// dimension is given at run time (oneDNN's gemm path), so the cache stays
-// bounded however the routing moves.
+// rows of a group, which move every step). Such GEMMs share one primitive
+// whose dimension is given at run time, so the cache stays bounded however
+// the routing moves and the arithmetic is a function of the shape alone (a
+// mix of exact-shape and run-time primitives chosen by what earlier steps saw
+// would break bit-exact resume).
 enum class VaryingDim : uint8_t { none, m, k };
-inline constexpr int64_t kMaxFixedVariants = 128;
 
 void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c,
           VaryingDim varying = VaryingDim::none);
