@@ -79,7 +79,7 @@ TEST(Trainer, MetricsAndCheckpointFilesAreWritten) {
   int lines = 0;
   while (std::getline(m, line)) {
     const auto j = nlohmann::json::parse(line);
-    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "expert_load"}) {
+    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "expert_load", "dropped_slots"}) {
       EXPECT_TRUE(j.contains(k)) << k;
     }
     EXPECT_EQ(j.at("expert_load").size(), 3u);  // 4 layers, the first dense
@@ -179,6 +179,16 @@ TEST(Trainer, NonFiniteStepsAreSkippedAndCountedOrStop) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("step 4"), std::string::npos) << e.what();
   }
+}
+
+TEST(Trainer, CapacityFactorDropsAreCounted) {
+  // Capacity 1.0 with top-2 over 4 experts: any imbalance drops slots.
+  Trainer t(tiny_config({"train.steps=2", "moe.capacity_factor=1.0"}), run_dir("capacity"), false);
+  const TrainResult r = t.run();
+  EXPECT_GT(r.history[0].dropped + r.history[1].dropped, 0);
+  Trainer d(tiny_config({"train.steps=2"}), run_dir("dropless"), false);
+  const TrainResult rd = d.run();
+  EXPECT_EQ(rd.history[0].dropped + rd.history[1].dropped, 0);
 }
 
 TEST(Trainer, GenerateAndEvalFromACheckpoint) {

@@ -194,6 +194,7 @@ TrainResult Trainer::run() {
       ce += st.ce_sum;
       rec.aux_loss += st.aux_loss * share;
       rec.z_loss += st.z_loss * share;
+      rec.dropped += st.dropped;
     }
     rec.tokens = step_tokens;
     rec.loss = ce / static_cast<double>(step_tokens);
@@ -215,7 +216,8 @@ TrainResult Trainer::run() {
     nlohmann::json line = {{"step", step},         {"loss", rec.loss},       {"lr", rec.lr},
                            {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
                            {"mfu", rec.mfu},       {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
-                           {"skipped", rec.skipped}, {"tokens", step_tokens}};
+                           {"skipped", rec.skipped}, {"tokens", step_tokens},
+                           {"dropped_slots", rec.dropped}};
     nlohmann::json loads = nlohmann::json::array();
     for (nn::MoeLayer* l : model_->moe_layers()) {
       loads.push_back(l->expert_load());

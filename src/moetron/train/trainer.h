@@ -28,6 +28,7 @@ struct StepRecord {
   double lr = 0, grad_norm = 0;
   double tokens_per_s = 0, mfu = 0;
   int64_t tokens = 0;
+  int64_t dropped = 0;  // (token, expert) slots dropped by the capacity factor, all MoE layers
   bool skipped = false;
 };
 
