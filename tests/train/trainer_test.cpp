@@ -191,6 +191,47 @@ TEST(Trainer, CapacityFactorDropsAreCounted) {
   EXPECT_EQ(rd.history[0].dropped + rd.history[1].dropped, 0);
 }
 
+TEST(Trainer, Fp16WithDynamicLossScalingLearnsAndSkipsOverflows) {
+  // A deliberately huge initial scale: the first steps' fp16 gradients
+  // overflow, are skipped and counted, and the scale halves until they fit.
+  Trainer t(tiny_config({"train.precision=fp16", "train.steps=30", "train.loss_scale_init=16777216",
+                         "train.loss_scale_window=5"}),
+            run_dir("fp16"), false);
+  const TrainResult r = t.run();
+  EXPECT_GE(r.skipped_steps, 1);
+  EXPECT_TRUE(r.history[0].skipped);
+  EXPECT_FALSE(r.history.back().skipped);
+  EXPECT_LT(r.history.back().loss_scale, 16777216.0);
+  EXPECT_LT(r.last_loss, r.first_loss - 1.0) << r.first_loss << " -> " << r.last_loss;
+  // The scale grows again after loss_scale_window clean steps.
+  double lowest = 1e300;
+  bool grew = false;
+  for (const auto& h : r.history) {
+    if (h.loss_scale > lowest) grew = true;
+    lowest = std::min(lowest, h.loss_scale);
+  }
+  EXPECT_TRUE(grew);
+}
+
+TEST(Trainer, Fp16ResumeIsBitExactIncludingTheLossScale) {
+  const std::string a = run_dir("fp16_straight"), b = run_dir("fp16_resumed");
+  const Config cfg = tiny_config({"train.precision=fp16", "train.steps=8", "checkpoint.every=4",
+                                  "train.loss_scale_window=3"});
+  Trainer ta(cfg, a, false);
+  const TrainResult ra = ta.run();
+  fs::create_directories(b + "/checkpoints");
+  fs::copy(ckpt::checkpoint_dir(a, 4), ckpt::checkpoint_dir(b, 4), fs::copy_options::recursive);
+  Trainer tb(cfg, b, true);
+  const TrainResult rb = tb.run();
+  ASSERT_EQ(rb.steps_done, 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(rb.history[static_cast<size_t>(i)].loss, ra.history[static_cast<size_t>(4 + i)].loss) << i;
+    EXPECT_EQ(rb.history[static_cast<size_t>(i)].loss_scale, ra.history[static_cast<size_t>(4 + i)].loss_scale) << i;
+  }
+  EXPECT_EQ(file_checksum(ckpt::checkpoint_dir(a, 8) + "/model.safetensors"),
+            file_checksum(ckpt::checkpoint_dir(b, 8) + "/model.safetensors"));
+}
+
 TEST(Trainer, GenerateAndEvalFromACheckpoint) {
   const std::string dir = run_dir("generate");
   Trainer t(tiny_config({"train.steps=3"}), dir, false);

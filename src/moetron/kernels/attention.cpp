@@ -1,4 +1,5 @@
 #include "moetron/kernels/attention.h"
+#include "moetron/kernels/f16_staging.h"
 
 #include <limits>
 
@@ -7,6 +8,12 @@ namespace moetron::kernels {
 void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionMask& mask, float scale, const Tensor& out,
                        const Tensor& lse) {
+  if (needs_f16_staging(ctx, {&q, &k, &v, &out})) {
+    const ScopedKernelTimer timer(ctx, "attention_forward");
+    F16Staging s(ctx);
+    cpu::attention_forward(ctx, s.in(q), s.in(k), s.in(v), mask, scale, s.out(out), lse);
+    return s.finish();
+  }
   MOETRON_KERNEL_DISPATCH(ctx, attention_forward, q, k, v, mask, scale, out, lse);
 }
 
@@ -14,6 +21,12 @@ void attention_backward(Context& ctx, const Tensor& dout, const Tensor& q, const
                         const Tensor& v, const Tensor& out, const Tensor& lse,
                         const AttentionMask& mask, float scale, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv) {
+  if (needs_f16_staging(ctx, {&dout, &q, &k, &v, &out, &dq, &dk, &dv})) {
+    const ScopedKernelTimer timer(ctx, "attention_backward");
+    F16Staging s(ctx);
+    cpu::attention_backward(ctx, s.in(dout), s.in(q), s.in(k), s.in(v), s.in(out), lse, mask, scale, s.out(dq), s.out(dk), s.out(dv));
+    return s.finish();
+  }
   MOETRON_KERNEL_DISPATCH(ctx, attention_backward, dout, q, k, v, out, lse, mask, scale, dq, dk,
                           dv);
 }
@@ -22,8 +35,9 @@ namespace {
 
 void check_float_dtype(const Tensor& t, const char* name, bool allow_f64) {
   const DType d = t.dtype();
-  MOETRON_CHECK(d == DType::f32 || d == DType::bf16 || (allow_f64 && d == DType::f64),
-                "attention: ", name, " must be f32 or bf16", allow_f64 ? " (or f64)" : "", ", got ",
+  // The reference also reads f16 (the CPU backend stages f16 through f32).
+  MOETRON_CHECK(d == DType::f32 || d == DType::bf16 || (allow_f64 && (d == DType::f64 || d == DType::f16)),
+                "attention: ", name, " must be f32 or bf16", allow_f64 ? " (or f64, f16)" : "", ", got ",
                 t.str());
 }
 

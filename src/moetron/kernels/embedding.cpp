@@ -1,13 +1,26 @@
+#include "moetron/kernels/f16_staging.h"
 #include "moetron/kernels/embedding.h"
 
 namespace moetron::kernels {
 
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out,
                        int64_t vocab_offset) {
+  if (needs_f16_staging(ctx, {&table, &out})) {
+    const ScopedKernelTimer timer(ctx, "embedding_forward");
+    F16Staging s(ctx);
+    cpu::embedding_forward(ctx, ids, s.in(table), s.out(out), vocab_offset);
+    return s.finish();
+  }
   MOETRON_KERNEL_DISPATCH(ctx, embedding_forward, ids, table, out, vocab_offset);
 }
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable,
                         int64_t vocab_offset) {
+  if (needs_f16_staging(ctx, {&dout})) {
+    const ScopedKernelTimer timer(ctx, "embedding_backward");
+    F16Staging s(ctx);
+    cpu::embedding_backward(ctx, ids, s.in(dout), dtable, vocab_offset);
+    return s.finish();
+  }
   MOETRON_KERNEL_DISPATCH(ctx, embedding_backward, ids, dout, dtable, vocab_offset);
 }
 

@@ -32,6 +32,8 @@ struct Precision {
   DType accum = DType::f32;
   static Precision fp32() { return {DType::f32, DType::f32}; }
   static Precision bf16() { return {DType::bf16, DType::f32}; }
+  // fp16 storage, fp32 math on CPUs (see kernels/f16_staging.h); needs loss scaling.
+  static Precision fp16() { return {DType::f16, DType::f32}; }
   static Precision fp64() { return {DType::f64, DType::f64}; }
 };
 

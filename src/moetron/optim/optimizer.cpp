@@ -84,9 +84,13 @@ StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale)
     a.step = step;
     a.grad_scale = static_cast<float>(mult);
     const bool separate = s.master.raw() != s.param->value.raw();
+    // The fused write of the working copy takes f32/bf16; an f16 copy is
+    // rounded from the master afterwards.
+    const bool fused_copy = separate && s.param->value.dtype() != DType::f16;
     const Shape flat{s.master.numel()};
     kernels::adamw_step(ctx, s.master.reshape(flat), s.param->grad.reshape(flat), s.m.reshape(flat),
-                        s.v.reshape(flat), a, separate ? s.param->value.reshape(flat) : Tensor());
+                        s.v.reshape(flat), a, fused_copy ? s.param->value.reshape(flat) : Tensor());
+    if (separate && !fused_copy) kernels::convert(ctx, s.master, s.param->value);
   }
   return info;
 }

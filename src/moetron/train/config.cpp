@@ -74,6 +74,8 @@ const std::vector<Field>& fields() {
       field("train.steps", &Config::train, &TrainingConfig::steps),
       field("train.seed", &Config::train, &TrainingConfig::seed),
       field("train.precision", &Config::train, &TrainingConfig::precision),
+      field("train.loss_scale_init", &Config::train, &TrainingConfig::loss_scale_init),
+      field("train.loss_scale_window", &Config::train, &TrainingConfig::loss_scale_window),
       field("train.log_every", &Config::train, &TrainingConfig::log_every),
       field("train.eval_every", &Config::train, &TrainingConfig::eval_every),
       field("train.eval_batches", &Config::train, &TrainingConfig::eval_batches),
@@ -297,6 +299,8 @@ void validate(const Config& c) {
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
              "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
+  check_rule(t.loss_scale_init > 0, "train.loss_scale_init", "must be positive");
+  check_rule(t.loss_scale_window >= 1, "train.loss_scale_window", "must be >= 1");
   check_rule(t.log_every > 0, "train.log_every", "must be positive");
   check_rule(t.eval_every >= 0, "train.eval_every", "must be >= 0 (0: only at the end)");
   check_rule(t.eval_batches > 0, "train.eval_batches", "must be positive");

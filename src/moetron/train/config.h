@@ -45,6 +45,8 @@ struct TrainingConfig {
   int64_t steps = 200;
   uint64_t seed = 1234;
   std::string precision = "auto";  // auto | bf16 | fp16 | fp32
+  double loss_scale_init = 65536.0;  // fp16: initial dynamic loss scale (2^16)
+  int64_t loss_scale_window = 2000;  // fp16: clean steps before the scale doubles
   int64_t log_every = 10;
   int64_t eval_every = 50;
   int64_t eval_batches = 4;

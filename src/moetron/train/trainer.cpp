@@ -23,8 +23,13 @@ using clock_type = std::chrono::steady_clock;
 nn::Precision resolve_precision(const std::string& precision, std::string* notice) {
   if (precision == "fp32") return nn::Precision::fp32();
   if (precision == "bf16") return nn::Precision::bf16();
-  MOETRON_CHECK(precision != "fp16", "train.precision = \"fp16\" is not available: the CPU backend "
-                "has no fp16 GEMM on this machine; use \"bf16\" or \"fp32\"");
+  if (precision == "fp16") {
+    __builtin_cpu_init();
+    if (notice && !__builtin_cpu_supports("avx512fp16")) {
+      *notice = "this CPU has no fp16 arithmetic: fp16 tensors are stored in fp16 and computed in fp32";
+    }
+    return nn::Precision::fp16();
+  }
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512bf16")) return nn::Precision::bf16();
   if (notice) *notice = "this CPU has no AVX512-BF16: training in fp32";
@@ -36,6 +41,8 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume)
   std::string notice;
   prec_ = resolve_precision(cfg_.train.precision, &notice);
   if (!notice.empty()) std::cerr << "notice: " << notice << "\n";
+  fp16_ = prec_.compute == DType::f16;
+  scaler_ = optim::LossScaler(cfg_.train.loss_scale_init, cfg_.train.loss_scale_window);
   ctx_ = std::make_unique<kernels::Context>(kernels::Backend::cpu, static_cast<int>(cfg_.train.threads));
 
   const std::string data_dir = cfg_.data.path;
@@ -78,6 +85,10 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume)
       const nlohmann::json st = ckpt::load_checkpoint(*dir, *model_, opt_.get());
       start_step_ = st.at("step").get<int64_t>();
       skipped_ = st.value("skipped_steps", int64_t{0});
+      if (st.contains("loss_scale")) {
+        scaler_.restore(st.at("loss_scale").get<double>(), st.at("loss_scale_clean_steps").get<int64_t>(),
+                        st.at("overflow_steps").get<int64_t>());
+      }
       std::cerr << "resumed from " << *dir << " at step " << start_step_ << "\n";
     } else {
       std::cerr << "notice: --resume found no complete checkpoint in '" << run_dir_
@@ -150,6 +161,9 @@ void Trainer::save_checkpoint(int64_t step) {
   const nlohmann::json state = {{"step", step},
                                 {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * cfg_.train.grad_accum)},
                                 {"skipped_steps", skipped_},
+                                {"loss_scale", scaler_.scale()},
+                                {"loss_scale_clean_steps", scaler_.clean_steps()},
+                                {"overflow_steps", scaler_.overflow_steps()},
                                 {"seed", cfg_.train.seed}};
   ckpt::save_checkpoint(run_dir_, step, *model_, *opt_, state, to_toml(cfg_), cfg_.checkpoint.keep);
 }
@@ -185,12 +199,16 @@ TrainResult Trainer::run() {
     model_->params().zero_grads();
     StepRecord rec;
     rec.step = step;
+    // fp16: the loss (hence every gradient) is multiplied by the loss scale;
+    // the optimizer divides it out.
+    const double loss_scale = fp16_ ? scaler_.scale() : 1.0;
     double ce = 0;
     for (int64_t m = 0; m < acc; ++m) {
       const double share = static_cast<double>(mb_tokens[static_cast<size_t>(m)]) / static_cast<double>(step_tokens);
       const nn::LossStats st = model_->forward_backward(*ctx_, inputs[static_cast<size_t>(m)],
                                                         targets[static_cast<size_t>(m)],
-                                                        1.0 / static_cast<double>(step_tokens), share, true);
+                                                        loss_scale / static_cast<double>(step_tokens),
+                                                        share * loss_scale, true);
       ce += st.ce_sum;
       rec.aux_loss += st.aux_loss * share;
       rec.z_loss += st.z_loss * share;
@@ -199,15 +217,24 @@ TrainResult Trainer::run() {
     rec.tokens = step_tokens;
     rec.loss = ce / static_cast<double>(step_tokens);
     if (before_update) before_update(step);
-    rec.grad_norm = opt_->grad_norm(*ctx_, 1.0);
-    if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
+    rec.grad_norm = opt_->grad_norm(*ctx_, 1.0 / loss_scale);
+    if (fp16_ && std::isfinite(rec.loss) && !std::isfinite(rec.grad_norm)) {
+      // An fp16 overflow: expected now and then; skip, count, halve the scale.
+      scaler_.update(false);
+      rec.lr = opt_->options().schedule.at(step);
+      rec.skipped = true;
+      ++skipped_;
+      for (nn::MoeLayer* l : model_->moe_layers()) l->reset_load();
+    } else if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
       MOETRON_CHECK(cfg_.train.nan_policy == "skip", "non-finite loss or gradient at step ", step,
                     " (train.nan_policy = \"stop\")");
+      rec.lr = opt_->options().schedule.at(step);
       rec.skipped = true;
       ++skipped_;
       for (nn::MoeLayer* l : model_->moe_layers()) l->reset_load();
     } else {
-      const optim::StepInfo info = opt_->step(*ctx_, step);
+      if (fp16_) scaler_.update(true);
+      const optim::StepInfo info = opt_->step(*ctx_, step, 1.0 / loss_scale);
       rec.lr = info.lr;
     }
     const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -218,6 +245,8 @@ TrainResult Trainer::run() {
                            {"mfu", rec.mfu},       {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
                            {"skipped", rec.skipped}, {"tokens", step_tokens},
                            {"dropped_slots", rec.dropped}};
+    rec.loss_scale = loss_scale;
+    if (fp16_) line["loss_scale"] = loss_scale;
     nlohmann::json loads = nlohmann::json::array();
     for (nn::MoeLayer* l : model_->moe_layers()) {
       loads.push_back(l->expert_load());
@@ -248,6 +277,7 @@ TrainResult Trainer::run() {
   }
   if (res.steps_done > 0) save_checkpoint(cfg_.train.steps);
   res.skipped_steps = skipped_;
+  res.final_loss_scale = fp16_ ? scaler_.scale() : 1.0;
   return res;
 }
 

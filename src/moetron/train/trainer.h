@@ -12,13 +12,16 @@
 #include "moetron/data/token_dataset.h"
 #include "moetron/kernels/context.h"
 #include "moetron/nn/transformer.h"
+#include "moetron/optim/loss_scaler.h"
 #include "moetron/optim/optimizer.h"
 #include "moetron/train/config.h"
 
 namespace moetron::train {
 
 // bf16 where the CPU has AVX512-BF16, else fp32 (`auto`); explicit values are
-// honoured. fp16 is refused with a message (no fp16 GEMM on this backend).
+// honoured. fp16 (with dynamic loss scaling) stores activations and weights'
+// working copies in fp16; on a CPU without fp16 arithmetic the kernels compute
+// in fp32 on staged copies (kernels/f16_staging.h), and `notice` says so.
 nn::Precision resolve_precision(const std::string& precision, std::string* notice);
 
 struct StepRecord {
@@ -27,6 +30,7 @@ struct StepRecord {
   double aux_loss = 0, z_loss = 0;
   double lr = 0, grad_norm = 0;
   double tokens_per_s = 0, mfu = 0;
+  double loss_scale = 1;
   int64_t tokens = 0;
   int64_t dropped = 0;  // (token, expert) slots dropped by the capacity factor, all MoE layers
   bool skipped = false;
@@ -35,6 +39,7 @@ struct StepRecord {
 struct TrainResult {
   int64_t steps_done = 0;
   int64_t skipped_steps = 0;
+  double final_loss_scale = 1;  // fp16 only
   double first_loss = 0, last_loss = 0;
   double val_loss = 0;  // last validation loss (NaN if never evaluated)
   std::vector<StepRecord> history;
@@ -67,6 +72,8 @@ class Trainer {
   std::unique_ptr<data::WindowSampler> sampler_;
   std::unique_ptr<nn::Transformer> model_;
   std::unique_ptr<optim::Optimizer> opt_;
+  bool fp16_ = false;
+  optim::LossScaler scaler_;
   int64_t start_step_ = 0;
   int64_t skipped_ = 0;
   double peak_flops_ = 0;
