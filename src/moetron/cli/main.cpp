@@ -22,6 +22,11 @@ int cmd_train(const std::string& config, const std::string& out, const std::vect
   const train::Config cfg = train::load_config(config, sets);
   train::Trainer trainer(cfg, out, resume);
   const train::TrainResult r = trainer.run();
+  if (r.steps_done == 0) {
+    std::cout << "nothing to train: the run in " << out << " has already reached train.steps = "
+              << cfg.train.steps << "\n";
+    return 0;
+  }
   std::cout << "trained " << r.steps_done << " steps: loss " << r.first_loss << " -> " << r.last_loss
             << ", validation loss " << r.val_loss << " (" << r.skipped_steps << " skipped steps); run in "
             << out << "\n";
