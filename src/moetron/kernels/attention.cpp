@@ -9,10 +9,9 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
                        const AttentionMask& mask, float scale, const Tensor& out,
                        const Tensor& lse) {
   if (needs_f16_staging(ctx, {&q, &k, &v, &out})) {
-    const ScopedKernelTimer timer(ctx, "attention_forward");
-    F16Staging s(ctx);
-    cpu::attention_forward(ctx, s.in(q), s.in(k), s.in(v), mask, scale, s.out(out), lse);
-    return s.finish();
+    return run_f16_staged(ctx, "attention_forward", [&](F16Staging& s) {
+      cpu::attention_forward(ctx, s.in(q), s.in(k), s.in(v), mask, scale, s.out(out), lse);
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, attention_forward, q, k, v, mask, scale, out, lse);
 }
@@ -22,10 +21,10 @@ void attention_backward(Context& ctx, const Tensor& dout, const Tensor& q, const
                         const AttentionMask& mask, float scale, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv) {
   if (needs_f16_staging(ctx, {&dout, &q, &k, &v, &out, &dq, &dk, &dv})) {
-    const ScopedKernelTimer timer(ctx, "attention_backward");
-    F16Staging s(ctx);
-    cpu::attention_backward(ctx, s.in(dout), s.in(q), s.in(k), s.in(v), s.in(out), lse, mask, scale, s.out(dq), s.out(dk), s.out(dv));
-    return s.finish();
+    return run_f16_staged(ctx, "attention_backward", [&](F16Staging& s) {
+      cpu::attention_backward(ctx, s.in(dout), s.in(q), s.in(k), s.in(v), s.in(out), lse, mask,
+                              scale, s.out(dq), s.out(dk), s.out(dv));
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, attention_backward, dout, q, k, v, out, lse, mask, scale, dq, dk,
                           dv);
@@ -36,9 +35,10 @@ namespace {
 void check_float_dtype(const Tensor& t, const char* name, bool allow_f64) {
   const DType d = t.dtype();
   // The reference also reads f16 (the CPU backend stages f16 through f32).
-  MOETRON_CHECK(d == DType::f32 || d == DType::bf16 || (allow_f64 && (d == DType::f64 || d == DType::f16)),
-                "attention: ", name, " must be f32 or bf16", allow_f64 ? " (or f64, f16)" : "", ", got ",
-                t.str());
+  MOETRON_CHECK(
+      d == DType::f32 || d == DType::bf16 || (allow_f64 && (d == DType::f64 || d == DType::f16)),
+      "attention: ", name, " must be f32 or bf16", allow_f64 ? " (or f64, f16)" : "", ", got ",
+      t.str());
 }
 
 }  // namespace

@@ -1,15 +1,14 @@
-#include "moetron/kernels/f16_staging.h"
 #include "moetron/kernels/cross_entropy.h"
+#include "moetron/kernels/f16_staging.h"
 
 namespace moetron::kernels {
 
 void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, float grad_scale,
                    const Tensor& losses, const Tensor& dlogits) {
   if (needs_f16_staging(ctx, {&logits, &dlogits})) {
-    const ScopedKernelTimer timer(ctx, "cross_entropy");
-    F16Staging s(ctx);
-    cpu::cross_entropy(ctx, s.in(logits), targets, grad_scale, losses, s.out(dlogits));
-    return s.finish();
+    return run_f16_staged(ctx, "cross_entropy", [&](F16Staging& s) {
+      cpu::cross_entropy(ctx, s.in(logits), targets, grad_scale, losses, s.out(dlogits));
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, cross_entropy, logits, targets, grad_scale, losses, dlogits);
 }
@@ -17,10 +16,10 @@ void cross_entropy_fused(Context& ctx, const Tensor& hidden, const Tensor& head_
                          const Tensor& targets, float grad_scale, int64_t chunk_tokens,
                          const Tensor& losses, const Tensor& d_hidden, const Tensor& d_head_w) {
   if (needs_f16_staging(ctx, {&hidden, &head_w, &d_hidden})) {
-    const ScopedKernelTimer timer(ctx, "cross_entropy_fused");
-    F16Staging s(ctx);
-    cpu::cross_entropy_fused(ctx, s.in(hidden), s.in(head_w), targets, grad_scale, chunk_tokens, losses, s.out(d_hidden), d_head_w);
-    return s.finish();
+    return run_f16_staged(ctx, "cross_entropy_fused", [&](F16Staging& s) {
+      cpu::cross_entropy_fused(ctx, s.in(hidden), s.in(head_w), targets, grad_scale, chunk_tokens,
+                               losses, s.out(d_hidden), d_head_w);
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, cross_entropy_fused, hidden, head_w, targets, grad_scale,
                           chunk_tokens, losses, d_hidden, d_head_w);

@@ -1,25 +1,23 @@
-#include "moetron/kernels/f16_staging.h"
 #include "moetron/kernels/embedding.h"
+#include "moetron/kernels/f16_staging.h"
 
 namespace moetron::kernels {
 
 void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, const Tensor& out,
                        int64_t vocab_offset) {
   if (needs_f16_staging(ctx, {&table, &out})) {
-    const ScopedKernelTimer timer(ctx, "embedding_forward");
-    F16Staging s(ctx);
-    cpu::embedding_forward(ctx, ids, s.in(table), s.out(out), vocab_offset);
-    return s.finish();
+    return run_f16_staged(ctx, "embedding_forward", [&](F16Staging& s) {
+      cpu::embedding_forward(ctx, ids, s.in(table), s.out(out), vocab_offset);
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, embedding_forward, ids, table, out, vocab_offset);
 }
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable,
                         int64_t vocab_offset) {
   if (needs_f16_staging(ctx, {&dout})) {
-    const ScopedKernelTimer timer(ctx, "embedding_backward");
-    F16Staging s(ctx);
-    cpu::embedding_backward(ctx, ids, s.in(dout), dtable, vocab_offset);
-    return s.finish();
+    return run_f16_staged(ctx, "embedding_backward", [&](F16Staging& s) {
+      cpu::embedding_backward(ctx, ids, s.in(dout), dtable, vocab_offset);
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, embedding_backward, ids, dout, dtable, vocab_offset);
 }

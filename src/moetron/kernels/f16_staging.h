@@ -47,4 +47,14 @@ class F16Staging {
   std::vector<Entry> entries_;
 };
 
+// Runs body(staging) as kernel `fn` (timed by the profiler) and writes the
+// staged outputs back.
+template <typename Body>
+void run_f16_staged(Context& ctx, const char* fn, Body&& body) {
+  const ScopedKernelTimer timer(ctx, fn);
+  F16Staging staging(ctx);
+  body(staging);
+  staging.finish();
+}
+
 }  // namespace moetron::kernels

@@ -1,5 +1,5 @@
-#include "moetron/kernels/f16_staging.h"
 #include "moetron/kernels/moe.h"
+#include "moetron/kernels/f16_staging.h"
 
 namespace moetron::kernels {
 
@@ -15,30 +15,27 @@ void router_topk_backward(Context& ctx, const Tensor& d_topk_weight, const Tenso
 }
 void moe_permute(Context& ctx, const Tensor& x, const MoePlan& plan, const Tensor& permuted) {
   if (needs_f16_staging(ctx, {&x, &permuted})) {
-    const ScopedKernelTimer timer(ctx, "moe_permute");
-    F16Staging s(ctx);
-    cpu::moe_permute(ctx, s.in(x), plan, s.out(permuted, true));
-    return s.finish();
+    return run_f16_staged(ctx, "moe_permute", [&](F16Staging& s) {
+      cpu::moe_permute(ctx, s.in(x), plan, s.out(permuted, true));
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, moe_permute, x, plan, permuted);
 }
 void moe_permute_backward(Context& ctx, const Tensor& d_permuted, const MoePlan& plan,
                           const Tensor& dx) {
   if (needs_f16_staging(ctx, {&d_permuted, &dx})) {
-    const ScopedKernelTimer timer(ctx, "moe_permute_backward");
-    F16Staging s(ctx);
-    cpu::moe_permute_backward(ctx, s.in(d_permuted), plan, s.out(dx));
-    return s.finish();
+    return run_f16_staged(ctx, "moe_permute_backward", [&](F16Staging& s) {
+      cpu::moe_permute_backward(ctx, s.in(d_permuted), plan, s.out(dx));
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, moe_permute_backward, d_permuted, plan, dx);
 }
 void moe_unpermute(Context& ctx, const Tensor& expert_out, const MoePlan& plan,
                    const Tensor& topk_weight, const Tensor& out) {
   if (needs_f16_staging(ctx, {&expert_out, &out})) {
-    const ScopedKernelTimer timer(ctx, "moe_unpermute");
-    F16Staging s(ctx);
-    cpu::moe_unpermute(ctx, s.in(expert_out), plan, topk_weight, s.out(out));
-    return s.finish();
+    return run_f16_staged(ctx, "moe_unpermute", [&](F16Staging& s) {
+      cpu::moe_unpermute(ctx, s.in(expert_out), plan, topk_weight, s.out(out));
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, moe_unpermute, expert_out, plan, topk_weight, out);
 }
@@ -46,10 +43,10 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dout, const Tensor& expe
                             const MoePlan& plan, const Tensor& topk_weight,
                             const Tensor& d_expert_out, const Tensor& d_topk_weight) {
   if (needs_f16_staging(ctx, {&dout, &expert_out, &d_expert_out})) {
-    const ScopedKernelTimer timer(ctx, "moe_unpermute_backward");
-    F16Staging s(ctx);
-    cpu::moe_unpermute_backward(ctx, s.in(dout), s.in(expert_out), plan, topk_weight, s.out(d_expert_out, true), d_topk_weight);
-    return s.finish();
+    return run_f16_staged(ctx, "moe_unpermute_backward", [&](F16Staging& s) {
+      cpu::moe_unpermute_backward(ctx, s.in(dout), s.in(expert_out), plan, topk_weight,
+                                  s.out(d_expert_out, true), d_topk_weight);
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, moe_unpermute_backward, dout, expert_out, plan, topk_weight,
                           d_expert_out, d_topk_weight);

@@ -1,25 +1,23 @@
-#include "moetron/kernels/f16_staging.h"
 #include "moetron/kernels/norm.h"
+#include "moetron/kernels/f16_staging.h"
 
 namespace moetron::kernels {
 
 void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                      const Tensor& rstd) {
   if (needs_f16_staging(ctx, {&x, &y})) {
-    const ScopedKernelTimer timer(ctx, "rmsnorm_forward");
-    F16Staging s(ctx);
-    cpu::rmsnorm_forward(ctx, s.in(x), w, eps, s.out(y), rstd);
-    return s.finish();
+    return run_f16_staged(ctx, "rmsnorm_forward", [&](F16Staging& s) {
+      cpu::rmsnorm_forward(ctx, s.in(x), w, eps, s.out(y), rstd);
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, rmsnorm_forward, x, w, eps, y, rstd);
 }
 void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& w,
                       const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
   if (needs_f16_staging(ctx, {&dy, &x, &dx})) {
-    const ScopedKernelTimer timer(ctx, "rmsnorm_backward");
-    F16Staging s(ctx);
-    cpu::rmsnorm_backward(ctx, s.in(dy), s.in(x), w, rstd, s.out(dx), dw);
-    return s.finish();
+    return run_f16_staged(ctx, "rmsnorm_backward", [&](F16Staging& s) {
+      cpu::rmsnorm_backward(ctx, s.in(dy), s.in(x), w, rstd, s.out(dx), dw);
+    });
   }
   MOETRON_KERNEL_DISPATCH(ctx, rmsnorm_backward, dy, x, w, rstd, dx, dw);
 }
