@@ -73,6 +73,24 @@ TEST(Transformer, ReferenceGradientsMatchFiniteDifferences) {
   }
 }
 
+TEST(Transformer, TiedEmbeddingGradientMatchesFiniteDifferences) {
+  // One matrix serves as embedding and LM head: both uses add into its gradient.
+  kernels::Context ref(kernels::Backend::reference);
+  ModelConfig m = tiny_model();
+  m.tie_embeddings = true;
+  Transformer model(m, tiny_moe(), Precision::fp64());
+  model.initialize(4);
+  EXPECT_THROW(model.params().get("lm_head.weight"), Error);
+  Tensor in = Tensor::empty({2, 5}, DType::i32), tgt = Tensor::empty({2, 5}, DType::i32);
+  fill_tokens(in, 7, 11);
+  fill_tokens(tgt, 8, 11);
+  model.params().zero_grads();
+  model.forward_backward(ref, in, tgt, 0.1, 1.0, true);
+  Parameter& e = model.params().get("model.embed_tokens.weight");
+  EXPECT_TRUE(test::finite_difference_check([&] { return total_loss(ref, model, in, tgt, 0.1); }, e.value,
+                                            e.grad, 1e-6, 2e-5));
+}
+
 TEST(Transformer, CpuFp32GradientsMatchReference) {
   kernels::Context ref(kernels::Backend::reference), cpu(kernels::Backend::cpu);
   ModelConfig m = tiny_model();
