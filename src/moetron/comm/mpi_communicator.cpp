@@ -1,0 +1,307 @@
+#include "moetron/comm/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+
+#include "moetron/core/error.h"
+
+namespace moetron::comm {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    MOETRON_FAIL("MPI ", what, " failed: ", std::string(msg, static_cast<size_t>(len)));
+  }
+}
+
+void ensure_mpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return;
+  int provided = 0;
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;  // moved as raw bits; never reduced as such
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+// Requests plus what runs when they complete (fp32 -> bf16 rounding, the
+// division of an average), and the stats entry the time goes to.
+class MpiWork final : public Work {
+ public:
+  MpiWork(CommStats& stats, std::function<void()> on_done)
+      : stats_(stats), on_done_(std::move(on_done)), start_(clock_type::now()) {}
+  ~MpiWork() override {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+  std::vector<MPI_Request> requests;
+  void wait() override {
+    if (done_) return;
+    if (!requests.empty()) {
+      check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "wait");
+    }
+    finish();
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 1;
+    if (!requests.empty()) {
+      check_mpi(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE), "test");
+    }
+    if (flag) finish();
+    return done_;
+  }
+  std::vector<Tensor> keep_alive;  // staging buffers the requests point into
+
+ private:
+  void finish() {
+    done_ = true;
+    if (on_done_) on_done_();
+    stats_.seconds += std::chrono::duration<double>(clock_type::now() - start_).count();
+  }
+  CommStats& stats_;
+  std::function<void()> on_done_;
+  clock_type::time_point start_;
+  bool done_ = false;
+};
+
+Tensor to_f32(const Tensor& t) {
+  Tensor f = Tensor::empty(t.shape(), DType::f32, MemTag::comm);
+  const auto* s = static_cast<const uint16_t*>(t.raw());
+  for (int64_t i = 0; i < t.numel(); ++i) f.data<float>()[i] = bf16_to_f32(s[i]);
+  return f;
+}
+
+void from_f32(const Tensor& f, const Tensor& t) {
+  auto* d = static_cast<uint16_t*>(t.raw());
+  for (int64_t i = 0; i < t.numel(); ++i) d[i] = f32_to_bf16(f.data<float>()[i]);
+}
+
+void divide(const Tensor& t, int n) {
+  const int64_t c = t.numel();
+  switch (t.dtype()) {
+    case DType::f32:
+      for (int64_t i = 0; i < c; ++i) t.data<float>()[i] /= static_cast<float>(n);
+      break;
+    case DType::f64:
+      for (int64_t i = 0; i < c; ++i) t.data<double>()[i] /= n;
+      break;
+    case DType::i32:
+      for (int64_t i = 0; i < c; ++i) t.data<int32_t>()[i] /= n;
+      break;
+    case DType::i64:
+      for (int64_t i = 0; i < c; ++i) t.data<int64_t>()[i] /= n;
+      break;
+    default: MOETRON_FAIL("average of ", t.str(), " is not supported");
+  }
+}
+
+int count_of(const Tensor& t) {
+  MOETRON_CHECK(t.numel() <= INT32_MAX, "MPI buffer ", t.str(), " exceeds 2^31 elements");
+  return static_cast<int>(t.numel());
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  std::unique_ptr<Work> allreduce_async(const Tensor& buf, ReduceOp op) override {
+    CommStats& st = begin("allreduce", 2 * ring_share(buf.nbytes()));
+    const bool stage = buf.dtype() == DType::bf16;
+    MOETRON_CHECK(stage || buf.dtype() != DType::f16, "allreduce of f16 is not supported");
+    Tensor work_buf = stage ? to_f32(buf) : buf;
+    const int n = size_;
+    auto w = std::make_unique<MpiWork>(st, [work_buf, buf, stage, op, n] {
+      if (op == ReduceOp::avg) divide(work_buf, n);
+      if (stage) from_f32(work_buf, buf);
+    });
+    w->keep_alive.push_back(work_buf);
+    w->requests.emplace_back();
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, work_buf.raw(), count_of(work_buf), mpi_type(work_buf.dtype()),
+                             mpi_op(op), comm_, &w->requests.back()),
+              "allreduce");
+    return w;
+  }
+
+  std::unique_ptr<Work> reduce_scatter_async(const Tensor& src, const Tensor& dst, ReduceOp op) override {
+    MOETRON_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel() * size_, "reduce_scatter: src ",
+                  src.str(), " must be ", size_, " chunks of dst ", dst.str());
+    CommStats& st = begin("reduce_scatter", ring_share(src.nbytes()));
+    const bool stage = src.dtype() == DType::bf16;
+    Tensor s = stage ? to_f32(src) : src;
+    Tensor d = stage ? Tensor::empty(dst.shape(), DType::f32, MemTag::comm) : dst;
+    const int n = size_;
+    auto w = std::make_unique<MpiWork>(st, [d, dst, stage, op, n] {
+      if (op == ReduceOp::avg) divide(d, n);
+      if (stage) from_f32(d, dst);
+    });
+    w->keep_alive = {s, d};
+    w->requests.emplace_back();
+    check_mpi(MPI_Ireduce_scatter_block(s.raw(), d.raw(), count_of(d), mpi_type(d.dtype()), mpi_op(op), comm_,
+                                        &w->requests.back()),
+              "reduce_scatter");
+    return w;
+  }
+
+  std::unique_ptr<Work> allgather_async(const Tensor& src, const Tensor& dst) override {
+    MOETRON_CHECK(src.dtype() == dst.dtype() && dst.numel() == src.numel() * size_, "allgather: dst ",
+                  dst.str(), " must be ", size_, " chunks of src ", src.str());
+    CommStats& st = begin("allgather", ring_share(dst.nbytes()));
+    auto w = std::make_unique<MpiWork>(st, nullptr);
+    w->requests.emplace_back();
+    check_mpi(MPI_Iallgather(src.raw(), count_of(src), mpi_type(src.dtype()), dst.raw(), count_of(src),
+                             mpi_type(dst.dtype()), comm_, &w->requests.back()),
+              "allgather");
+    return w;
+  }
+
+  std::unique_ptr<Work> alltoall_async(const Tensor& src, const Tensor& dst) override {
+    MOETRON_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel() && src.numel() % size_ == 0,
+                  "alltoall: ", src.str(), " and ", dst.str(), " must be ", size_, " equal chunks");
+    CommStats& st = begin("alltoall", ring_share(src.nbytes()));
+    auto w = std::make_unique<MpiWork>(st, nullptr);
+    w->requests.emplace_back();
+    const int chunk = count_of(src) / size_;
+    check_mpi(MPI_Ialltoall(src.raw(), chunk, mpi_type(src.dtype()), dst.raw(), chunk, mpi_type(dst.dtype()),
+                            comm_, &w->requests.back()),
+              "alltoall");
+    return w;
+  }
+
+  std::unique_ptr<Work> alltoallv_async(const Tensor& src, const std::vector<int64_t>& send_rows,
+                                        const Tensor& dst, const std::vector<int64_t>& recv_rows) override {
+    MOETRON_CHECK(static_cast<int>(send_rows.size()) == size_ && static_cast<int>(recv_rows.size()) == size_,
+                  "alltoallv needs ", size_, " send and receive counts");
+    MOETRON_CHECK(src.dtype() == dst.dtype() && src.rank() >= 1 && dst.rank() >= 1, "alltoallv: ", src.str(),
+                  " -> ", dst.str());
+    const int64_t row = src.dim(0) ? src.numel() / src.dim(0) : (dst.dim(0) ? dst.numel() / dst.dim(0) : 0);
+    auto w = std::make_unique<MpiWork>(begin("alltoallv", 0), nullptr);
+    std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+    int64_t so = 0, ro = 0, sent = 0;
+    for (int r = 0; r < size_; ++r) {
+      const auto i = static_cast<size_t>(r);
+      sc[i] = static_cast<int>(send_rows[i] * row);
+      sd[i] = static_cast<int>(so);
+      rc[i] = static_cast<int>(recv_rows[i] * row);
+      rd[i] = static_cast<int>(ro);
+      so += sc[i];
+      ro += rc[i];
+      if (r != rank_) sent += sc[i];
+    }
+    MOETRON_CHECK(so <= src.numel() && ro <= dst.numel(), "alltoallv: counts exceed ", src.str(), " or ",
+                  dst.str());
+    stats_for("alltoallv").bytes_sent += sent * static_cast<int64_t>(src.element_size());
+    w->requests.emplace_back();
+    check_mpi(MPI_Ialltoallv(src.raw(), sc.data(), sd.data(), mpi_type(src.dtype()), dst.raw(), rc.data(), rd.data(),
+                             mpi_type(dst.dtype()), comm_, &w->requests.back()),
+              "alltoallv");
+    return w;
+  }
+
+  std::unique_ptr<Work> broadcast_async(const Tensor& buf, int root) override {
+    MOETRON_CHECK(root >= 0 && root < size_, "broadcast root ", root, " out of range for size ", size_);
+    auto w = std::make_unique<MpiWork>(begin("broadcast", rank_ == root ? static_cast<int64_t>(buf.nbytes()) : 0), nullptr);
+    w->requests.emplace_back();
+    check_mpi(MPI_Ibcast(buf.raw(), count_of(buf), mpi_type(buf.dtype()), root, comm_, &w->requests.back()),
+              "broadcast");
+    return w;
+  }
+
+  std::unique_ptr<Work> send_async(const Tensor& buf, int peer, int tag) override {
+    check_peer(peer, "send");
+    auto w = std::make_unique<MpiWork>(begin("send", static_cast<int64_t>(buf.nbytes())), nullptr);
+    w->requests.emplace_back();
+    check_mpi(MPI_Isend(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_, &w->requests.back()),
+              "send");
+    return w;
+  }
+
+  std::unique_ptr<Work> recv_async(const Tensor& buf, int peer, int tag) override {
+    check_peer(peer, "recv");
+    auto w = std::make_unique<MpiWork>(begin("recv", 0), nullptr);
+    w->requests.emplace_back();
+    check_mpi(MPI_Irecv(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_, &w->requests.back()),
+              "recv");
+    return w;
+  }
+
+  void barrier() override {
+    ++stats_for("barrier").calls;
+    check_mpi(MPI_Barrier(comm_), "barrier");
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub;
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "comm split");
+    return std::make_unique<MpiCommunicator>(sub);
+  }
+
+ private:
+  // The (n-1)/n share of a buffer a ring algorithm moves per rank per pass.
+  int64_t ring_share(size_t bytes) const {
+    return static_cast<int64_t>(bytes) * (size_ - 1) / size_;
+  }
+  CommStats& begin(const char* op, int64_t bytes) {
+    CommStats& s = stats_for(op);
+    ++s.calls;
+    s.bytes_sent += bytes;
+    return s;
+  }
+  void check_peer(int peer, const char* op) const {
+    MOETRON_CHECK(peer >= 0 && peer < size_ && peer != rank_, op, ": peer rank ", peer, " invalid for rank ",
+                  rank_, " of ", size_);
+  }
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_world() {
+  ensure_mpi();
+  MPI_Comm world;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world), "comm dup");
+  return std::make_unique<MpiCommunicator>(world);
+}
+
+}  // namespace moetron::comm
