@@ -2,6 +2,8 @@
 // test; expected values are computed from the rank numbers.
 #include <gtest/gtest.h>
 
+#include "util/mpi_test_main.h"
+
 #include <numeric>
 
 #include "moetron/comm/mpi_communicator.h"
@@ -10,10 +12,8 @@
 namespace moetron::comm {
 namespace {
 
-Communicator* g_world = nullptr;
-
 TEST(Mpi, AllreduceSumAvgMaxAcrossDtypes) {
-  Communicator& w = *g_world;
+  Communicator& w = test::mpi_world();
   const int r = w.rank(), n = w.size();
   Tensor f = Tensor::empty({7}, DType::f32);
   for (int i = 0; i < 7; ++i) f.data<float>()[i] = static_cast<float>(r * 10 + i);
@@ -38,7 +38,7 @@ TEST(Mpi, AllreduceSumAvgMaxAcrossDtypes) {
 }
 
 TEST(Mpi, ReduceScatterAllgatherAlltoall) {
-  Communicator& w = *g_world;
+  Communicator& w = test::mpi_world();
   const int r = w.rank(), n = w.size();
   Tensor src = Tensor::empty({n * 3}, DType::f32);
   for (int i = 0; i < n * 3; ++i) src.data<float>()[i] = static_cast<float>(i + r);
@@ -58,7 +58,7 @@ TEST(Mpi, ReduceScatterAllgatherAlltoall) {
 }
 
 TEST(Mpi, AlltoallvWithUnevenRows) {
-  Communicator& w = *g_world;
+  Communicator& w = test::mpi_world();
   const int r = w.rank(), n = w.size();
   // Rank r sends (r + q) % 3 rows of width 4 to rank q, each row filled with 1000 r + q.
   std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
@@ -81,7 +81,7 @@ TEST(Mpi, AlltoallvWithUnevenRows) {
 }
 
 TEST(Mpi, BroadcastSendRecvAndNonBlockingProgress) {
-  Communicator& w = *g_world;
+  Communicator& w = test::mpi_world();
   const int r = w.rank(), n = w.size();
   Tensor b = Tensor::empty({4}, DType::i64);
   b.fill(r == n - 1 ? 42.0 : -1.0);
@@ -125,20 +125,3 @@ TEST(Mpi, CountsBytesAndSplitsIntoSubgroups) {
 
 }  // namespace
 }  // namespace moetron::comm
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto world = moetron::comm::make_mpi_world();
-  moetron::comm::g_world = world.get();
-  // Only rank 0 prints gtest's report; every rank's verdict counts.
-  if (world->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-  moetron::Tensor flag = moetron::Tensor::empty({1}, moetron::DType::i32);
-  flag.data<int32_t>()[0] = failed;
-  world->allreduce(flag, moetron::comm::ReduceOp::max);
-  if (world->rank() == 0 && flag.data<int32_t>()[0] != 0) std::fprintf(stderr, "a rank failed\n");
-  return flag.data<int32_t>()[0];
-}
