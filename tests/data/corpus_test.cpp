@@ -40,7 +40,7 @@ std::string make_corpus_dir(const std::string& name) {
   return dir;
 }
 
-TEST(Corpus, SplitsFortuneFilesIntoDocuments) {
+TEST(Corpus, SplitsFortuneFilesOnPercentLines) {
   const std::string dir = make_corpus_dir("docs");
   std::ofstream(dir + "/text/fort") << "first one\nline two\n%\nsecond\n%\n";
   int64_t files = 0;

@@ -31,6 +31,48 @@ inline void check_router(const char* fn, const Tensor& scores, const Tensor& top
                 " must have the dtype of scores ", scores.str());
 }
 
+// A backend's rule for the router's float tensors (the reference takes any
+// float dtype, the CPU backend f32 only); throws naming fn and the argument.
+using RouterDtypeCheck = void (*)(const Tensor& t, const char* fn, const char* name);
+
+// Every argument of router_topk, with the backend's dtype rule.
+inline void check_router_topk_args(const char* fn, RouterDtypeCheck dtype_ok, const Tensor& logits,
+                                   const Tensor& bias, const Tensor& scores, const Tensor& topk_idx,
+                                   const Tensor& topk_weight, const RouterArgs& args) {
+  dtype_ok(logits, fn, "logits");
+  MOETRON_CHECK(logits.rank() == 2, fn, ": logits must be [T, E], got ", logits.str());
+  const int64_t T = logits.dim(0), E = logits.dim(1);
+  check_2d(scores, fn, "scores", T, E);
+  dtype_ok(scores, fn, "scores");
+  check_router(fn, scores, topk_idx, topk_weight, args);
+  if (bias.defined()) {
+    dtype_ok(bias, fn, "bias");
+    MOETRON_CHECK(bias.rank() == 1 && bias.dim(0) == E, fn, ": bias must be [", E, "], got ",
+                  bias.str());
+  }
+}
+
+// Every argument of router_topk_backward, with the backend's dtype rule.
+inline void check_router_backward_args(const char* fn, RouterDtypeCheck dtype_ok,
+                                       const Tensor& d_topk_weight, const Tensor& d_scores_extra,
+                                       const Tensor& scores, const Tensor& topk_idx,
+                                       const Tensor& topk_weight, const RouterArgs& args,
+                                       const Tensor& d_logits) {
+  dtype_ok(scores, fn, "scores");
+  check_router(fn, scores, topk_idx, topk_weight, args);
+  const int64_t T = scores.dim(0), E = scores.dim(1), K = args.k;
+  if (d_topk_weight.defined()) {
+    dtype_ok(d_topk_weight, fn, "d_topk_weight");
+    check_2d(d_topk_weight, fn, "d_topk_weight", T, K);
+  }
+  if (d_scores_extra.defined()) {
+    dtype_ok(d_scores_extra, fn, "d_scores_extra");
+    check_2d(d_scores_extra, fn, "d_scores_extra", T, E);
+  }
+  dtype_ok(d_logits, fn, "d_logits");
+  check_2d(d_logits, fn, "d_logits", T, E);
+}
+
 // Checks a plan against its own invariants' sizes (a plan built by moe_plan
 // always passes; a hand-made or stale one is caught here).
 inline void check_plan(const char* fn, const MoePlan& plan) {

@@ -81,17 +81,8 @@ void score_row(const float* x, int64_t E, RouterScore score, float* s) {
 void router_topk(Context&, const Tensor& logits, const Tensor& bias, const RouterArgs& args,
                  const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight) {
   const char* fn = "router_topk";
-  check_f32(logits, fn, "logits");
-  MOETRON_CHECK(logits.rank() == 2, fn, ": logits must be [T, E], got ", logits.str());
+  moe_detail::check_router_topk_args(fn, check_f32, logits, bias, scores, topk_idx, topk_weight, args);
   const int64_t T = logits.dim(0), E = logits.dim(1);
-  check_2d(scores, fn, "scores", T, E);
-  check_f32(scores, fn, "scores");
-  moe_detail::check_router(fn, scores, topk_idx, topk_weight, args);
-  if (bias.defined()) {
-    check_f32(bias, fn, "bias");
-    MOETRON_CHECK(bias.rank() == 1 && bias.dim(0) == E, fn, ": bias must be [", E, "], got ",
-                  bias.str());
-  }
   const int64_t K = args.k;
   const float* px = ptr<float>(logits);
   const float* pb = bias.defined() ? ptr<float>(bias) : nullptr;
@@ -133,19 +124,9 @@ void router_topk_backward(Context&, const Tensor& d_topk_weight, const Tensor& d
                           const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight,
                           const RouterArgs& args, const Tensor& d_logits) {
   const char* fn = "router_topk_backward";
-  check_f32(scores, fn, "scores");
-  moe_detail::check_router(fn, scores, topk_idx, topk_weight, args);
+  moe_detail::check_router_backward_args(fn, check_f32, d_topk_weight, d_scores_extra, scores, topk_idx,
+                                         topk_weight, args, d_logits);
   const int64_t T = scores.dim(0), E = scores.dim(1), K = args.k;
-  if (d_topk_weight.defined()) {
-    check_f32(d_topk_weight, fn, "d_topk_weight");
-    check_2d(d_topk_weight, fn, "d_topk_weight", T, K);
-  }
-  if (d_scores_extra.defined()) {
-    check_f32(d_scores_extra, fn, "d_scores_extra");
-    check_2d(d_scores_extra, fn, "d_scores_extra", T, E);
-  }
-  check_f32(d_logits, fn, "d_logits");
-  check_2d(d_logits, fn, "d_logits", T, E);
   const int32_t* pi = ptr<int32_t>(topk_idx);
   for (int64_t i = 0; i < T * K; ++i) {
     MOETRON_CHECK(pi[i] >= 0 && pi[i] < E, fn, ": topk_idx entry ", pi[i], " outside [0, ", E, ")");

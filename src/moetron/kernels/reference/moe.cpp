@@ -22,17 +22,8 @@ void check_float(const Tensor& t, const char* fn, const char* name) {
 void router_topk(Context&, const Tensor& logits, const Tensor& bias, const RouterArgs& args,
                  const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight) {
   const char* fn = "router_topk";
-  check_float(logits, fn, "logits");
-  MOETRON_CHECK(logits.rank() == 2, fn, ": logits must be [T, E], got ", logits.str());
+  moe_detail::check_router_topk_args(fn, check_float, logits, bias, scores, topk_idx, topk_weight, args);
   const int64_t T = logits.dim(0), E = logits.dim(1);
-  check_2d(scores, fn, "scores", T, E);
-  check_float(scores, fn, "scores");
-  moe_detail::check_router(fn, scores, topk_idx, topk_weight, args);
-  if (bias.defined()) {
-    check_float(bias, fn, "bias");
-    MOETRON_CHECK(bias.rank() == 1 && bias.dim(0) == E, fn, ": bias must be [", E, "], got ",
-                  bias.str());
-  }
   const int64_t K = args.k;
   std::vector<double> s(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
   std::vector<bool> taken(static_cast<size_t>(E));
@@ -77,19 +68,9 @@ void router_topk_backward(Context&, const Tensor& d_topk_weight, const Tensor& d
                           const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight,
                           const RouterArgs& args, const Tensor& d_logits) {
   const char* fn = "router_topk_backward";
-  check_float(scores, fn, "scores");
-  moe_detail::check_router(fn, scores, topk_idx, topk_weight, args);
+  moe_detail::check_router_backward_args(fn, check_float, d_topk_weight, d_scores_extra, scores, topk_idx,
+                                         topk_weight, args, d_logits);
   const int64_t T = scores.dim(0), E = scores.dim(1), K = args.k;
-  if (d_topk_weight.defined()) {
-    check_float(d_topk_weight, fn, "d_topk_weight");
-    check_2d(d_topk_weight, fn, "d_topk_weight", T, K);
-  }
-  if (d_scores_extra.defined()) {
-    check_float(d_scores_extra, fn, "d_scores_extra");
-    check_2d(d_scores_extra, fn, "d_scores_extra", T, E);
-  }
-  check_float(d_logits, fn, "d_logits");
-  check_2d(d_logits, fn, "d_logits", T, E);
   const std::vector<int64_t> idx = load_ids(topk_idx);
   for (int64_t i = 0; i < T * K; ++i) {
     MOETRON_CHECK(idx[static_cast<size_t>(i)] >= 0 && idx[static_cast<size_t>(i)] < E, fn,
