@@ -54,6 +54,10 @@ class Communicator {
   virtual std::unique_ptr<Work> send_async(const Tensor& buf, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> recv_async(const Tensor& buf, int peer, int tag) = 0;
   virtual void barrier() = 0;
+  // Lets outstanding non-blocking operations make progress. Compute loops call
+  // it between kernels (the data-parallel reducer after every gradient it is
+  // handed); a backend with its own progress engine makes it a no-op.
+  virtual void poll() {}
   // Ranks with the same color form a new communicator, ordered by key.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 

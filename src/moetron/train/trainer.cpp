@@ -36,8 +36,9 @@ nn::Precision resolve_precision(const std::string& precision, std::string* notic
   return nn::Precision::fp32();
 }
 
-Trainer::Trainer(Config cfg, std::string run_dir, bool resume)
-    : cfg_(std::move(cfg)), run_dir_(std::move(run_dir)) {
+Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<comm::Communicator> world)
+    : cfg_(std::move(cfg)), run_dir_(std::move(run_dir)), world_(std::move(world)) {
+  if (!world_) world_ = comm::make_local_communicator();
   std::string notice;
   prec_ = resolve_precision(cfg_.train.precision, &notice);
   if (!notice.empty()) std::cerr << "notice: " << notice << "\n";

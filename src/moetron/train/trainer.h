@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moetron/comm/communicator.h"
 #include "moetron/data/token_dataset.h"
 #include "moetron/kernels/context.h"
 #include "moetron/nn/transformer.h"
@@ -47,7 +48,10 @@ struct TrainResult {
 
 class Trainer {
  public:
-  Trainer(Config cfg, std::string run_dir, bool resume);
+  // world: every rank of the job (nullptr: one local rank). Ranks of a
+  // data-parallel run each read their slice of the global batch.
+  Trainer(Config cfg, std::string run_dir, bool resume,
+          std::shared_ptr<comm::Communicator> world = nullptr);
   ~Trainer();
   TrainResult run();
 
@@ -66,6 +70,7 @@ class Trainer {
 
   Config cfg_;
   std::string run_dir_;
+  std::shared_ptr<comm::Communicator> world_;
   nn::Precision prec_;
   std::unique_ptr<kernels::Context> ctx_;
   std::unique_ptr<data::TokenFile> train_tokens_, val_tokens_;
