@@ -142,21 +142,35 @@ TEST(DataParallel, LossesAndGradientsEqualOneRank) {
   }
 }
 
+// ZeRO-1 with AdamW, with FlexMuon (owner-based: each matrix's Newton-Schulz
+// on one rank) and with Moonlight's gathered distributed Muon.
 TEST(DataParallel, ZeroOneEqualsPlainDataParallelAndShardsTheOptimizer) {
-  for (const std::string opt : {"adamw", "muon"}) {
+  for (const std::string variant : {"adamw", "muon-owner", "muon-gather"}) {
+    const std::string opt = variant.substr(0, variant.find('-'));
+    const std::string dist = variant.find('-') == std::string::npos ? "owner" : variant.substr(variant.find('-') + 1);
     const Reference& ref = reference(opt);
     const int64_t before = cpu_allocator().current(MemTag::optimizer);
-    Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.zero=true"}), run_dir("zero-" + opt),
-              false, shared_world());
+    Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.zero=true", "optim.muon_distribution=" + dist}),
+              run_dir("zero-" + variant), false, shared_world());
+    if (variant == "muon-owner") {
+      // Every Muon matrix inside its owner's chunk.
+      for (const auto& b : t.reducer()->buckets()) {
+        for (const auto& slot : b.slots) {
+          if (slot.owner < 0) continue;
+          EXPECT_EQ(slot.offset / b.chunk, slot.owner) << slot.param->name;
+          EXPECT_EQ((slot.offset + slot.numel - 1) / b.chunk, slot.owner) << slot.param->name;
+        }
+      }
+    }
     // fp32 training: ZeRO-1 keeps an fp32 master, m and v of this rank's chunks only.
     const int64_t optimizer_bytes = cpu_allocator().current(MemTag::optimizer) - before;
     const int64_t padded = t.reducer()->padded_numel();
     const auto buckets = static_cast<int64_t>(t.reducer()->buckets().size());
     EXPECT_NEAR(static_cast<double>(optimizer_bytes), 3.0 * 4.0 * static_cast<double>(padded) / static_cast<double>(dp()),
                 3.0 * 64.0 * static_cast<double>(buckets))
-        << opt;
+        << variant;
     const TrainResult r = t.run();
-    expect_same_losses(r, ref.result, 1e-5, opt.c_str());
+    expect_same_losses(r, ref.result, 1e-5, variant.c_str());
   }
 }
 

@@ -49,7 +49,15 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
     sh.values_full = Tensor::zeros({b.numel}, value_dtype, MemTag::comm);
     if (any_muon) {
       sh.u_own = Tensor::zeros({b.chunk}, DType::f32, MemTag::comm);
-      sh.u_full = Tensor::zeros({b.numel}, DType::f32, MemTag::comm);
+      // A matrix cut by a chunk boundary is orthogonalised from the gathered
+      // update (every rank holding part of it); a matrix inside one chunk
+      // (the owner plan) by its owner alone, with nothing gathered.
+      for (const parallel::BucketSlot& slot : b.slots) {
+        if (rule_uses_muon(opts_, *slot.param) && slot.offset / b.chunk != (slot.offset + slot.numel - 1) / b.chunk) {
+          sh.gather_u = true;
+        }
+      }
+      if (sh.gather_u) sh.u_full = Tensor::zeros({b.numel}, DType::f32, MemTag::comm);
     }
     shards_.push_back(std::move(sh));
   }
@@ -115,7 +123,7 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
       }
     }
     if (!sh.u_own.defined()) continue;
-    dp.allgather(sh.u_own, sh.u_full);
+    if (sh.gather_u) dp.allgather(sh.u_own, sh.u_full);
     for (const parallel::BucketSlot& slot : b.slots) {
       if (!rule_uses_muon(opts_, *slot.param)) continue;
       // Only ranks holding part of this matrix need its orthogonalisation.
@@ -125,7 +133,9 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
       }
       if (mine.empty()) continue;
       const Shape& shape = slot.param->value.shape();
-      const Tensor u_full = sh.u_full.slice(slot.offset, slot.offset + slot.numel).reshape(shape);
+      const bool whole = mine.size() == 1 && mine[0]->len == slot.numel;
+      const Tensor u_full = whole ? sh.u_own.slice(mine[0]->chunk_lo, mine[0]->chunk_lo + slot.numel).reshape(shape)
+                                  : sh.u_full.slice(slot.offset, slot.offset + slot.numel).reshape(shape);
       Tensor o = Tensor::empty(shape, DType::f32, MemTag::workspace);
       newton_schulz(ctx, u_full, o, opts_.muon_ns_steps);
       const Tensor o_flat = o.reshape({slot.numel});

@@ -10,8 +10,12 @@
 // updated exactly as the one-rank optimizer would. Muon is not: each rank
 // advances the momentum of its slice, the Nesterov update U is all-gathered
 // per bucket, every rank that owns part of a matrix orthogonalises the whole
-// U (Moonlight's distributed Muon, Algorithm 1) and applies its slice. The
-// owner-based FlexMuon that removes this redundancy is optim/flexmuon.
+// U (Moonlight's distributed Muon, Algorithm 1) and applies its slice.
+//
+// FlexMuon: with the owner bucket plan (parallel/bucket_plan.h) every Muon
+// matrix lies inside one rank's chunk, so its owner alone keeps its momentum
+// and runs Newton-Schulz on it, with no update gathered; the all-gather of
+// the working copies is all that is shared.
 #pragma once
 
 #include <vector>
@@ -48,6 +52,7 @@ class ZeroOptimizer final : public ParamOptimizer {
     Tensor values_own;    // working-copy dtype [chunk]: all-gather source
     Tensor values_full;   // working-copy dtype [bucket numel]: all-gather destination
     Tensor u_own, u_full; // f32 Muon update, only when the bucket holds a Muon matrix
+    bool gather_u = false; // some Muon matrix of the bucket is cut by a chunk boundary
   };
   void adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad, const Segment& sg,
                      double lr, double mult, int64_t step);

@@ -6,32 +6,34 @@
 
 namespace moetron::parallel {
 
-GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, ReducerOptions opts)
+GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, ReducerOptions opts,
+                         std::vector<BucketSpec> plan)
     : dp_(dp), opts_(opts) {
-  MOETRON_CHECK(opts_.bucket_bytes > 0, "gradient bucket size must be positive, got ", opts_.bucket_bytes);
-  const auto& all = params.all();
+  if (plan.empty()) plan = flat_bucket_plan(params, dp_.size(), opts_.bucket_bytes);
   const int64_t n = dp_.size();
-  Bucket cur;
-  auto close = [&] {
-    if (cur.slots.empty()) return;
-    cur.numel = (cur.numel + n - 1) / n * n;
-    cur.chunk = cur.numel / n;
-    cur.flat = Tensor::zeros({cur.numel}, DType::f32, MemTag::comm);
-    if (opts_.mode == ReduceMode::reduce_scatter) cur.shard = Tensor::zeros({cur.chunk}, DType::f32, MemTag::comm);
-    buckets_.push_back(std::move(cur));
-    cur = Bucket{};
-  };
-  for (size_t i = all.size(); i-- > 0;) {
-    nn::Parameter* p = all[i].get();
-    MOETRON_CHECK(p->grad.dtype() == DType::f32, "data parallelism reduces f32 gradients; '", p->name,
-                  "' has ", dtype_name(p->grad.dtype()));
-    where_[p] = {buckets_.size(), cur.slots.size()};
-    cur.slots.push_back({p, cur.numel, p->grad.numel()});
-    cur.numel += p->grad.numel();
-    numel_ += p->grad.numel();
-    if (cur.numel * 4 >= opts_.bucket_bytes) close();
+  size_t registered = 0;
+  for (BucketSpec& spec : plan) {
+    MOETRON_CHECK(spec.numel % n == 0, "bucket of ", spec.numel, " elements does not split over ", n, " ranks");
+    Bucket b;
+    b.numel = spec.numel;
+    b.chunk = spec.numel / n;
+    for (const BucketSlot& slot : spec.slots) {
+      MOETRON_CHECK(slot.param->grad.dtype() == DType::f32, "data parallelism reduces f32 gradients; '",
+                    slot.param->name, "' has ", dtype_name(slot.param->grad.dtype()));
+      MOETRON_CHECK(slot.offset >= 0 && slot.offset + slot.numel <= spec.numel, "parameter '", slot.param->name,
+                    "' lies outside its bucket");
+      MOETRON_CHECK(where_.emplace(slot.param, std::make_pair(buckets_.size(), b.slots.size())).second,
+                    "parameter '", slot.param->name, "' is in two buckets");
+      b.slots.push_back(slot);
+      numel_ += slot.numel;
+      ++registered;
+    }
+    b.flat = Tensor::zeros({b.numel}, DType::f32, MemTag::comm);
+    if (opts_.mode == ReduceMode::reduce_scatter) b.shard = Tensor::zeros({b.chunk}, DType::f32, MemTag::comm);
+    buckets_.push_back(std::move(b));
   }
-  close();
+  MOETRON_CHECK(registered == params.all().size(), "bucket plan covers ", registered, " of ",
+                params.all().size(), " parameters");
   pending_.assign(buckets_.size(), 0);
   work_.resize(buckets_.size());
 }

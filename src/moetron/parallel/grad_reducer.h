@@ -1,8 +1,8 @@
 // Data-parallel gradient reduction in buckets, overlapped with backward.
 //
-// Parameters are packed, in reverse registration order (roughly the order
-// backward finishes them: head and last block first, embedding last), into
-// flat fp32 buckets of at least `bucket_bytes`. During the last micro-batch's
+// Parameters are packed into fp32 buckets by a plan (parallel/bucket_plan.h;
+// by default flat, in reverse registration order, roughly the order backward
+// finishes them: head and last block first, embedding last). During the last micro-batch's
 // backward, every gradient the model reports ready is copied into its bucket;
 // the moment a bucket's last gradient arrives its reduction starts
 // (non-blocking), so communication runs under the rest of backward. finish()
@@ -26,6 +26,7 @@
 #include "moetron/comm/communicator.h"
 #include "moetron/kernels/context.h"
 #include "moetron/nn/parameter.h"
+#include "moetron/parallel/bucket_plan.h"
 
 namespace moetron::parallel {
 
@@ -35,13 +36,6 @@ struct ReducerOptions {
   int64_t bucket_bytes = 16 << 20;  // fp32 gradient bytes per bucket (at least one parameter)
   bool overlap = true;              // false: start every reduction after backward
   ReduceMode mode = ReduceMode::allreduce;
-};
-
-// Where a parameter's flattened elements sit.
-struct BucketSlot {
-  nn::Parameter* param = nullptr;
-  int64_t offset = 0;  // in elements, inside the bucket
-  int64_t numel = 0;
 };
 
 struct Bucket {
@@ -54,7 +48,9 @@ struct Bucket {
 
 class GradReducer {
  public:
-  GradReducer(nn::ParameterSet& params, comm::Communicator& dp, ReducerOptions opts);
+  // plan: empty for flat_bucket_plan(params, dp.size(), opts.bucket_bytes).
+  GradReducer(nn::ParameterSet& params, comm::Communicator& dp, ReducerOptions opts,
+              std::vector<BucketSpec> plan = {});
 
   // Arms the reducer for the backward that completes the step's gradients
   // (the last micro-batch). Earlier micro-batches only accumulate.

@@ -64,6 +64,7 @@ const std::vector<Field>& fields() {
       field("optim.muon_momentum", &Config::optim, &OptimConfig::muon_momentum),
       field("optim.muon_nesterov", &Config::optim, &OptimConfig::muon_nesterov),
       field("optim.muon_ns_steps", &Config::optim, &OptimConfig::muon_ns_steps),
+      field("optim.muon_distribution", &Config::optim, &OptimConfig::muon_distribution),
       field("optim.adamw_params", &Config::optim, &OptimConfig::adamw_params),
       field("optim.no_decay_params", &Config::optim, &OptimConfig::no_decay_params),
       field("data.path", &Config::data, &DataConfig::path),
@@ -294,6 +295,8 @@ void validate(const Config& c) {
   check_rule(o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)");
   check_rule(o.muon_momentum >= 0 && o.muon_momentum < 1, "optim.muon_momentum", "must be in [0, 1)");
   check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
+  check_rule(o.muon_distribution == "owner" || o.muon_distribution == "gather", "optim.muon_distribution",
+             str_cat("must be owner or gather, got \"", o.muon_distribution, "\""));
   check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in (0, 1)");
   const auto& t = c.train;
   check_rule(t.seq_len > 0 && t.seq_len <= m.max_seq_len, "train.seq_len",

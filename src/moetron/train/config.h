@@ -28,6 +28,11 @@ struct OptimConfig {
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   int64_t muon_ns_steps = 5;
+  // Under parallel.zero: "owner" (FlexMuon: each matrix's momentum and
+  // Newton-Schulz on one rank, cost-balanced) or "gather" (every rank holding
+  // part of a matrix gathers its update and orthogonalises it: Moonlight's
+  // distributed Muon, kept for comparison).
+  std::string muon_distribution = "owner";
   // Parameter groups by name, comma-separated globs (e.g. "*.o_proj.weight"):
   std::string adamw_params = "";     // kept on AdamW under optim.name = "muon"
   std::string no_decay_params = "";  // no weight decay (1-D parameters never decay)

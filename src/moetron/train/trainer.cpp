@@ -85,7 +85,12 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     ro.overlap = cfg_.parallel.overlap;
     ro.mode = cfg_.parallel.zero ? parallel::ReduceMode::reduce_scatter : parallel::ReduceMode::allreduce;
     grad_comm_ = world_->split(0, world_->rank());
-    reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *grad_comm_, ro);
+    std::vector<parallel::BucketSpec> plan;  // empty: flat
+    if (cfg_.parallel.zero && oo.name == "muon" && cfg_.optim.muon_distribution == "owner") {
+      plan = parallel::owner_bucket_plan(model_->params(), static_cast<int>(dp), ro.bucket_bytes,
+                                         [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); });
+    }
+    reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *grad_comm_, ro, std::move(plan));
     model_->on_grad_ready = [this](nn::Parameter& p) { reducer_->grad_ready(*ctx_, p); };
   }
   if (cfg_.parallel.zero) {
