@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "moetron/ckpt/safetensors.h"
 #include "moetron/core/manifest.h"
@@ -90,10 +91,10 @@ void broadcast_string(comm::Communicator& world, std::string& s) {
   s.assign(reinterpret_cast<const char*>(bytes.data<uint8_t>()), static_cast<size_t>(len.data<int64_t>()[0]));
 }
 
-void write_optimizer_slices(const std::string& path, optim::ParamOptimizer& opt) {
+void write_optimizer_slices(const std::string& path, std::vector<optim::StateSlice> slices) {
   std::vector<NamedTensor> tensors;
   std::map<std::string, std::string> meta;
-  for (const auto& sl : opt.state_slices()) {
+  for (const auto& sl : slices) {
     tensors.push_back({sl.name, sl.values});
     meta[sl.name] = std::to_string(sl.offset) + "," + std::to_string(sl.total);
   }
@@ -104,7 +105,8 @@ void write_optimizer_slices(const std::string& path, optim::ParamOptimizer& opt)
 
 void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& model,
                      optim::ParamOptimizer& opt, const nlohmann::json& trainer_state,
-                     const std::string& config_toml, int64_t keep, comm::Communicator* world_ptr) {
+                     const std::string& config_toml, int64_t keep, comm::Communicator* world_ptr,
+                     const std::vector<optim::StateSlice>& extra) {
   std::unique_ptr<comm::Communicator> local;
   if (!world_ptr) local = comm::make_local_communicator();
   comm::Communicator& world = world_ptr ? *world_ptr : *local;
@@ -138,7 +140,11 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
   if (!error.empty()) MOETRON_FAIL(error);
   MOETRON_CHECK(!staging.empty(), "rank 0 could not stage checkpoint '", final_dir, "'");
   try {
-    write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), opt);
+    // A replicated optimizer's state is stored once, by rank 0.
+    std::vector<optim::StateSlice> slices;
+    if (opt.sharded() || world.rank() == 0) slices = opt.state_slices();
+    slices.insert(slices.end(), extra.begin(), extra.end());
+    write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), std::move(slices));
   } catch (const Error& e) {
     error = e.what();
   }
@@ -193,8 +199,7 @@ namespace {
 
 // Fills each of the optimizer's slices from the slices the checkpoint's ranks
 // wrote, whatever the dp size was; every element must be found exactly once.
-void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, optim::ParamOptimizer& opt) {
-  std::vector<optim::StateSlice> slices = opt.state_slices();
+void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vector<optim::StateSlice> slices) {
   std::vector<int64_t> filled(slices.size(), 0);
   for (int64_t r = 0; r < saved_ranks; ++r) {
     const std::string path = dir + "/" + optimizer_file(static_cast<int>(r));
@@ -216,6 +221,10 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, optim::P
     }
   }
   for (size_t i = 0; i < slices.size(); ++i) {
+    if (!slices[i].required && filled[i] == 0) {
+      std::cerr << "notice: checkpoint '" << dir << "' has no '" << slices[i].name << "' for this layout; starting it from zero\n";
+      continue;
+    }
     MOETRON_CHECK(filled[i] == slices[i].values.numel(), "checkpoint '", dir, "' holds ", filled[i], " of the ",
                   slices[i].values.numel(), " elements of optimizer tensor '", slices[i].name,
                   "' this rank needs (saved with another optimizer?)");
@@ -225,7 +234,7 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, optim::P
 }  // namespace
 
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
-                               optim::ParamOptimizer* opt) {
+                               optim::ParamOptimizer* opt, const std::vector<optim::StateSlice>& extra) {
   const nlohmann::json manifest = verify_manifest(dir);
   SafetensorsReader weights(dir + "/" + kModelFile);
   for (const auto& p : model.params().all()) {
@@ -236,7 +245,11 @@ nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
       weights.read_into(p->name, p->value);
     }
   }
-  if (opt) load_optimizer_slices(dir, manifest.value("optimizer_ranks", int64_t{1}), *opt);
+  if (opt) {
+    std::vector<optim::StateSlice> slices = opt->state_slices();
+    slices.insert(slices.end(), extra.begin(), extra.end());
+    load_optimizer_slices(dir, manifest.value("optimizer_ranks", int64_t{1}), std::move(slices));
+  }
   SafetensorsReader state(dir + "/" + kStateFile);
   for (nn::MoeLayer* layer : model.moe_layers()) {
     if (state.contains(bias_name(*layer))) state.read_into(bias_name(*layer), layer->bias());

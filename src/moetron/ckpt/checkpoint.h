@@ -41,7 +41,8 @@ nlohmann::json hf_config(const nn::ModelConfig& model, const nn::MoeConfig& moe)
 // over `world` (nullptr: one rank).
 void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& model,
                      optim::ParamOptimizer& opt, const nlohmann::json& trainer_state,
-                     const std::string& config_toml, int64_t keep, comm::Communicator* world = nullptr);
+                     const std::string& config_toml, int64_t keep, comm::Communicator* world = nullptr,
+                     const std::vector<optim::StateSlice>& extra = {});
 
 // The newest checkpoint whose manifest verifies; each skipped (corrupt or
 // truncated) one adds a warning naming it (and its path to `skipped`).
@@ -58,7 +59,9 @@ std::string quarantine_checkpoint(const std::string& dir);
 // Loads weights (and optimizer state and router biases when opt is given)
 // after verifying the manifest; returns trainer.json. The optimizer's slices
 // are cut from whatever slices the checkpoint's ranks saved. Errors name the file.
+// `extra`: more per-rank state saved beside the optimizer's (error-feedback
+// residuals), loaded the same way.
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
-                               optim::ParamOptimizer* opt);
+                               optim::ParamOptimizer* opt, const std::vector<optim::StateSlice>& extra = {});
 
 }  // namespace moetron::ckpt

@@ -66,6 +66,7 @@ struct StateSlice {
   Tensor values;  // 1-D view of the live state
   int64_t offset = 0;
   int64_t total = 0;
+  bool required = true;  // false: a checkpoint without it leaves the zeros (with a notice)
 };
 
 // What the trainer and checkpoints need from an optimizer, one-rank or
@@ -83,6 +84,9 @@ class ParamOptimizer {
   virtual const OptimizerOptions& options() const = 0;
   // This rank's moments/momenta.
   virtual std::vector<StateSlice> state_slices() = 0;
+  // Whether ranks hold different parts (ZeRO-1) or all of it (replicated:
+  // a checkpoint stores one copy).
+  virtual bool sharded() const = 0;
   // Full fp32 master weights by parameter name (collective; rank 0 of a
   // sharded optimizer receives all of them, the others may get an empty list).
   virtual std::vector<StateTensor> full_masters() = 0;
@@ -97,6 +101,7 @@ class Optimizer final : public ParamOptimizer {
   double grad_norm(kernels::Context& ctx, double grad_scale) override;
   StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0, double known_norm = -1) override;
   std::vector<StateSlice> state_slices() override;
+  bool sharded() const override { return false; }
   std::vector<StateTensor> full_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
 

@@ -10,8 +10,8 @@
 namespace moetron::optim {
 
 ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts,
-                             parallel::GradReducer& reducer)
-    : opts_(std::move(opts)), reducer_(reducer) {
+                             parallel::GradReducer& reducer, bool redundant_newton_schulz)
+    : opts_(std::move(opts)), reducer_(reducer), redundant_(redundant_newton_schulz) {
   MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
                 opts_.name, "'");
   MOETRON_CHECK(reducer_.options().mode == parallel::ReduceMode::reduce_scatter,
@@ -57,6 +57,7 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
           sh.gather_u = true;
         }
       }
+      if (redundant_) sh.gather_u = true;
       if (sh.gather_u) sh.u_full = Tensor::zeros({b.numel}, DType::f32, MemTag::comm);
     }
     shards_.push_back(std::move(sh));
@@ -131,9 +132,9 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
       for (const Segment& sg : sh.segments) {
         if (sg.param == slot.param) mine.push_back(&sg);
       }
-      if (mine.empty()) continue;
+      if (mine.empty() && !redundant_) continue;
       const Shape& shape = slot.param->value.shape();
-      const bool whole = mine.size() == 1 && mine[0]->len == slot.numel;
+      const bool whole = !sh.gather_u && mine.size() == 1 && mine[0]->len == slot.numel;
       const Tensor u_full = whole ? sh.u_own.slice(mine[0]->chunk_lo, mine[0]->chunk_lo + slot.numel).reshape(shape)
                                   : sh.u_full.slice(slot.offset, slot.offset + slot.numel).reshape(shape);
       Tensor o = Tensor::empty(shape, DType::f32, MemTag::workspace);

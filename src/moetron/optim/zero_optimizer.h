@@ -29,12 +29,17 @@ namespace moetron::optim {
 class ZeroOptimizer final : public ParamOptimizer {
  public:
   // reducer: in reduce_scatter mode, over the same dp communicator.
-  ZeroOptimizer(nn::ParameterSet& params, OptimizerOptions opts, parallel::GradReducer& reducer);
+  // redundant_newton_schulz: every rank gathers every Muon update and
+  // orthogonalises all of them (the literal baseline FlexMuon is measured
+  // against), instead of only the matrices it holds part of.
+  ZeroOptimizer(nn::ParameterSet& params, OptimizerOptions opts, parallel::GradReducer& reducer,
+                bool redundant_newton_schulz = false);
 
   double grad_norm(kernels::Context& ctx, double grad_scale) override;
   StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) override;
   const OptimizerOptions& options() const override { return opts_; }
   std::vector<StateSlice> state_slices() override;
+  bool sharded() const override { return true; }
   std::vector<StateTensor> full_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
 
@@ -59,6 +64,7 @@ class ZeroOptimizer final : public ParamOptimizer {
 
   OptimizerOptions opts_;
   parallel::GradReducer& reducer_;
+  bool redundant_ = false;
   std::vector<Shard> shards_;
 };
 

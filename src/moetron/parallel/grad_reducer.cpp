@@ -30,6 +30,17 @@ GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, Reduc
     }
     b.flat = Tensor::zeros({b.numel}, DType::f32, MemTag::comm);
     if (opts_.mode == ReduceMode::reduce_scatter) b.shard = Tensor::zeros({b.chunk}, DType::f32, MemTag::comm);
+    if (opts_.compress.kind != CompressKind::none) {
+      const int64_t enc = encoded_bytes(opts_.compress, b.chunk);
+      b.residual = Tensor::zeros({b.numel}, DType::f32, MemTag::optimizer);
+      b.send = Tensor::zeros({n * enc}, DType::u8, MemTag::comm);
+      b.recv = Tensor::zeros({n * enc}, DType::u8, MemTag::comm);
+      if (opts_.mode == ReduceMode::allreduce) {
+        b.residual2 = Tensor::zeros({b.chunk}, DType::f32, MemTag::optimizer);
+        b.send2 = Tensor::zeros({enc}, DType::u8, MemTag::comm);
+        b.recv2 = Tensor::zeros({n * enc}, DType::u8, MemTag::comm);
+      }
+    }
     buckets_.push_back(std::move(b));
   }
   MOETRON_CHECK(registered == params.all().size(), "bucket plan covers ", registered, " of ",
@@ -44,8 +55,53 @@ int64_t GradReducer::padded_numel() const {
   return n;
 }
 
+namespace {
+
+// v += residual; out = encode(v); residual = v - decode(out), chunk by chunk.
+void encode_with_feedback(const CompressOptions& o, float* v, float* residual, int64_t n, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) v[i] += residual[i];
+  encode(o, v, n, out);
+  std::vector<float> sent(static_cast<size_t>(n), 0.0f);
+  decode_add(o, out, n, sent.data());
+  for (int64_t i = 0; i < n; ++i) residual[i] = v[i] - sent[static_cast<size_t>(i)];
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> GradReducer::residuals() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].residual.defined()) out.emplace_back("ef_residual.bucket-" + std::to_string(b), buckets_[b].residual);
+    if (buckets_[b].residual2.defined()) out.emplace_back("ef_residual2.bucket-" + std::to_string(b), buckets_[b].residual2);
+  }
+  return out;
+}
+
+void GradReducer::finish_compressed(Bucket& b) {
+  const int64_t n = dp_.size(), enc = encoded_bytes(opts_.compress, b.chunk);
+  const Tensor sum = opts_.mode == ReduceMode::reduce_scatter ? b.shard : Tensor::empty({b.chunk}, DType::f32, MemTag::comm);
+  sum.fill(0.0);
+  for (int64_t j = 0; j < n; ++j) decode_add(opts_.compress, b.recv.data<uint8_t>() + j * enc, b.chunk, sum.data<float>());
+  if (opts_.mode == ReduceMode::reduce_scatter) return;
+  encode_with_feedback(opts_.compress, sum.data<float>(), b.residual2.data<float>(), b.chunk, b.send2.data<uint8_t>());
+  dp_.allgather(b.send2, b.recv2);
+  b.flat.fill(0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    decode_add(opts_.compress, b.recv2.data<uint8_t>() + j * enc, b.chunk, b.flat.data<float>() + j * b.chunk);
+  }
+}
+
 void GradReducer::start(size_t b) {
   Bucket& bk = buckets_[b];
+  if (compress_now_) {
+    const int64_t enc = encoded_bytes(opts_.compress, bk.chunk);
+    for (int64_t j = 0; j < dp_.size(); ++j) {
+      encode_with_feedback(opts_.compress, bk.flat.data<float>() + j * bk.chunk, bk.residual.data<float>() + j * bk.chunk,
+                           bk.chunk, bk.send.data<uint8_t>() + j * enc);
+    }
+    work_[b] = dp_.alltoall_async(bk.send, bk.recv);
+    return;
+  }
   if (opts_.mode == ReduceMode::allreduce) {
     work_[b] = dp_.allreduce_async(bk.flat, comm::ReduceOp::sum);
   } else {
@@ -80,6 +136,7 @@ void GradReducer::finish(kernels::Context& /*ctx*/) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     work_[b]->wait();
     work_[b].reset();
+    if (compress_now_) finish_compressed(buckets_[b]);
   }
   wait_seconds_ = std::chrono::duration<double>(clock_type::now() - t0).count();
   if (opts_.mode == ReduceMode::allreduce) {

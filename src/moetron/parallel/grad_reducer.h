@@ -16,6 +16,16 @@
 //                   into the parameters' gradients);
 //   reduce_scatter  rank r gets chunk r of each bucket only (ZeRO-1: the
 //                   distributed optimizer updates that chunk).
+//
+// Compression (parallel/grad_compressor.h), after `warmup_steps` uncompressed
+// steps, with error feedback: each rank adds its residual to the bucket,
+// encodes chunk j for rank j, keeps what the encoding lost as the new
+// residual, and exchanges the encodings with one all-to-all; rank r decodes
+// and sums the dp encodings of its chunk in fp32. That is the reduce-scatter
+// (every value quantised once, by its sender). In allreduce mode the summed
+// chunk is encoded once more (with the owner's own residual) and
+// all-gathered, as ZeRO++'s qgZ does. Bytes on the wire are what the
+// communicator counts.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +37,7 @@
 #include "moetron/kernels/context.h"
 #include "moetron/nn/parameter.h"
 #include "moetron/parallel/bucket_plan.h"
+#include "moetron/parallel/grad_compressor.h"
 
 namespace moetron::parallel {
 
@@ -36,6 +47,8 @@ struct ReducerOptions {
   int64_t bucket_bytes = 16 << 20;  // fp32 gradient bytes per bucket (at least one parameter)
   bool overlap = true;              // false: start every reduction after backward
   ReduceMode mode = ReduceMode::allreduce;
+  CompressOptions compress;      // kind none: fp32 reductions
+  int64_t warmup_steps = 0;      // first steps reduced uncompressed
 };
 
 struct Bucket {
@@ -44,6 +57,11 @@ struct Bucket {
   int64_t chunk = 0;   // numel / dp: the part rank r owns is [r * chunk, (r + 1) * chunk)
   Tensor flat;         // f32 [numel], tag comm
   Tensor shard;        // f32 [chunk]: the reduced chunk (reduce_scatter mode)
+  // Compression: error-feedback residuals (this rank's), encoded buffers.
+  Tensor residual;     // f32 [numel]: what this rank's encodings lost so far
+  Tensor residual2;    // f32 [chunk]: the second hop's (allreduce mode)
+  Tensor send, recv;   // u8 [dp * encoded(chunk)]
+  Tensor send2, recv2; // u8 [encoded(chunk)], [dp * encoded(chunk)] (allreduce mode)
 };
 
 class GradReducer {
@@ -54,7 +72,11 @@ class GradReducer {
 
   // Arms the reducer for the backward that completes the step's gradients
   // (the last micro-batch). Earlier micro-batches only accumulate.
-  void arm() { armed_ = true; }
+  // `step` (1-based) decides whether this step is compressed.
+  void arm(int64_t step = 0) {
+    armed_ = true;
+    compress_now_ = opts_.compress.kind != CompressKind::none && step > opts_.warmup_steps;
+  }
   // The model's grad-ready callback.
   void grad_ready(kernels::Context& ctx, nn::Parameter& p);
   // Starts what has not started, waits for every bucket, and (allreduce mode)
@@ -70,9 +92,13 @@ class GradReducer {
   // Seconds finish() spent blocked on reductions in the last step: the
   // communication backward did not hide.
   double last_wait_seconds() const { return wait_seconds_; }
+  // Error-feedback residuals by name ("ef_residual.bucket-B", ...), for
+  // checkpoints; empty without compression.
+  std::vector<std::pair<std::string, Tensor>> residuals();
 
  private:
   void start(size_t bucket);
+  void finish_compressed(Bucket& b);
 
   comm::Communicator& dp_;
   ReducerOptions opts_;
@@ -81,6 +107,7 @@ class GradReducer {
   std::vector<int64_t> pending_;  // gradients still missing per bucket
   std::vector<std::unique_ptr<comm::Work>> work_;
   bool armed_ = false;
+  bool compress_now_ = false;
   int64_t numel_ = 0;
   double wait_seconds_ = 0;
 };

@@ -88,6 +88,10 @@ const std::vector<Field>& fields() {
       field("parallel.zero", &Config::parallel, &ParallelConfig::zero),
       field("parallel.overlap", &Config::parallel, &ParallelConfig::overlap),
       field("parallel.bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb),
+      field("parallel.compression", &Config::parallel, &ParallelConfig::compression),
+      field("parallel.compression_block", &Config::parallel, &ParallelConfig::compression_block),
+      field("parallel.topk_ratio", &Config::parallel, &ParallelConfig::topk_ratio),
+      field("parallel.compression_warmup", &Config::parallel, &ParallelConfig::compression_warmup),
   };
   return table;
 }
@@ -295,8 +299,9 @@ void validate(const Config& c) {
   check_rule(o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)");
   check_rule(o.muon_momentum >= 0 && o.muon_momentum < 1, "optim.muon_momentum", "must be in [0, 1)");
   check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
-  check_rule(o.muon_distribution == "owner" || o.muon_distribution == "gather", "optim.muon_distribution",
-             str_cat("must be owner or gather, got \"", o.muon_distribution, "\""));
+  check_rule(o.muon_distribution == "owner" || o.muon_distribution == "gather" || o.muon_distribution == "replicated",
+             "optim.muon_distribution",
+             str_cat("must be owner, gather or replicated, got \"", o.muon_distribution, "\""));
   check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in (0, 1)");
   const auto& t = c.train;
   check_rule(t.seq_len > 0 && t.seq_len <= m.max_seq_len, "train.seq_len",
@@ -307,6 +312,12 @@ void validate(const Config& c) {
   check_rule(t.global_batch == 0 || t.grad_accum == 1, "train.grad_accum",
              "must stay 1 when train.global_batch is set (the accumulation is derived from it)");
   check_rule(c.parallel.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
+  const auto& pc = c.parallel.compression;
+  check_rule(pc == "none" || pc == "int8" || pc == "int4" || pc == "sign" || pc == "topk", "parallel.compression",
+             str_cat("must be none, int8, int4, sign or topk, got \"", pc, "\""));
+  check_rule(c.parallel.compression_block > 0, "parallel.compression_block", "must be positive");
+  check_rule(c.parallel.topk_ratio > 0 && c.parallel.topk_ratio <= 1, "parallel.topk_ratio", "must be in (0, 1]");
+  check_rule(c.parallel.compression_warmup >= 0, "parallel.compression_warmup", "must be >= 0");
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
              "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));

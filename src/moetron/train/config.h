@@ -29,9 +29,10 @@ struct OptimConfig {
   bool muon_nesterov = true;
   int64_t muon_ns_steps = 5;
   // Under parallel.zero: "owner" (FlexMuon: each matrix's momentum and
-  // Newton-Schulz on one rank, cost-balanced) or "gather" (every rank holding
+  // Newton-Schulz on one rank, cost-balanced), "gather" (every rank holding
   // part of a matrix gathers its update and orthogonalises it: Moonlight's
-  // distributed Muon, kept for comparison).
+  // distributed Muon) or "replicated" (every rank orthogonalises every
+  // matrix); the last two are kept for comparison.
   std::string muon_distribution = "owner";
   // Parameter groups by name, comma-separated globs (e.g. "*.o_proj.weight"):
   std::string adamw_params = "";     // kept on AdamW under optim.name = "muon"
@@ -69,6 +70,11 @@ struct ParallelConfig {
   bool zero = false;         // ZeRO-1: optimizer state sharded over dp (optim/zero_optimizer.h)
   bool overlap = true;       // start each gradient bucket's reduction during backward
   double bucket_mb = 16.0;   // fp32 gradient megabytes (2^20 B) per bucket
+  // Gradient compression with error feedback (parallel/grad_compressor.h):
+  std::string compression = "none";  // none | int8 | int4 | sign | topk
+  int64_t compression_block = 256;   // values per scale (int8, int4, sign)
+  double topk_ratio = 0.01;          // share of values kept (topk)
+  int64_t compression_warmup = 0;    // first steps reduced uncompressed
 };
 
 struct CheckpointConfig {

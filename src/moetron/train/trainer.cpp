@@ -84,6 +84,10 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     ro.bucket_bytes = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0);
     ro.overlap = cfg_.parallel.overlap;
     ro.mode = cfg_.parallel.zero ? parallel::ReduceMode::reduce_scatter : parallel::ReduceMode::allreduce;
+    ro.compress.kind = parallel::parse_compress_kind(cfg_.parallel.compression);
+    ro.compress.block = cfg_.parallel.compression_block;
+    ro.compress.topk_ratio = cfg_.parallel.topk_ratio;
+    ro.warmup_steps = cfg_.parallel.compression_warmup;
     grad_comm_ = world_->split(0, world_->rank());
     std::vector<parallel::BucketSpec> plan;  // empty: flat
     if (cfg_.parallel.zero && oo.name == "muon" && cfg_.optim.muon_distribution == "owner") {
@@ -94,7 +98,8 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     model_->on_grad_ready = [this](nn::Parameter& p) { reducer_->grad_ready(*ctx_, p); };
   }
   if (cfg_.parallel.zero) {
-    opt_ = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *reducer_);
+    opt_ = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *reducer_,
+                                                  cfg_.optim.muon_distribution == "replicated");
   } else {
     opt_ = std::make_unique<optim::Optimizer>(model_->params(), oo);
   }
@@ -118,7 +123,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     const int64_t step = chosen.data<int64_t>()[0];
     if (step >= 0) {
       const std::string dir = ckpt::checkpoint_dir(run_dir_, step);
-      const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get());
+      const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices());
       start_step_ = st.at("step").get<int64_t>();
       skipped_ = st.value("skipped_steps", int64_t{0});
       if (st.contains("loss_scale")) {
@@ -177,6 +182,17 @@ double Trainer::evaluate() {
   return sums.data<double>()[0] / std::max(sums.data<double>()[1], 1.0);
 }
 
+std::vector<optim::StateSlice> Trainer::feedback_slices() {
+  // Residuals belong to one rank of one layout: named by rank, optional on
+  // load (a run resumed on another dp starts its error feedback from zero).
+  std::vector<optim::StateSlice> out;
+  if (!reducer_) return out;
+  for (auto& [name, t] : reducer_->residuals()) {
+    out.push_back({"rank-" + std::to_string(world_->rank()) + "." + name, t, 0, t.numel(), false});
+  }
+  return out;
+}
+
 void Trainer::log_line(const StepRecord& r) {
   const double remaining = static_cast<double>(cfg_.train.steps - r.step);
   const double tokens_per_step =
@@ -204,7 +220,8 @@ void Trainer::save_checkpoint(int64_t step) {
                                 {"loss_scale_clean_steps", scaler_.clean_steps()},
                                 {"overflow_steps", scaler_.overflow_steps()},
                                 {"seed", cfg_.train.seed}};
-  ckpt::save_checkpoint(run_dir_, step, *model_, *opt_, state, to_toml(cfg_), cfg_.checkpoint.keep, world_.get());
+  ckpt::save_checkpoint(run_dir_, step, *model_, *opt_, state, to_toml(cfg_), cfg_.checkpoint.keep, world_.get(),
+                        feedback_slices());
 }
 
 void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
@@ -279,7 +296,7 @@ TrainResult Trainer::run() {
     Tensor sums = Tensor::zeros({2}, DType::f64, MemTag::comm);  // ce, dropped over ranks
     for (int64_t m = 0; m < acc; ++m) {
       const double share = static_cast<double>(mb_tokens[static_cast<size_t>(m)]) / static_cast<double>(step_tokens);
-      if (reducer_ && m == acc - 1) reducer_->arm();
+      if (reducer_ && m == acc - 1) reducer_->arm(step);
       const nn::LossStats st = model_->forward_backward(*ctx_, inputs[static_cast<size_t>(m)],
                                                         targets[static_cast<size_t>(m)],
                                                         loss_scale / static_cast<double>(step_tokens),

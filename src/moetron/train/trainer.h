@@ -81,6 +81,7 @@ class Trainer {
   void fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
                     std::vector<int64_t>& mb_tokens);
   void reduce_expert_loads();
+  std::vector<optim::StateSlice> feedback_slices();
   bool is_root() const { return world_->rank() == 0; }
   double flops_per_token() const;
 
