@@ -45,7 +45,7 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
   Tensor x = Tensor::empty({t, model_.d_model}, prec_.compute);
   kernels::embedding_forward(ctx, sv.ids, embed_->value, x, 0);
   MoeStats ms;
-  for (auto& blk : blocks_) x = blk->forward(ctx, x, sv.positions, b, s, loss_weight, ms);
+  x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms);
   stats.aux_loss += ms.aux_loss;
   stats.z_loss += ms.z_loss;
   stats.dropped += ms.dropped;
@@ -77,6 +77,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   }
   if (!backward) {
     for (auto& blk : blocks_) blk->release();
+    release_checkpoints();
     saved_ = Saved{};
     return stats;
   }
@@ -85,7 +86,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
                             final_norm_->grad);
   d_h = Tensor();
   saved_.x_final = Tensor();
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d_x = (*it)->backward(ctx, d_x);
+  d_x = backward_blocks(ctx, std::move(d_x));
   kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, 0);
   saved_ = Saved{};
   return stats;
@@ -95,6 +96,7 @@ Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs) {
   LossStats unused;
   const Tensor h = hidden_states(ctx, inputs, 0.0, unused);
   for (auto& blk : blocks_) blk->release();
+  release_checkpoints();
   saved_ = Saved{};
   const int64_t b = inputs.dim(0), s = inputs.dim(1);
   Tensor last = Tensor::empty({b, model_.d_model}, prec_.compute);

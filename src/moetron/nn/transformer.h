@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "moetron/nn/block.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
 
@@ -40,6 +41,11 @@ class Transformer {
   std::vector<MoeLayer*> moe_layers();
   int64_t ce_chunk_tokens = 1024;
 
+  // Activation recomputation (nn/recompute.h, transformer_recompute.cpp);
+  // none by default. Gradients are the same under every policy.
+  void set_recompute(const RecomputePolicy& policy);
+  const RecomputePolicy& recompute() const { return recompute_; }
+
  private:
   Tensor hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
                        LossStats& stats);
@@ -51,6 +57,19 @@ class Transformer {
   Parameter* final_norm_;
   Parameter* head_;  // == embed_ when tied
   std::vector<std::unique_ptr<Block>> blocks_;
+  // The blocks' forward and backward under the recompute policy: segment
+  // inputs kept as checkpoints, segments recomputed before their backward.
+  Tensor forward_blocks(kernels::Context& ctx, Tensor x, const Tensor& positions, int64_t batch,
+                        int64_t seq, double loss_weight, MoeStats& stats);
+  Tensor backward_blocks(kernels::Context& ctx, Tensor d_x);
+  void release_checkpoints();
+  int64_t last_segment_start() const;
+  RecomputePolicy recompute_;
+  struct Checkpoints {
+    std::vector<Tensor> inputs;  // input of segment j's first block
+    int64_t batch = 0, seq = 0;
+    double loss_weight = 0;
+  } ckpt_;
   struct Saved {
     Tensor ids, positions, x_final, rstd;
   } saved_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moetron/nn/model_config.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::train {
 
@@ -54,6 +55,15 @@ struct TrainingConfig {
   int64_t threads = 0;  // 0: all cores
 };
 
+// Activation recomputation (nn/recompute.h).
+struct RecomputeConfig {
+  std::string policy = "none";  // none | selective | full | sqrt | custom
+  // custom: the module outputs to drop, a TOML array of strings or a
+  // comma-separated string: attn_core, moe_act, norm, moe_dispatch.
+  std::string modules = "";
+  int64_t segment = 0;  // sqrt: blocks per segment; 0: ceil(sqrt(L))
+};
+
 struct CheckpointConfig {
   int64_t every = 0;  // 0: only at the end
   int64_t keep = 2;   // complete checkpoints kept
@@ -65,6 +75,7 @@ struct Config {
   OptimConfig optim;
   DataConfig data;
   TrainingConfig train;
+  RecomputeConfig recompute;
   CheckpointConfig checkpoint;
 };
 
@@ -80,6 +91,10 @@ void validate(const Config& cfg);
 // The full configuration as TOML (every key, defaults included): saved into
 // checkpoints so a run can be reproduced.
 std::string to_toml(const Config& cfg);
+// "a, b,c" -> {"a", "b", "c"} (empty entries dropped): the list-valued string keys.
+std::vector<std::string> split_list(const std::string& list);
+// The recompute policy the config asks for (validated).
+nn::RecomputePolicy recompute_policy(const Config& cfg);
 // All valid keys, "section.name".
 std::vector<std::string> config_keys();
 

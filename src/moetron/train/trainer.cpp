@@ -59,6 +59,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
 
   model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_);
   model_->initialize(cfg_.train.seed);
+  model_->set_recompute(recompute_policy(cfg_));
   optim::OptimizerOptions oo;
   oo.name = cfg_.optim.name;
   oo.weight_decay = cfg_.optim.weight_decay;
