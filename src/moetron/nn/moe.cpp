@@ -229,7 +229,10 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   release();
 }
 
-void MoeLayer::release() { saved_ = Saved{}; }
+void MoeLayer::release() {
+  saved_ = Saved{};
+  if (shared_) shared_->release();  // the shared experts' saved tensors, too
+}
 
 void MoeLayer::reset_load() { std::fill(load_.begin(), load_.end(), 0); }
 

@@ -66,7 +66,7 @@ RecomputePolicy make_recompute_policy(const std::string& policy,
 std::string describe(const RecomputePolicy& p) {
   if (p.segment > 0)
     return str_cat(p.name, " (segments of ", p.segment, p.segment == 1 ? " block)" : " blocks)");
-  if (p.modules == 0) return p.name;
+  if (p.modules == 0 || p.name == "selective") return p.name;
   std::string s = p.name + " [";
   bool first = true;
   const auto& names = recompute_module_names();

@@ -9,6 +9,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/nn/recompute.h"
+#include "moetron/planner/memory_model.h"
 
 namespace moetron::train {
 
@@ -82,6 +83,7 @@ const std::vector<Field>& fields() {
       field("train.eval_batches", &Config::train, &TrainingConfig::eval_batches),
       field("train.nan_policy", &Config::train, &TrainingConfig::nan_policy),
       field("train.threads", &Config::train, &TrainingConfig::threads),
+      field("train.memory_budget", &Config::train, &TrainingConfig::memory_budget),
       field("recompute.policy", &Config::recompute, &RecomputeConfig::policy),
       field("recompute.modules", &Config::recompute, &RecomputeConfig::modules),
       field("recompute.segment", &Config::recompute, &RecomputeConfig::segment),
@@ -345,6 +347,7 @@ void validate(const Config& c) {
   check_rule(t.nan_policy == "skip" || t.nan_policy == "stop", "train.nan_policy",
              str_cat("must be \"skip\" or \"stop\", got \"", t.nan_policy, "\""));
   check_rule(t.threads >= 0, "train.threads", "must be >= 0 (0: all cores)");
+  if (t.memory_budget != "auto") planner::parse_bytes(t.memory_budget, "invalid config: 'train.memory_budget'");
   // Names the recompute key that breaks a rule.
   nn::make_recompute_policy(c.recompute.policy, split_list(c.recompute.modules), m.n_layers, c.recompute.segment);
   check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");

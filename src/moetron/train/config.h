@@ -53,6 +53,9 @@ struct TrainingConfig {
   int64_t eval_batches = 4;
   std::string nan_policy = "skip";  // skip | stop
   int64_t threads = 0;  // 0: all cores
+  // Memory the run may use per rank ("auto": the machine's available memory;
+  // else e.g. "24GiB"): the trainer reports the largest micro-batch that fits.
+  std::string memory_budget = "auto";
 };
 
 // Activation recomputation (nn/recompute.h).

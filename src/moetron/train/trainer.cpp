@@ -13,7 +13,9 @@
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/core/manifest.h"
 #include "moetron/kernels/matmul.h"
+#include "moetron/core/threading.h"
 #include "moetron/nn/flops.h"
+#include "moetron/train/memory_report.h"
 
 namespace moetron::train {
 
@@ -183,6 +185,10 @@ TrainResult Trainer::run() {
   }
   std::vector<int32_t> window(static_cast<size_t>(s + 1));
   const double fpt = flops_per_token();
+  if (world_->rank() == 0) {
+    std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank()) << std::flush;
+  }
+  cpu_allocator().reset_peaks();
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
     const auto t0 = clock_type::now();
     int64_t step_tokens = 0;
@@ -272,6 +278,10 @@ TrainResult Trainer::run() {
       std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
     }
     if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) save_checkpoint(step);
+    if (res.history.empty() && world_->rank() == 0) {
+      std::cout << memory_table({{"measured peak, step " + std::to_string(step), measured_peaks(cpu_allocator().stats())}})
+                << std::flush;
+    }
     if (res.history.empty()) res.first_loss = rec.loss;
     res.last_loss = rec.loss;
     res.history.push_back(rec);
