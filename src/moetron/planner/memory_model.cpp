@@ -81,9 +81,7 @@ Inventory inventory(const MemoryInputs& in) {
   const nn::ModelConfig& m = in.model;
   const nn::MoeConfig& e = in.moe;
   const DType c = in.precision.compute, a = in.precision.accum;
-  // Gradients of compute-dtype matrices may be stored in bf16; accumulation-
-  // dtype parameters (norms, router) and the embedding and head keep theirs.
-  const DType g = in.grad_dtype == DType::bf16 && c == DType::bf16 ? DType::bf16 : a;
+  const DType g = a;  // every gradient is in the accumulation dtype
   Inventory inv;
   auto add = [&](const std::string& name, int64_t numel, DType value, DType grad, bool hidden) {
     inv.params.push_back({name, numel, value, grad, hidden});
@@ -495,9 +493,8 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     const int64_t n = shard(p.numel, parts);
     if (p.value != master) fixed.push_back(r.alloc(n, master, MemTag::optimizer));
     const bool muon = uses_muon(in, p);
-    const DType mom = in.moment_dtype == DType::bf16 ? DType::bf16 : master;
-    fixed.push_back(r.alloc(n, mom, MemTag::optimizer));
-    if (!muon) fixed.push_back(r.alloc(n, mom, MemTag::optimizer));
+    fixed.push_back(r.alloc(n, master, MemTag::optimizer));
+    if (!muon) fixed.push_back(r.alloc(n, master, MemTag::optimizer));
     if (muon) muon_ws = std::max(muon_ws, p.numel);
   }
   // The step's batch buffers (inputs and targets of every micro-batch).

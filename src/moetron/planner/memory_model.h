@@ -39,8 +39,6 @@ struct MemoryInputs {
   nn::ModelConfig model;
   nn::MoeConfig moe;
   nn::Precision precision = nn::Precision::bf16();
-  DType grad_dtype = DType::f32;            // gradients of the compute-dtype matrices (f32 or bf16)
-  DType moment_dtype = DType::f32;          // optimizer moments (f32 or bf16)
   std::string optimizer = "adamw";          // adamw | muon
   std::vector<std::string> adamw_patterns;  // kept on AdamW under muon
   nn::RecomputePolicy recompute;
