@@ -65,6 +65,26 @@ TEST(Config, InvalidValuesNameTheKeyAndTheRule) {
   EXPECT_NE(msg("model.d_model").find("key=value"), std::string::npos);
 }
 
+TEST(Config, RecomputeModulesTakeAnArrayOrAList) {
+  const Config c = parse_config("[recompute]\npolicy = \"custom\"\nmodules = [\"norm\", \"moe_act\"]\n", "r.toml");
+  EXPECT_EQ(c.recompute.modules, "norm,moe_act");
+  const nn::RecomputePolicy p = recompute_policy(c);
+  EXPECT_TRUE(p.drops(nn::Recompute::norm) && p.drops(nn::Recompute::moe_act));
+  EXPECT_FALSE(p.drops(nn::Recompute::attn_core) || p.drops(nn::Recompute::moe_dispatch));
+  const Config d = parse_config("", "r.toml", {"recompute.policy=custom", "recompute.modules=attn_core, moe_dispatch"});
+  EXPECT_EQ(recompute_policy(d).modules, 9u);
+  EXPECT_EQ(recompute_policy(parse_config("", "r.toml", {"recompute.policy=sqrt", "model.n_layers=9"})).segment, 3);
+  EXPECT_NE(error_of([] { parse_config("[recompute]\npolicy = \"custom\"\nmodules = [\"mlp\"]\n", "r.toml"); })
+                .find("'recompute.modules': unknown module \"mlp\""),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_config("[recompute]\nmodules = [1]\n", "r.toml"); }).find("array of strings"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_config("", "r.toml", {"recompute.policy=half"}); }).find("'recompute.policy'"),
+            std::string::npos);
+  // A list written by to_toml reads back the same.
+  EXPECT_EQ(parse_config(to_toml(c), "saved.toml").recompute.modules, "norm,moe_act");
+}
+
 TEST(Config, RoundTripsThroughToml) {
   Config c = parse_config("", "x", {"model.d_model=128", "moe.capacity_factor=1.25", "data.path=some dir"});
   const Config d = parse_config(to_toml(c), "roundtrip");

@@ -174,6 +174,17 @@ TEST(DataParallel, ZeroOneEqualsPlainDataParallelAndShardsTheOptimizer) {
   }
 }
 
+// Recomputed segments report their gradients as they finish, so buckets still
+// start during backward; the recomputed routing statistics are reduced again.
+TEST(DataParallel, RecomputePoliciesUnderDataParallelEqualOneRank) {
+  const Reference& ref = reference("adamw");
+  for (const std::string policy : {"full", "sqrt", "selective"}) {
+    Trainer t(dp_config(kGlobalRows / dp(), {"recompute.policy=" + policy}), run_dir("recompute-" + policy), false,
+              shared_world());
+    expect_same_losses(t.run(), ref.result, 1e-5, policy.c_str());
+  }
+}
+
 TEST(DataParallel, OverlapOnEqualsOverlapOff) {
   TrainResult on, off;
   {

@@ -1,4 +1,4 @@
-// moetron: train / eval / generate / prepare-data.
+// moetron: train / eval / generate / prepare-data / memory.
 // Library code throws moetron::Error; this is the one place that turns an
 // error into a message and a non-zero exit.
 #include <CLI/CLI.hpp>
@@ -6,6 +6,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "moetron/cli/memory_cmd.h"
 #include "moetron/core/error.h"
 #include "moetron/core/threading.h"
 #include "moetron/data/corpus.h"
@@ -118,12 +119,16 @@ int main(int argc, char** argv) {
   prep->add_option("--vocab-size", popts.vocab_size, "vocabulary size of a trained tokenizer");
   prep->add_option("--val-fraction", popts.val_fraction, "share of documents held out for validation");
 
+  cli::MemoryCommand memory_opts;
+  auto* memory = cli::add_memory_command(app, memory_opts);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return cmd_train(config, out, sets, resume);
     if (*gen) return cmd_generate(ckpt_dir, prompt, tok_path, max_new, temperature, top_k, seed);
     if (*ev) return cmd_eval(ckpt_dir, tokens, eval_batch);
     if (*prep) return cmd_prepare(popts);
+    if (*memory) return cli::run_memory_command(memory_opts);
   } catch (const moetron::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -53,19 +53,25 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x, const Tensor
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
   kernels::attention_forward(ctx, s.q, s.k, s.v, mask_, scale, s.out, s.lse);
   linear_forward(ctx, as_matrix(s.out, h_ * hd_), wo_->value, y);
+  if (drop_core_) s.out = Tensor();
   saved_ = std::move(s);
 }
 
 void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx) {
   Saved& s = saved_;
-  MOETRON_CHECK(s.q.defined(), "attention backward without a saved forward");
+  MOETRON_CHECK(s.q.defined() && s.x.defined(), "attention backward without a saved forward");
   const int64_t t = s.batch * s.seq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  if (!s.out.defined()) {  // attn_core recompute: the same kernel on the same q, k, v
+    s.out = Tensor::empty(s.q.shape(), prec_.compute);
+    Tensor lse = Tensor::empty(s.lse.shape(), prec_.accum);
+    kernels::attention_forward(ctx, s.q, s.k, s.v, mask_, scale, s.out, lse);
+  }
   Tensor d_out = Tensor::empty(s.out.shape(), prec_.compute);
   linear_backward(ctx, dy, as_matrix(s.out, h_ * hd_), wo_->value, wo_->grad, as_matrix(d_out, h_ * hd_));
   Tensor dq = Tensor::empty(s.q.shape(), prec_.compute);
   Tensor dk = Tensor::empty(s.k.shape(), prec_.compute);
   Tensor dv = Tensor::empty(s.v.shape(), prec_.compute);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
   kernels::attention_backward(ctx, d_out, s.q, s.k, s.v, s.out, s.lse, mask_, scale, dq, dk, dv);
   d_out = Tensor();
   const Tensor dq3 = dq.reshape({t, h_, hd_}), dk3 = dk.reshape({t, hkv_, hd_});

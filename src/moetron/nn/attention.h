@@ -3,6 +3,9 @@
 //
 // Saves for backward: the normalised input x, q and k after RoPE, v, the
 // attention output (before o_proj) and its log-sum-exp. Nothing S x S.
+// Recomputation (nn/recompute.h): attn_core drops the attention output and
+// backward rebuilds it from q, k, v; norm drops x, which the block rebuilds
+// and hands back through restore_input before backward.
 #pragma once
 
 #include <string>
@@ -25,6 +28,9 @@ class SelfAttention {
   // dx: [B * S, D] overwritten with the gradient wrt x; weight grads accumulate.
   void backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx);
   void release();  // drops what forward saved
+  void set_drop_core(bool drop) { drop_core_ = drop; }
+  void drop_input() { saved_.x = Tensor(); }
+  void restore_input(const Tensor& x) { saved_.x = x; }
 
  private:
   int64_t d_, h_, hkv_, hd_;
@@ -32,6 +38,7 @@ class SelfAttention {
   kernels::AttentionMask mask_;
   Parameter *wq_, *wk_, *wv_, *wo_;
   Precision prec_;
+  bool drop_core_ = false;
   struct Saved {
     Tensor x, positions, q, k, v, out, lse;
     int64_t batch = 0, seq = 0;

@@ -4,6 +4,7 @@
 
 #include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/norm.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
 
@@ -41,6 +42,7 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& posi
   kernels::rmsnorm_forward(ctx, x, norm1_->value, eps_, n1, s.rstd1);
   s.h = Tensor::empty({t, d_}, prec_.compute);
   attn_.forward(ctx, n1, positions, batch, seq, s.h);
+  if (drop_norm_) attn_.drop_input();
   kernels::add(ctx, s.h, x, s.h);
   s.rstd2 = Tensor::empty({t}, prec_.accum);
   Tensor n2 = Tensor::empty({t, d_}, prec_.compute);
@@ -54,6 +56,8 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& posi
   } else {
     mlp_->forward(ctx, n2, out);
   }
+  if (drop_norm_ && moe_) moe_->drop_input();
+  if (drop_norm_ && mlp_) mlp_->drop_input();
   kernels::add(ctx, out, s.h, out);
   saved_ = std::move(s);
   return out;
@@ -64,6 +68,11 @@ Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out) {
   MOETRON_CHECK(s.x.defined(), "block backward without a saved forward");
   const int64_t t = s.x.dim(0);
   Tensor d_n2 = Tensor::empty({t, d_}, prec_.compute);
+  if (drop_norm_) {
+    const Tensor n2 = rebuild_norm(ctx, s.h, *norm2_);
+    if (moe_) moe_->restore_input(n2);
+    if (mlp_) mlp_->restore_input(n2);
+  }
   if (moe_) {
     moe_->backward(ctx, d_out, d_n2);
   } else {
@@ -73,12 +82,48 @@ Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out) {
   kernels::rmsnorm_backward(ctx, d_n2, s.h, norm2_->value, s.rstd2, d_h, norm2_->grad);
   kernels::add(ctx, d_h, d_out, d_h);
   Tensor d_n1 = std::move(d_n2);  // same shape; reuse the buffer
+  if (drop_norm_) attn_.restore_input(rebuild_norm(ctx, s.x, *norm1_));
   attn_.backward(ctx, d_h, d_n1);
   Tensor d_x = Tensor::empty({t, d_}, prec_.compute);
   kernels::rmsnorm_backward(ctx, d_n1, s.x, norm1_->value, s.rstd1, d_x, norm1_->grad);
   kernels::add(ctx, d_x, d_h, d_x);
   release();
   return d_x;
+}
+
+Tensor Block::rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const {
+  // The forward's kernel on the forward's input: the same output.
+  const int64_t t = x.dim(0);
+  Tensor rstd = Tensor::empty({t}, prec_.accum);
+  Tensor n = Tensor::empty({t, d_}, prec_.compute);
+  kernels::rmsnorm_forward(ctx, x, w.value, eps_, n, rstd);
+  return n;
+}
+
+void Block::set_recompute(uint32_t modules) {
+  const auto has = [&](Recompute m) { return (modules & static_cast<uint32_t>(m)) != 0; };
+  drop_norm_ = has(Recompute::norm);
+  attn_.set_drop_core(has(Recompute::attn_core));
+  if (mlp_) mlp_->set_drop_act(has(Recompute::moe_act));
+  if (moe_) moe_->set_recompute(has(Recompute::moe_act), has(Recompute::moe_dispatch));
+}
+
+void Block::set_checkpointed(bool on) {
+  if (moe_) moe_->set_keep_routing(on);
+}
+
+Tensor Block::recompute_forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
+                                int64_t batch, int64_t seq, double loss_weight) {
+  MoeStats unused;  // counted by the first forward
+  if (moe_) moe_->set_recompute_pass(true);
+  try {
+    Tensor out = forward(ctx, x, positions, batch, seq, loss_weight, unused);
+    if (moe_) moe_->set_recompute_pass(false);
+    return out;
+  } catch (...) {
+    if (moe_) moe_->set_recompute_pass(false);
+    throw;
+  }
 }
 
 void Block::release() {

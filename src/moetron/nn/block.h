@@ -2,7 +2,10 @@
 // the FFN dense SwiGLU or routed MoE by configuration.
 //
 // Saves for backward: x, h, both norms' 1/rms; the modules save their own inputs
-// (the norm outputs).
+// (the norm outputs). Recomputation (nn/recompute.h): with `norm` dropped the
+// modules do not keep the norm outputs and backward rebuilds them from x and
+// h; a checkpointed block is released after forward and rebuilt by
+// recompute_forward (from the same x) before its backward.
 #pragma once
 
 #include <memory>
@@ -27,6 +30,16 @@ class Block {
   void release();
   MoeLayer* moe() { return moe_.get(); }
 
+  // Recompute flags of nn/recompute.h for this block's modules.
+  void set_recompute(uint32_t modules);
+  // Whether the block's forward is released and run again before backward
+  // (its MoE keeps its routing to check the second forward against).
+  void set_checkpointed(bool on);
+  // The second forward of a checkpointed block: saves what backward needs,
+  // counts no expert load; returns the output like forward.
+  Tensor recompute_forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
+                           int64_t batch, int64_t seq, double loss_weight);
+
  private:
   int64_t d_;
   float eps_;
@@ -35,6 +48,8 @@ class Block {
   SelfAttention attn_;
   std::unique_ptr<SwiGluMlp> mlp_;
   std::unique_ptr<MoeLayer> moe_;
+  bool drop_norm_ = false;
+  Tensor rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const;
   struct Saved {
     Tensor x, h, rstd1, rstd2;
   } saved_;

@@ -28,13 +28,18 @@ void SwiGluMlp::forward(kernels::Context& ctx, const Tensor& x, const Tensor& y,
   s.act = Tensor::empty({t, f_}, prec_.compute);
   kernels::swiglu_forward(ctx, s.gate_up, s.act);
   linear_forward(ctx, s.act, down_->value, y, beta);
+  if (drop_act_) s.act = Tensor();
   saved_ = std::move(s);
 }
 
 void SwiGluMlp::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx, float dx_beta) {
   Saved& s = saved_;
-  MOETRON_CHECK(s.x.defined(), "MLP backward without a saved forward");
+  MOETRON_CHECK(s.x.defined() && s.gate_up.defined(), "MLP backward without a saved forward");
   const int64_t t = s.x.dim(0);
+  if (!s.act.defined()) {  // moe_act recompute
+    s.act = Tensor::empty({t, f_}, prec_.compute);
+    kernels::swiglu_forward(ctx, s.gate_up, s.act);
+  }
   Tensor d_act = Tensor::empty({t, f_}, prec_.compute);
   linear_backward(ctx, dy, s.act, down_->value, down_->grad, d_act);
   Tensor d_gate_up = Tensor::empty({t, 2 * f_}, prec_.compute);

@@ -3,7 +3,9 @@
 // buffer, so a single GEMM computes both.
 //
 // Saves for backward: the input x, the gate-up product [T, 2F] and the
-// SwiGLU output [T, F].
+// SwiGLU output [T, F]. Recomputation (nn/recompute.h): moe_act drops the
+// SwiGLU output (rebuilt from the gate-up product in backward); norm drops
+// x, which the caller hands back through restore_input before backward.
 #pragma once
 
 #include <string>
@@ -24,12 +26,16 @@ class SwiGluMlp {
   // dx = grad wrt x + dx_beta * dx.
   void backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx, float dx_beta = 0.0f);
   void release() { saved_ = Saved{}; }
+  void set_drop_act(bool drop) { drop_act_ = drop; }
+  void drop_input() { saved_.x = Tensor(); }
+  void restore_input(const Tensor& x) { saved_.x = x; }
 
  private:
   int64_t d_, f_;
   Precision prec_;
   Tensor w13_, w13_grad_;  // [2F, D]: rows [0, F) gate, [F, 2F) up
   Parameter* down_;
+  bool drop_act_ = false;
   struct Saved {
     Tensor x, gate_up, act;
   } saved_;

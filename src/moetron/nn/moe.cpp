@@ -180,6 +180,7 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
   s.topk_weight = Tensor::empty({t, k_}, prec_.accum);
   kernels::router_topk(ctx, s.logits, use_bias_ ? bias_ : Tensor(), router_args_, s.scores,
                        s.topk_idx, s.topk_weight);
+  record_routing(s.topk_idx);
   const int64_t capacity =
       capacity_factor_ > 0
           ? static_cast<int64_t>(std::ceil(static_cast<double>(t * k_) * capacity_factor_ / static_cast<double>(e_)))
@@ -188,7 +189,9 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
   const int32_t* idx = s.topk_idx.data<int32_t>();
   std::vector<int64_t> counts(static_cast<size_t>(e_), 0);
   for (int64_t i = 0; i < t * k_; ++i) ++counts[static_cast<size_t>(idx[i])];
-  for (int64_t j = 0; j < e_; ++j) load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
+  if (!recompute_pass_) {
+    for (int64_t j = 0; j < e_; ++j) load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
+  }
 
   const int64_t rows = s.plan.rows();
   s.permuted = Tensor::empty({rows, d_}, prec_.compute);
@@ -215,6 +218,7 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
     s.balance = std::move(sums);
   }
   saved_ = std::move(s);
+  drop_after_forward();
   return stats;
 }
 
@@ -223,6 +227,7 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   MOETRON_CHECK(s.x.defined(), "MoE backward without a saved forward");
   const int64_t t = s.x.dim(0), rows = s.plan.rows();
   if (shared_) shared_->backward(ctx, dy, dx, 0.0f);
+  rebuild_act(ctx);
 
   Tensor d_expert_out = Tensor::empty({rows, d_}, prec_.compute);
   Tensor d_topk_weight = Tensor::empty({t, k_}, prec_.accum);
@@ -235,6 +240,7 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   Tensor d_gate_up = Tensor::empty({rows, 2 * f_}, prec_.compute);
   kernels::swiglu_backward(ctx, d_act, s.gate_up, d_gate_up);
   d_act = Tensor();
+  rebuild_permuted(ctx);
   kernels::grouped_matmul_weight_grad(ctx, d_gate_up, s.permuted, s.plan.offsets, w13_grad_, 1.0f);
   Tensor d_permuted = Tensor::empty({rows, d_}, prec_.compute);
   kernels::grouped_matmul(ctx, d_gate_up, w13_, s.plan.offsets, d_permuted, false, 0.0f);
@@ -263,6 +269,7 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   kernels::router_topk_backward(ctx, d_topk_weight, d_scores, s.scores, s.topk_idx, s.topk_weight,
                                 router_args_, d_logits);
   if (d_logits_z.defined()) kernels::add(ctx, d_logits, d_logits_z, d_logits);
+  rebuild_router_input(ctx);
   if (s.x_router.raw() == s.x.raw()) {
     linear_backward(ctx, d_logits, s.x_router, router_->value, router_->grad, dx, 1.0f);
   } else {
@@ -275,7 +282,10 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   release();
 }
 
-void MoeLayer::release() { saved_ = Saved{}; }
+void MoeLayer::release() {
+  saved_ = Saved{};
+  if (shared_) shared_->release();  // the shared experts' saved tensors, too
+}
 
 void MoeLayer::set_expert_load(std::vector<int64_t> load) {
   MOETRON_CHECK(static_cast<int64_t>(load.size()) == e_, "expert load of ", load.size(), " entries for ", e_,

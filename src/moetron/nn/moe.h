@@ -8,7 +8,10 @@
 //
 // Saves for backward: x (and its accum-dtype copy for the router), router
 // scores, top-k indices and weights, the plan, the permuted input, the
-// gate-up product, the SwiGLU output and the expert outputs.
+// gate-up product, the SwiGLU output and the expert outputs. Recomputation
+// (nn/recompute.h, moe_recompute.cpp): moe_act drops the SwiGLU outputs,
+// moe_dispatch the permuted input and the router's input copy, norm the
+// input x (handed back by the block through restore_input before backward).
 #pragma once
 
 #include <memory>
@@ -59,6 +62,18 @@ class MoeLayer {
   // "model.layers.{i}." of the block holding this layer.
   const std::string& prefix() const { return prefix_; }
 
+  // Recomputation (moe_recompute.cpp).
+  void set_recompute(bool drop_act, bool drop_dispatch);
+  void drop_input();
+  void restore_input(const Tensor& x);
+  // In a checkpointed block, forward keeps its routing (top-k indices, i32
+  // [T, K]); the recompute pass (set around the block's second forward)
+  // counts no expert load and checks that it routed every token exactly as
+  // the first forward did (a moetron::Error naming the layer otherwise).
+  void set_keep_routing(bool keep) { keep_routing_ = keep; }
+  void set_recompute_pass(bool on) { recompute_pass_ = on; }
+  int64_t routing_checks() const { return routing_checks_; }
+
  private:
   std::string prefix_;
   int64_t d_, e_, k_, f_;
@@ -73,6 +88,14 @@ class MoeLayer {
   std::unique_ptr<SwiGluMlp> shared_;
   std::vector<int64_t> load_;
   comm::Communicator* balance_group_ = nullptr;
+  bool drop_act_ = false, drop_dispatch_ = false, keep_routing_ = false, recompute_pass_ = false;
+  Tensor routing_record_;
+  int64_t routing_checks_ = 0;
+  void record_routing(const Tensor& topk_idx);
+  void drop_after_forward();
+  void rebuild_act(kernels::Context& ctx);
+  void rebuild_permuted(kernels::Context& ctx);
+  void rebuild_router_input(kernels::Context& ctx);
   struct Saved {
     Tensor x, x_router, scores, topk_idx, topk_weight, logits;
     kernels::MoePlan plan;

@@ -56,7 +56,7 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
   Tensor x = Tensor::empty({t, model_.d_model}, prec_.compute);
   kernels::embedding_forward(ctx, sv.ids, embed_->value, x, 0);
   MoeStats ms;
-  for (auto& blk : blocks_) x = blk->forward(ctx, x, sv.positions, b, s, loss_weight, ms);
+  x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms);
   stats.aux_loss += ms.aux_loss;
   stats.z_loss += ms.z_loss;
   stats.dropped += ms.dropped;
@@ -89,6 +89,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   }
   if (!backward) {
     for (auto& blk : blocks_) blk->release();
+    release_checkpoints();
     saved_ = Saved{};
     return stats;
   }
@@ -99,10 +100,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   saved_.x_final = Tensor();
   grad_ready(final_norm_);
   if (head_ != embed_) grad_ready(head_);
-  for (size_t i = blocks_.size(); i-- > 0;) {
-    d_x = blocks_[i]->backward(ctx, d_x);
-    grads_ready(block_params_[i].first, block_params_[i].second);
-  }
+  d_x = backward_blocks(ctx, std::move(d_x));
   kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, 0);
   grad_ready(embed_);
   saved_ = Saved{};
@@ -114,6 +112,7 @@ Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs) {
   for (MoeLayer* l : moe_layers()) l->set_balance_group(nullptr);
   const Tensor h = hidden_states(ctx, inputs, 0.0, unused);
   for (auto& blk : blocks_) blk->release();
+  release_checkpoints();
   saved_ = Saved{};
   const int64_t b = inputs.dim(0), s = inputs.dim(1);
   Tensor last = Tensor::empty({b, model_.d_model}, prec_.compute);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moetron/nn/block.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
 
@@ -50,6 +51,10 @@ class Transformer {
   // Ranks that split each micro-batch (dp); see MoeLayer::set_balance_group.
   // Training forwards use it; evaluation forwards use local statistics.
   void set_balance_group(comm::Communicator* group) { balance_group_ = group; }
+  // Activation recomputation (nn/recompute.h, transformer_recompute.cpp);
+  // none by default. Gradients are the same under every policy.
+  void set_recompute(const RecomputePolicy& policy);
+  const RecomputePolicy& recompute() const { return recompute_; }
 
  private:
   Tensor hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
@@ -66,6 +71,19 @@ class Transformer {
   comm::Communicator* balance_group_ = nullptr;
   void grads_ready(size_t begin, size_t end);
   void grad_ready(Parameter* p);
+  // The blocks' forward and backward under the recompute policy: segment
+  // inputs kept as checkpoints, segments recomputed before their backward.
+  Tensor forward_blocks(kernels::Context& ctx, Tensor x, const Tensor& positions, int64_t batch,
+                        int64_t seq, double loss_weight, MoeStats& stats);
+  Tensor backward_blocks(kernels::Context& ctx, Tensor d_x);
+  void release_checkpoints();
+  int64_t last_segment_start() const;
+  RecomputePolicy recompute_;
+  struct Checkpoints {
+    std::vector<Tensor> inputs;  // input of segment j's first block
+    int64_t batch = 0, seq = 0;
+    double loss_weight = 0;
+  } ckpt_;
   struct Saved {
     Tensor ids, positions, x_final, rstd;
   } saved_;

@@ -8,6 +8,8 @@
 #include <variant>
 
 #include "moetron/core/error.h"
+#include "moetron/nn/recompute.h"
+#include "moetron/planner/memory_model.h"
 
 namespace moetron::train {
 
@@ -83,6 +85,10 @@ const std::vector<Field>& fields() {
       field("train.eval_batches", &Config::train, &TrainingConfig::eval_batches),
       field("train.nan_policy", &Config::train, &TrainingConfig::nan_policy),
       field("train.threads", &Config::train, &TrainingConfig::threads),
+      field("train.memory_budget", &Config::train, &TrainingConfig::memory_budget),
+      field("recompute.policy", &Config::recompute, &RecomputeConfig::policy),
+      field("recompute.modules", &Config::recompute, &RecomputeConfig::modules),
+      field("recompute.segment", &Config::recompute, &RecomputeConfig::segment),
       field("checkpoint.every", &Config::checkpoint, &CheckpointConfig::every),
       field("checkpoint.keep", &Config::checkpoint, &CheckpointConfig::keep),
       field("parallel.zero", &Config::parallel, &ParallelConfig::zero),
@@ -133,6 +139,20 @@ const Field& find_field(const std::string& key, const std::string& origin) {
   MOETRON_FAIL(origin, ": unknown config key '", key, "' (did you mean '", nearest_key(key), "'?)");
 }
 
+// String keys that hold a comma-separated list also accept a TOML array of strings.
+bool is_list_key(const std::string& key) {
+  return key == "recompute.modules" || key == "optim.adamw_params" || key == "optim.no_decay_params";
+}
+
+std::string join_string_array(const toml::array& a, const std::string& key, const std::string& origin) {
+  std::string out;
+  for (const auto& item : a) {
+    if (!item.is_string()) MOETRON_FAIL(origin, ": config key '", key, "' needs an array of strings");
+    out += (out.empty() ? "" : ",") + item.as_string()->get();
+  }
+  return out;
+}
+
 void set_from_node(Value v, const toml::node& node, const std::string& key, const std::string& origin) {
   const auto type_error = [&](const char* want) {
     MOETRON_FAIL(origin, ": config key '", key, "' needs ", want);
@@ -144,7 +164,11 @@ void set_from_node(Value v, const toml::node& node, const std::string& key, cons
           if (!node.is_boolean()) type_error("true or false");
           *p = node.as_boolean()->get();
         } else if constexpr (std::is_same_v<T, std::string>) {
-          if (!node.is_string()) type_error("a string");
+          if (node.is_array() && is_list_key(key)) {
+            *p = join_string_array(*node.as_array(), key, origin);
+            return;
+          }
+          if (!node.is_string()) type_error(is_list_key(key) ? "a string or an array of strings" : "a string");
           *p = node.as_string()->get();
         } else if constexpr (std::is_same_v<T, double>) {
           if (node.is_integer()) {
@@ -185,6 +209,22 @@ void check_rule(bool ok, const char* key, const std::string& rule) {
 }
 
 }  // namespace
+
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+nn::RecomputePolicy recompute_policy(const Config& cfg) {
+  return nn::make_recompute_policy(cfg.recompute.policy, split_list(cfg.recompute.modules), cfg.model.n_layers,
+                                   cfg.recompute.segment);
+}
 
 std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
@@ -329,6 +369,9 @@ void validate(const Config& c) {
   check_rule(t.nan_policy == "skip" || t.nan_policy == "stop", "train.nan_policy",
              str_cat("must be \"skip\" or \"stop\", got \"", t.nan_policy, "\""));
   check_rule(t.threads >= 0, "train.threads", "must be >= 0 (0: all cores)");
+  if (t.memory_budget != "auto") planner::parse_bytes(t.memory_budget, "invalid config: 'train.memory_budget'");
+  // Names the recompute key that breaks a rule.
+  nn::make_recompute_policy(c.recompute.policy, split_list(c.recompute.modules), m.n_layers, c.recompute.segment);
   check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
   check_rule(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
 }

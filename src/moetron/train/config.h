@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moetron/nn/model_config.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::train {
 
@@ -62,6 +63,18 @@ struct TrainingConfig {
   int64_t eval_batches = 4;
   std::string nan_policy = "skip";  // skip | stop
   int64_t threads = 0;  // 0: all cores
+  // Memory the run may use per rank ("auto": the machine's available memory;
+  // else e.g. "24GiB"): the trainer reports the largest micro-batch that fits.
+  std::string memory_budget = "auto";
+};
+
+// Activation recomputation (nn/recompute.h).
+struct RecomputeConfig {
+  std::string policy = "none";  // none | selective | full | sqrt | custom
+  // custom: the module outputs to drop, a TOML array of strings or a
+  // comma-separated string: attn_core, moe_act, norm, moe_dispatch.
+  std::string modules = "";
+  int64_t segment = 0;  // sqrt: blocks per segment; 0: ceil(sqrt(L))
 };
 
 // How the job's ranks split the work. Only data parallelism so far: every
@@ -88,6 +101,7 @@ struct Config {
   OptimConfig optim;
   DataConfig data;
   TrainingConfig train;
+  RecomputeConfig recompute;
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
 };
@@ -108,6 +122,10 @@ void validate(const Config& cfg);
 // The full configuration as TOML (every key, defaults included): saved into
 // checkpoints so a run can be reproduced.
 std::string to_toml(const Config& cfg);
+// "a, b,c" -> {"a", "b", "c"} (empty entries dropped): the list-valued string keys.
+std::vector<std::string> split_list(const std::string& list);
+// The recompute policy the config asks for (validated).
+nn::RecomputePolicy recompute_policy(const Config& cfg);
 // All valid keys, "section.name".
 std::vector<std::string> config_keys();
 

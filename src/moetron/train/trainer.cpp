@@ -13,8 +13,10 @@
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/core/manifest.h"
 #include "moetron/kernels/matmul.h"
+#include "moetron/core/threading.h"
 #include "moetron/nn/flops.h"
 #include "moetron/optim/zero_optimizer.h"
+#include "moetron/train/memory_report.h"
 
 namespace moetron::train {
 
@@ -60,6 +62,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
 
   model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_);
   model_->initialize(cfg_.train.seed);
+  model_->set_recompute(recompute_policy(cfg_));
   optim::OptimizerOptions oo;
   oo.name = cfg_.optim.name;
   oo.weight_decay = cfg_.optim.weight_decay;
@@ -281,6 +284,13 @@ TrainResult Trainer::run() {
   }
   const double fpt = flops_per_token();
   const double job_peak = peak_flops_ * static_cast<double>(world_->size());
+  if (world_->rank() == 0) {
+    planner::Layout layout;
+    layout.dp = world_->size();
+    layout.zero1 = cfg_.parallel.zero;
+    std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank(), layout) << std::flush;
+  }
+  cpu_allocator().reset_peaks();
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
     const auto t0 = clock_type::now();
     std::vector<int64_t> mb_tokens(static_cast<size_t>(acc), 0);
@@ -374,6 +384,10 @@ TrainResult Trainer::run() {
       }
     }
     if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) save_checkpoint(step);
+    if (res.history.empty() && world_->rank() == 0) {
+      std::cout << memory_table({{"measured peak, step " + std::to_string(step), measured_peaks(cpu_allocator().stats())}})
+                << std::flush;
+    }
     if (res.history.empty()) res.first_loss = rec.loss;
     res.last_loss = rec.loss;
     res.history.push_back(rec);

@@ -1,0 +1,43 @@
+// What a training config will hold in memory, per rank and per allocator
+// tag, from the memory model (planner/memory_model.h): the trainer's report
+// before the first step and `moetron memory`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moetron/core/allocator.h"
+#include "moetron/planner/memory_model.h"
+#include "moetron/train/config.h"
+
+namespace moetron::train {
+
+// The memory model's inputs for `cfg` trained at `prec` with `threads`
+// OpenMP threads, on one rank of `layout`.
+planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec, int64_t threads,
+                                    const planner::Layout& layout = {});
+// train.memory_budget in bytes: "auto" is the machine's available memory now.
+int64_t memory_budget_bytes(const Config& cfg);
+
+struct MemoryRow {
+  std::string label;  // e.g. the recompute policy
+  planner::MemoryEstimate estimate;
+};
+
+// One line per row: bytes per tag and the total peak, human-readable.
+std::string memory_table(const std::vector<MemoryRow>& rows);
+// {"label": ..., "bytes": {"params": n, ..., "total_peak": n}} per row.
+nlohmann::json memory_json(const std::vector<MemoryRow>& rows);
+// The report printed before the first step: predicted bytes per tag for this
+// rank, the budget, and the largest micro-batch (at this seq_len, policy and
+// precision) whose predicted peak fits it; a warning line when the
+// configured micro-batch does not fit.
+std::string memory_plan(const Config& cfg, const nn::Precision& prec, int64_t threads,
+                        int rank = 0, const planner::Layout& layout = {});
+// The allocator's measured peaks in the same shape (for comparisons).
+planner::MemoryEstimate measured_peaks(const MemStats& stats);
+
+}  // namespace moetron::train

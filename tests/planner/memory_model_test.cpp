@@ -1,0 +1,195 @@
+// The memory model against the allocator: for combinations of recompute
+// policy, precision, optimizer and micro-batch size, one real training step
+// (forward, backward, optimizer) is measured by the allocator's per-tag peaks
+// and compared with the prediction. Parameters, gradients and optimizer
+// state must be exact; activations and the total peak within 10%.
+#include "moetron/planner/memory_model.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdio>
+
+#include "moetron/core/rng.h"
+#include "moetron/nn/transformer.h"
+#include "moetron/optim/optimizer.h"
+
+namespace moetron::planner {
+namespace {
+
+struct Case {
+  const char* name;
+  const char* policy;
+  std::vector<std::string> modules;
+  nn::Precision prec;
+  int64_t micro_batch;
+  int64_t grad_accum = 1;
+  const char* optimizer = "adamw";
+  double capacity_factor = 0;
+};
+
+MemoryInputs inputs_of(const Case& c) {
+  MemoryInputs in;
+  in.model.vocab_size = 512;
+  in.model.d_model = 64;
+  in.model.n_layers = 5;
+  in.model.n_heads = 4;
+  in.model.n_kv_heads = 2;
+  in.model.ffn_hidden = 128;
+  in.model.max_seq_len = 128;
+  in.moe.num_experts = 4;
+  in.moe.top_k = 2;
+  in.moe.expert_hidden = 96;
+  in.moe.first_dense_layers = 1;
+  in.moe.shared_experts = 1;
+  in.moe.shared_expert_hidden = 64;
+  in.moe.capacity_factor = c.capacity_factor;
+  in.precision = c.prec;
+  in.optimizer = c.optimizer;
+  in.recompute = nn::make_recompute_policy(c.policy, c.modules, in.model.n_layers);
+  in.micro_batch = c.micro_batch;
+  in.seq_len = 96;
+  in.grad_accum = c.grad_accum;
+  in.ce_chunk_tokens = 128;
+  return in;
+}
+
+struct Measured {
+  MemStats peak;
+};
+
+// One training step measured from a clean allocator: per-tag peaks above
+// what was held before.
+MemStats measure(const MemoryInputs& in) {
+  Allocator& alloc = cpu_allocator();
+  alloc.release_cached();
+  const MemStats before = alloc.stats();
+  alloc.reset_peaks();
+  {
+    kernels::Context ctx(kernels::Backend::cpu, static_cast<int>(in.threads));
+    nn::Transformer model(in.model, in.moe, in.precision);
+    model.initialize(7);
+    model.set_recompute(in.recompute);
+    model.ce_chunk_tokens = in.ce_chunk_tokens;
+    optim::OptimizerOptions oo;
+    oo.name = in.optimizer;
+    oo.schedule = {1e-3, 0.1, 0, 10};
+    optim::Optimizer opt(model.params(), oo);
+    std::vector<Tensor> ins, tgts;
+    PhiloxStream rng(9, "tokens");
+    for (int64_t m = 0; m < in.grad_accum; ++m) {
+      ins.push_back(Tensor::empty({in.micro_batch, in.seq_len}, DType::i32));
+      tgts.push_back(Tensor::empty({in.micro_batch, in.seq_len}, DType::i32));
+      for (int64_t i = 0; i < in.micro_batch * in.seq_len; ++i) {
+        ins.back().data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % in.model.vocab_size);
+        tgts.back().data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % in.model.vocab_size);
+      }
+    }
+    model.params().zero_grads();
+    const double tokens = static_cast<double>(in.micro_batch * in.seq_len * in.grad_accum);
+    for (int64_t m = 0; m < in.grad_accum; ++m) {
+      model.forward_backward(ctx, ins[static_cast<size_t>(m)], tgts[static_cast<size_t>(m)],
+                             1.0 / tokens, 1.0 / static_cast<double>(in.grad_accum), true);
+    }
+    opt.step(ctx, 1);
+  }
+  MemStats s = alloc.stats();
+  for (int t = 0; t < kNumMemTags; ++t)
+    s.peak[static_cast<size_t>(t)] -= before.current[static_cast<size_t>(t)];
+  s.total_peak -= before.total_current;
+  return s;
+}
+
+double rel(int64_t predicted, int64_t measured) {
+  return static_cast<double>(predicted - measured) /
+         static_cast<double>(std::max<int64_t>(measured, 1));
+}
+
+TEST(MemoryModel, PredictsTheAllocatorsPeakWithinTenPercent) {
+  const std::vector<Case> cases = {
+      {"none fp32 mb2", "none", {}, nn::Precision::fp32(), 2},
+      {"none bf16 mb4", "none", {}, nn::Precision::bf16(), 4},
+      {"selective bf16 mb2", "selective", {}, nn::Precision::bf16(), 2},
+      {"selective fp32 mb2 capacity 1.25",
+       "selective",
+       {},
+       nn::Precision::fp32(),
+       2,
+       1,
+       "adamw",
+       1.25},
+      {"full bf16 mb4", "full", {}, nn::Precision::bf16(), 4},
+      {"full fp32 mb1 accum 3", "full", {}, nn::Precision::fp32(), 1, 3},
+      {"sqrt fp32 mb2", "sqrt", {}, nn::Precision::fp32(), 2},
+      {"sqrt bf16 mb3 muon", "sqrt", {}, nn::Precision::bf16(), 3, 1, "muon"},
+      {"custom norm+moe_act bf16 mb2", "custom", {"norm", "moe_act"}, nn::Precision::bf16(), 2},
+  };
+  std::printf("%-34s %12s %12s %7s %12s %12s %7s %10s %10s\n", "case", "act pred", "act meas",
+              "err", "total pred", "total meas", "err", "ws pred", "ws meas");
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    MemoryInputs in = inputs_of(c);
+    in.threads = omp_get_max_threads();
+    const MemoryEstimate est = estimate_memory(in);
+    const MemStats got = measure(in);
+    for (MemTag t : {MemTag::params, MemTag::grads, MemTag::optimizer}) {
+      EXPECT_EQ(est.peak_of(t), got.peak[static_cast<size_t>(t)]) << mem_tag_name(t);
+    }
+    const int64_t act = got.peak[static_cast<size_t>(MemTag::activations)];
+    const int64_t ws = got.peak[static_cast<size_t>(MemTag::workspace)];
+    EXPECT_LE(std::abs(rel(est.peak_of(MemTag::activations), act)), 0.10);
+    EXPECT_LE(std::abs(rel(est.total_peak, got.total_peak)), 0.10);
+    std::printf("%-34s %12lld %12lld %+6.1f%% %12lld %12lld %+6.1f%% %10lld %10lld\n", c.name,
+                static_cast<long long>(est.peak_of(MemTag::activations)),
+                static_cast<long long>(act), 100 * rel(est.peak_of(MemTag::activations), act),
+                static_cast<long long>(est.total_peak), static_cast<long long>(got.total_peak),
+                100 * rel(est.total_peak, got.total_peak),
+                static_cast<long long>(est.peak_of(MemTag::workspace)), static_cast<long long>(ws));
+  }
+}
+
+TEST(MemoryModel, ZeroOneSplitsTheOptimizerStateOverDataParallelRanks) {
+  MemoryInputs in = inputs_of({"", "none", {}, nn::Precision::bf16(), 2});
+  const MemoryEstimate one = estimate_memory(in);
+  in.layout.dp = 4;
+  const MemoryEstimate dp = estimate_memory(in);
+  // Plain dp replicates everything.
+  EXPECT_EQ(dp.peak, one.peak);
+  in.layout.zero1 = true;
+  const MemoryEstimate z = estimate_memory(in);
+  EXPECT_EQ(z.peak_of(MemTag::params), one.peak_of(MemTag::params));
+  EXPECT_EQ(z.peak_of(MemTag::grads), one.peak_of(MemTag::grads));
+  EXPECT_EQ(z.peak_of(MemTag::activations), one.peak_of(MemTag::activations));
+  // master + 2 moments (12 bytes per bf16 parameter, 8 for fp32 norms and
+  // router), split 4 ways (to the 64-byte rounding of each shard).
+  EXPECT_NEAR(static_cast<double>(z.peak_of(MemTag::optimizer)),
+              static_cast<double>(one.peak_of(MemTag::optimizer)) / 4,
+              0.01 * static_cast<double>(one.peak_of(MemTag::optimizer)));
+  EXPECT_GT(one.peak_of(MemTag::optimizer), 8 * one.param_count);
+  EXPECT_LE(one.peak_of(MemTag::optimizer), 12 * one.param_count + 64 * 3 * 200);
+  in.layout.tp = 2;
+  EXPECT_THROW(estimate_memory(in), Error);
+}
+
+TEST(MemoryModel, LargestFittingMicroBatchIsTheLastThatFits) {
+  MemoryInputs in = inputs_of({"", "full", {}, nn::Precision::bf16(), 1});
+  in.micro_batch = 8;
+  const int64_t budget = estimate_memory(in).total_peak;
+  EXPECT_EQ(largest_fitting_micro_batch(in, budget), 8);
+  EXPECT_EQ(largest_fitting_micro_batch(in, budget - 1), 7);
+  EXPECT_EQ(largest_fitting_micro_batch(in, 1000), 0);
+}
+
+TEST(MemoryModel, ParsesAndFormatsSizes) {
+  EXPECT_EQ(parse_bytes("24GiB", "x"), int64_t{24} << 30);
+  EXPECT_EQ(parse_bytes("512MB", "x"), 512000000);
+  EXPECT_EQ(parse_bytes("1.5G", "x"), int64_t{3} << 29);
+  EXPECT_EQ(parse_bytes("4096", "x"), 4096);
+  EXPECT_THROW(parse_bytes("12 apples", "--memory-budget"), Error);
+  EXPECT_THROW(parse_bytes("lots", "--memory-budget"), Error);
+  EXPECT_EQ(format_bytes(3 << 20), "3.00 MiB");
+  EXPECT_GT(available_memory_bytes(), 0);
+}
+
+}  // namespace
+}  // namespace moetron::planner
