@@ -335,6 +335,46 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+namespace {
+
+// A non-negative integer from the environment, or -1 when unset or not one.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return -1;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (*end == 0 && x >= 0 && x <= INT32_MAX) ? static_cast<int>(x) : -1;
+}
+
+}  // namespace
+
+LaunchEnv detect_launch_env() {
+  const std::pair<const char*, const char*> pairs[] = {
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+      {"PMI_RANK", "PMI_SIZE"},
+      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS"},  // a job step: srun, not the batch script
+      {"PMIX_RANK", nullptr},
+  };
+  for (const auto& [rank_var, size_var] : pairs) {
+    const int rank = env_int(rank_var);
+    if (rank < 0) continue;
+    const int size = size_var ? env_int(size_var) : 0;
+    if (size_var && size < 1) continue;
+    return {true, rank, size};
+  }
+  return {};
+}
+
+void abort_world(int code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 std::unique_ptr<Communicator> make_mpi_world() {
   ensure_mpi();
   MPI_Comm world;

@@ -18,4 +18,22 @@ namespace moetron::comm {
 // started alone it is a world of one.
 std::unique_ptr<Communicator> make_mpi_world();
 
+// What the process launcher said about this process, read from the
+// environment before MPI is initialised: OpenMPI's mpirun (OMPI_COMM_WORLD_*),
+// PMI starters such as MPICH's hydra or `srun --mpi=pmi2` (PMI_RANK/PMI_SIZE),
+// a Slurm job step (SLURM_PROCID/SLURM_STEP_NUM_TASKS), PMIx (PMIX_RANK; no
+// size: 0 means unknown).
+struct LaunchEnv {
+  bool under_mpi = false;
+  int rank = 0;
+  int size = 1;
+};
+LaunchEnv detect_launch_env();
+
+// Ends every rank of the job when MPI is running with more than one rank
+// (MPI_Abort on MPI_COMM_WORLD with `code`; does not return). Otherwise
+// returns, and the caller exits as a single process would. Only main()
+// calls it, after printing the error.
+void abort_world(int code);
+
 }  // namespace moetron::comm
