@@ -188,6 +188,38 @@ TEST(Launch, AFailingRankEndsTheLaunchFastAndIsNamed) {
   EXPECT_NE(slurp(out + "/logs/rank-1.log").find("injected failure"), std::string::npos);
 }
 
+// mpirun may kill the job before it forwards a failing rank's last output:
+// the rank's rank-R.error file still names it. A stand-in program (a shell
+// script under the real mpirun) fails on rank 1 without printing anything.
+TEST(Launch, ARankErrorFileNamesTheRankWhenItsOutputIsLost) {
+  const std::string out = root() + "/run_silent";
+  const std::string script = root() + "/silent_failure.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n"
+         "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then\n"
+         "  echo 'rank 1: error: the message mpirun never forwarded' > \"$MOETRON_LAUNCH_LOG_DIR/rank-1.error\"\n"
+         "  exit 3\n"
+         "fi\n"
+         "sleep 60\n";
+  }
+  fs::permissions(script, fs::perms::owner_all);
+  LaunchOptions o;
+  o.ranks = 2;
+  o.program = script;
+  o.command = {"train", "--out", out};
+  testing::internal::CaptureStderr();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = launch(o);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(code, 0);
+  EXPECT_LT(seconds, 30.0) << "rank 0 was not ended with the job";
+  EXPECT_NE(err.find("launch: rank 1 failed"), std::string::npos) << err;
+  EXPECT_NE(err.find("the message mpirun never forwarded"), std::string::npos) << err;
+  EXPECT_NE(slurp(out + "/logs/rank-1.log").find("the message mpirun never forwarded"), std::string::npos);
+}
+
 TEST(Launch, DirectMpirunAbortsEveryRankWhenOneFails) {
   const std::string out = root() + "/run_direct";
   const Outcome r = run(kRootEnv + "MOETRON_INJECT_FAILURE=rank=1,step=0 OMP_NUM_THREADS=1 timeout 120 mpirun -np 2 " +

@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {  // moetron::Error and the standard library's
     const std::string who = env.under_mpi ? "rank " + std::to_string(env.rank) + ": " : "";
     std::cerr << who << "error: " << e.what() << std::endl;
+    if (env.under_mpi) train::write_rank_error(env.rank, who + "error: " + e.what());
     comm::abort_world(1);
     return 1;
   }

@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
 #include <functional>
+#include <thread>
 
 #include "moetron/core/error.h"
 
@@ -372,7 +374,13 @@ void abort_world(int code) {
   if (!initialized || finalized) return;
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  if (size <= 1) return;
+  // mpirun forwards a rank's output asynchronously and stops forwarding once
+  // it kills the job: give it a moment to deliver the error just printed.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 std::unique_ptr<Communicator> make_mpi_world() {

@@ -31,7 +31,8 @@ struct LaunchEnv {
 LaunchEnv detect_launch_env();
 
 // Ends every rank of the job when MPI is running with more than one rank
-// (MPI_Abort on MPI_COMM_WORLD with `code`; does not return). Otherwise
+// (flushes stdio, waits 0.3 s so mpirun can forward the error just printed,
+// then MPI_Abort on MPI_COMM_WORLD with `code`; does not return). Otherwise
 // returns, and the caller exits as a single process would. Only main()
 // calls it, after printing the error.
 void abort_world(int code);

@@ -144,6 +144,29 @@ class OutputRouter {
       line.clear();
     }
   }
+  // Errors the ranks wrote to RUN/logs/rank-R.error (write_rank_error), oldest
+  // first: the rank and its message join the failures and its log, unless
+  // mpirun forwarded the line before the job was killed.
+  void add_error_files() {
+    std::vector<std::pair<fs::file_time_type, fs::path>> files;
+    for (const auto& e : fs::directory_iterator(log_dir_)) {
+      if (e.path().extension() == ".error" && e.path().stem().string().starts_with("rank-")) {
+        files.emplace_back(fs::last_write_time(e.path()), e.path());
+      }
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& [when, path] : files) {
+      const std::string digits = path.stem().string().substr(5);
+      if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+      const int rank = std::stoi(digits);
+      std::ifstream f(path);
+      std::string line;
+      while (std::getline(f, line)) {
+        const auto& t = tails_[rank];
+        if (std::find(t.begin(), t.end(), line) == t.end()) emit({rank, true}, line);
+      }
+    }
+  }
   const std::vector<int>& failed_ranks() const { return failed_; }
   int blamed_by_mpirun() const { return blamed_; }
   const std::deque<std::string>& tail(int rank) { return tails_[rank]; }
@@ -206,6 +229,16 @@ void print_tail(const std::string& title, const std::deque<std::string>& lines) 
 
 }  // namespace
 
+void write_rank_error(int rank, const std::string& message) noexcept {
+  try {
+    const char* dir = std::getenv(kLaunchLogDirEnv);
+    if (dir == nullptr || *dir == 0) return;
+    std::ofstream f(std::string(dir) + "/rank-" + std::to_string(rank) + ".error", std::ios::trunc);
+    f << message << "\n";
+  } catch (...) {
+  }
+}
+
 std::string find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
   const std::string p = path ? path : "";
@@ -245,6 +278,8 @@ LaunchPlan plan_launch(const LaunchOptions& opts) {
     plan.argv.insert(plan.argv.end(), {"--bind-to", "none"});
   }
   plan.argv.insert(plan.argv.end(), {"-x", "OMP_NUM_THREADS=" + t});
+  plan.argv.insert(plan.argv.end(),
+                   {"-x", std::string(kLaunchLogDirEnv) + "=" + fs::absolute(plan.run_dir + "/logs").string()});
   if (std::getenv("MOETRON_INJECT_FAILURE")) plan.argv.insert(plan.argv.end(), {"-x", "MOETRON_INJECT_FAILURE"});
   plan.argv.push_back(opts.program.empty() ? fs::read_symlink("/proc/self/exe").string() : opts.program);
   plan.argv.insert(plan.argv.end(), opts.command.begin(), opts.command.end());
@@ -260,6 +295,9 @@ int launch(const LaunchOptions& opts) {
   const LaunchPlan plan = plan_launch(opts);
   const std::string log_dir = plan.run_dir + "/logs";
   fs::create_directories(log_dir);
+  for (const auto& e : fs::directory_iterator(log_dir)) {  // a previous launch's
+    if (e.path().extension() == ".error") fs::remove(e.path());
+  }
   // Logs are appended (a resumed run keeps its history): mark where this launch starts.
   const std::time_t now = std::time(nullptr);
   char stamp[64];
@@ -320,6 +358,7 @@ int launch(const LaunchOptions& opts) {
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  router.add_error_files();
   if (code == 0 && router.failed_ranks().empty()) return 0;
 
   std::vector<int> failed = router.failed_ranks();

@@ -36,6 +36,15 @@ LaunchPlan plan_launch(const LaunchOptions& opts);
 // returns mpirun's exit code (1 if that was 0 or a signal).
 int launch(const LaunchOptions& opts);
 
+// Set by launch() for every rank: the absolute RUN/logs directory.
+inline constexpr const char* kLaunchLogDirEnv = "MOETRON_LAUNCH_LOG_DIR";
+
+// Called by a failing rank before it aborts the job: writes `message` to
+// $MOETRON_LAUNCH_LOG_DIR/rank-R.error when launched by launch() (else does
+// nothing). mpirun can kill the job before it has forwarded the rank's last
+// output; launch() reads these files after mpirun exits. Never throws.
+void write_rank_error(int rank, const std::string& message) noexcept;
+
 // The first "mpirun" (or `name`) on PATH that is executable; throws
 // moetron::Error naming PATH when there is none.
 std::string find_on_path(const std::string& name);
