@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,13 +70,14 @@ class Communicator {
   void send(const Tensor& buf, int peer, int tag = 0) { send_async(buf, peer, tag)->wait(); }
   void recv(const Tensor& buf, int peer, int tag = 0) { recv_async(buf, peer, tag)->wait(); }
 
-  // Per operation name ("allreduce", ...).
-  const std::vector<std::pair<std::string, CommStats>>& stats() const { return stats_; }
+  // Per operation name ("allreduce", ...). A deque: an entry stays where it
+  // is when another is added, so a Work in flight can hold a reference to it.
+  const std::deque<std::pair<std::string, CommStats>>& stats() const { return stats_; }
   CommStats& stats_for(const std::string& op);
   CommStats total_stats() const;
 
  private:
-  std::vector<std::pair<std::string, CommStats>> stats_;
+  std::deque<std::pair<std::string, CommStats>> stats_;
 };
 
 // A communicator of one rank: every collective is a local copy.
