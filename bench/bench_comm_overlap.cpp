@@ -50,7 +50,9 @@ namespace {
 using namespace moetron;
 using clock_type = std::chrono::steady_clock;
 
-double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
+double now_s() {
+  return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
+}
 
 // Slowest rank's value.
 double max_over_ranks(double v) {
@@ -122,13 +124,15 @@ int main(int argc, char** argv) {
   int64_t mbytes = 64, matmuls = 40, dim = 512, reps = 9;
   int sleep_us = 100;
   bool inplace = false;
-  app.add_option("--variants", variants_arg, "comma-separated: none, poll, thread, thread-sleep, backend");
+  app.add_option("--variants", variants_arg,
+                 "comma-separated: none, poll, thread, thread-sleep, backend");
   app.add_option("--mb", mbytes, "allreduce size in MiB (f32)");
   app.add_option("--matmuls", matmuls, "compute chunks: f32 matmuls of dim x dim x dim");
   app.add_option("--dim", dim, "matmul size");
   app.add_option("--reps", reps, "repetitions (medians reported)");
   app.add_option("--sleep-us", sleep_us, "thread-sleep: microseconds between probes");
-  app.add_flag("--inplace", inplace, "raw variants: MPI_IN_PLACE instead of a copy into a send buffer");
+  app.add_flag("--inplace", inplace,
+               "raw variants: MPI_IN_PLACE instead of a copy into a send buffer");
   app.add_option("--json", json_path, "append one JSON line per variant (rank 0)");
   CLI11_PARSE(app, argc, argv);
 
@@ -155,13 +159,15 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (provided < want) {
-    std::cerr << "rank " << rank << ": error: MPI provides thread level " << provided << " < " << want << "\n";
+    std::cerr << "rank " << rank << ": error: MPI provides thread level " << provided << " < "
+              << want << "\n";
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
 
   try {
     std::shared_ptr<comm::Communicator> world;
-    if (std::find(variants.begin(), variants.end(), "backend") != variants.end()) world = comm::make_mpi_world();
+    if (std::find(variants.begin(), variants.end(), "backend") != variants.end())
+      world = comm::make_mpi_world();
     kernels::Context ctx(kernels::Backend::cpu);
     Tensor a = Tensor::empty({dim, dim}, DType::f32), b = Tensor::empty({dim, dim}, DType::f32);
     Tensor c = Tensor::empty({dim, dim}, DType::f32);
@@ -229,7 +235,9 @@ int main(int argc, char** argv) {
           t_compute_end = now_s();
           work->wait();
         } else {
-          ProbeThread* prober = v == "thread" ? spinner.get() : v == "thread-sleep" ? sleeper.get() : nullptr;
+          ProbeThread* prober = v == "thread"         ? spinner.get()
+                                : v == "thread-sleep" ? sleeper.get()
+                                                      : nullptr;
           MPI_Request req;
           post_iallreduce(&req);
           s.post = now_s() - t0;
@@ -270,14 +278,19 @@ int main(int argc, char** argv) {
       const double wait_after = med([](const Sample& s) { return s.wait_after; });
       const double total = med([](const Sample& s) { return s.total; });
       // Per repetition, then the median: robust to a slow repetition.
-      const double hidden = med([](const Sample& s) { return std::max(0.0, 1.0 - s.wait_after / s.comm_alone); });
-      const double saved = med([](const Sample& s) { return 1.0 - s.total / (s.comm_alone + s.compute_alone); });
+      const double hidden =
+          med([](const Sample& s) { return std::max(0.0, 1.0 - s.wait_after / s.comm_alone); });
+      const double saved =
+          med([](const Sample& s) { return 1.0 - s.total / (s.comm_alone + s.compute_alone); });
       if (rank != 0) continue;
       std::printf(
-          "%-12s ranks %d  %lld MiB | alone: comm %6.1f ms  compute %6.1f ms | overlapped: post %5.1f ms  "
-          "compute %6.1f ms  wait after %6.1f ms  total %6.1f ms | hidden %3.0f%%  saved vs serial %3.0f%%\n",
-          variants[vi].c_str(), size, static_cast<long long>(mbytes), 1e3 * comm_alone, 1e3 * compute_alone,
-          1e3 * post, 1e3 * overlapped, 1e3 * wait_after, 1e3 * total, 100 * hidden, 100 * saved);
+          "%-12s ranks %d  %lld MiB | alone: comm %6.1f ms  compute %6.1f ms | overlapped: post "
+          "%5.1f ms  "
+          "compute %6.1f ms  wait after %6.1f ms  total %6.1f ms | hidden %3.0f%%  saved vs serial "
+          "%3.0f%%\n",
+          variants[vi].c_str(), size, static_cast<long long>(mbytes), 1e3 * comm_alone,
+          1e3 * compute_alone, 1e3 * post, 1e3 * overlapped, 1e3 * wait_after, 1e3 * total,
+          100 * hidden, 100 * saved);
       if (!json_path.empty()) {
         std::ofstream f(json_path, std::ios::app);
         f << nlohmann::json{{"variant", variants[vi]},

@@ -34,7 +34,8 @@ TEST(FaultInjection, MalformedValuesNameTheVariableAndTheProblem) {
       ADD_FAILURE() << spec << " was accepted";
     } catch (const Error& e) {
       const std::string msg = e.what();
-      EXPECT_NE(msg.find("MOETRON_INJECT_FAILURE='" + std::string(spec) + "' is malformed"), std::string::npos)
+      EXPECT_NE(msg.find("MOETRON_INJECT_FAILURE='" + std::string(spec) + "' is malformed"),
+                std::string::npos)
           << msg;
       EXPECT_NE(msg.find(why), std::string::npos) << spec << ": " << msg;
     }
@@ -51,7 +52,8 @@ TEST(FaultInjection, ThrowsOnlyOnTheNamedRankAndStep) {
     maybe_inject_failure(1, 4);
     ADD_FAILURE() << "no failure injected";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("injected failure on rank 1 at step 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("injected failure on rank 1 at step 4"), std::string::npos)
+        << e.what();
   }
   ::setenv(kInjectFailureEnv, "rank=one", 1);
   EXPECT_THROW(maybe_inject_failure(0, 0), Error);  // malformed: an error on every rank

@@ -23,13 +23,16 @@ namespace fs = std::filesystem;
 
 const std::string& root() {
   static const std::string dir = [] {
-    const std::string r = (fs::temp_directory_path() / ("moetron_launcher_" + std::to_string(::getpid()))).string();
+    const std::string r =
+        (fs::temp_directory_path() / ("moetron_launcher_" + std::to_string(::getpid()))).string();
     remove_tree(r);
     fs::create_directories(r + "/text");
     std::ofstream f(r + "/text/notes");
-    const char* words[] = {"red", "fox", "runs", "past", "old", "barn", "under", "grey", "sky", "slowly"};
+    const char* words[] = {"red",  "fox",   "runs", "past", "old",
+                           "barn", "under", "grey", "sky",  "slowly"};
     for (int d = 0; d < 300; ++d) {
-      f << words[d % 10] << " " << words[(d * 7) % 10] << " " << words[(d * 3 + 1) % 10] << ".\n%\n";
+      f << words[d % 10] << " " << words[(d * 7) % 10] << " " << words[(d * 3 + 1) % 10]
+        << ".\n%\n";
     }
     return r;
   }();
@@ -66,8 +69,8 @@ Outcome run(const std::string& cmd) {
 const std::string& corpus() {
   static const std::string dir = [] {
     const std::string d = root() + "/prepared";
-    const Outcome r = run(std::string(MOETRON_BINARY) + " prepare-data --input " + root() + "/text --out " + d +
-                      " --vocab-size 300 --val-fraction 0.1");
+    const Outcome r = run(std::string(MOETRON_BINARY) + " prepare-data --input " + root() +
+                          "/text --out " + d + " --vocab-size 300 --val-fraction 0.1");
     if (r.code != 0) throw Error("prepare-data failed: " + r.err);
     return d;
   }();
@@ -75,8 +78,9 @@ const std::string& corpus() {
 }
 
 std::string train_args(const std::string& out, int steps) {
-  return "train --config " MOETRON_SOURCE_DIR "/configs/tiny.toml --out " + out + " --set data.path=" + corpus() +
-         " --set train.steps=" + std::to_string(steps) + " --set train.log_every=1";
+  return "train --config " MOETRON_SOURCE_DIR "/configs/tiny.toml --out " + out +
+         " --set data.path=" + corpus() + " --set train.steps=" + std::to_string(steps) +
+         " --set train.log_every=1";
 }
 
 const std::string kRootEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
@@ -89,7 +93,9 @@ TEST(LaunchPlan, FlagsFollowRanksAndCores) {
   o.cores = 2;
   o.ranks = 2;
   LaunchPlan p = plan_launch(o);
-  auto has = [&](const std::string& a) { return std::find(p.argv.begin(), p.argv.end(), a) != p.argv.end(); };
+  auto has = [&](const std::string& a) {
+    return std::find(p.argv.begin(), p.argv.end(), a) != p.argv.end();
+  };
   EXPECT_EQ(p.argv[0], "/x/mpirun");
   EXPECT_EQ(p.run_dir, "runs/a");
   EXPECT_EQ(p.threads_per_rank, 1);
@@ -142,7 +148,8 @@ TEST(LaunchPlan, BadArgumentsAreErrorsThatSayWhat) {
     find_on_path("mpirun");
     ADD_FAILURE() << "mpirun found on an empty PATH";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'mpirun' not found on PATH (" + empty + ")"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'mpirun' not found on PATH (" + empty + ")"),
+              std::string::npos)
         << e.what();
   }
   ::setenv("PATH", saved.c_str(), 1);
@@ -153,7 +160,8 @@ TEST(Launch, OneRankTrainsThenTwoRanksResumeWithLogsPerRank) {
   const std::string out = root() + "/run_ok";
   Outcome r = run(std::string(MOETRON_BINARY) + " launch -n 1 -- " + train_args(out, 3));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("trained 3 steps"), std::string::npos) << "rank 0 not on the console: " << r.out;
+  EXPECT_NE(r.out.find("trained 3 steps"), std::string::npos)
+      << "rank 0 not on the console: " << r.out;
   EXPECT_NE(r.out.find("step     3/3"), std::string::npos) << r.out;
   EXPECT_NE(slurp(out + "/logs/rank-0.log").find("trained 3 steps"), std::string::npos);
   EXPECT_TRUE(fs::exists(out + "/checkpoints/step-3"));
@@ -169,21 +177,23 @@ TEST(Launch, OneRankTrainsThenTwoRanksResumeWithLogsPerRank) {
     EXPECT_NE(log.find("=== launch"), std::string::npos) << log;
   }
   EXPECT_NE(r.out.find("nothing to train"), std::string::npos) << r.out;
-  EXPECT_NE(slurp(out + "/logs/rank-0.log").find("trained 3 steps"), std::string::npos) << "logs are appended";
+  EXPECT_NE(slurp(out + "/logs/rank-0.log").find("trained 3 steps"), std::string::npos)
+      << "logs are appended";
 }
 
 // Rank 0 has 100000 steps to train: the run ends quickly only if rank 1's
 // failure takes it down.
 TEST(Launch, AFailingRankEndsTheLaunchFastAndIsNamed) {
   const std::string out = root() + "/run_fail";
-  const Outcome r = run("MOETRON_INJECT_FAILURE=rank=1,step=0 timeout 120 " + std::string(MOETRON_BINARY) +
-                    " launch -n 2 -- " + train_args(out, 100000));
+  const Outcome r = run("MOETRON_INJECT_FAILURE=rank=1,step=0 timeout 120 " +
+                        std::string(MOETRON_BINARY) + " launch -n 2 -- " + train_args(out, 100000));
   EXPECT_NE(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.code, 124) << "launch hung until the timeout";
   EXPECT_LT(r.seconds, 30.0);
   EXPECT_NE(r.err.find("launch: rank 1 failed"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("rank 1: error: MOETRON_INJECT_FAILURE: injected failure on rank 1 at step 0"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("rank 1: error: MOETRON_INJECT_FAILURE: injected failure on rank 1 at step 0"),
+      std::string::npos)
       << "the failing rank's last log lines: " << r.err;
   EXPECT_NE(slurp(out + "/logs/rank-1.log").find("injected failure"), std::string::npos);
 }
@@ -198,7 +208,8 @@ TEST(Launch, ARankErrorFileNamesTheRankWhenItsOutputIsLost) {
     std::ofstream f(script);
     f << "#!/bin/sh\n"
          "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then\n"
-         "  echo 'rank 1: error: the message mpirun never forwarded' > \"$MOETRON_LAUNCH_LOG_DIR/rank-1.error\"\n"
+         "  echo 'rank 1: error: the message mpirun never forwarded' > "
+         "\"$MOETRON_LAUNCH_LOG_DIR/rank-1.error\"\n"
          "  exit 3\n"
          "fi\n"
          "sleep 60\n";
@@ -211,19 +222,23 @@ TEST(Launch, ARankErrorFileNamesTheRankWhenItsOutputIsLost) {
   testing::internal::CaptureStderr();
   const auto t0 = std::chrono::steady_clock::now();
   const int code = launch(o);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(code, 0);
   EXPECT_LT(seconds, 30.0) << "rank 0 was not ended with the job";
   EXPECT_NE(err.find("launch: rank 1 failed"), std::string::npos) << err;
   EXPECT_NE(err.find("the message mpirun never forwarded"), std::string::npos) << err;
-  EXPECT_NE(slurp(out + "/logs/rank-1.log").find("the message mpirun never forwarded"), std::string::npos);
+  EXPECT_NE(slurp(out + "/logs/rank-1.log").find("the message mpirun never forwarded"),
+            std::string::npos);
 }
 
 TEST(Launch, DirectMpirunAbortsEveryRankWhenOneFails) {
   const std::string out = root() + "/run_direct";
-  const Outcome r = run(kRootEnv + "MOETRON_INJECT_FAILURE=rank=1,step=0 OMP_NUM_THREADS=1 timeout 120 mpirun -np 2 " +
-                    "--oversubscribe " + MOETRON_BINARY + " " + train_args(out, 100000));
+  const Outcome r =
+      run(kRootEnv +
+          "MOETRON_INJECT_FAILURE=rank=1,step=0 OMP_NUM_THREADS=1 timeout 120 mpirun -np 2 " +
+          "--oversubscribe " + MOETRON_BINARY + " " + train_args(out, 100000));
   EXPECT_NE(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.code, 124) << "mpirun hung until the timeout";
   EXPECT_LT(r.seconds, 30.0);
@@ -231,11 +246,13 @@ TEST(Launch, DirectMpirunAbortsEveryRankWhenOneFails) {
 }
 
 TEST(Launch, MalformedInjectionIsAnErrorOnEveryRank) {
-  const Outcome r = run(kRootEnv + "MOETRON_INJECT_FAILURE=rank=1,stp=0 timeout 120 mpirun -np 2 --oversubscribe " +
-                    MOETRON_BINARY + " " + train_args(root() + "/run_bad", 3));
+  const Outcome r = run(
+      kRootEnv + "MOETRON_INJECT_FAILURE=rank=1,stp=0 timeout 120 mpirun -np 2 --oversubscribe " +
+      MOETRON_BINARY + " " + train_args(root() + "/run_bad", 3));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124);
-  EXPECT_NE(r.err.find("MOETRON_INJECT_FAILURE='rank=1,stp=0' is malformed: unknown key 'stp'"), std::string::npos)
+  EXPECT_NE(r.err.find("MOETRON_INJECT_FAILURE='rank=1,stp=0' is malformed: unknown key 'stp'"),
+            std::string::npos)
       << r.err;
 }
 

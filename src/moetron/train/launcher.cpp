@@ -80,7 +80,8 @@ int parse_tag(const std::string& s, size_t p, int& rank, bool& is_stderr, size_t
 
 // The rank an mpirun message blames, or -1.
 int rank_in_mpirun_message(const std::string& line) {
-  for (const char* marker : {"MPI_ABORT was invoked on rank ", "process rank ", "Process name: [["}) {
+  for (const char* marker :
+       {"MPI_ABORT was invoked on rank ", "process rank ", "Process name: [["}) {
     const size_t at = line.find(marker);
     if (at == std::string::npos) continue;
     size_t p = at + std::strlen(marker);
@@ -103,7 +104,8 @@ int rank_in_mpirun_message(const std::string& line) {
 class OutputRouter {
  public:
   // `header` starts this launch's part of every log (logs are appended).
-  OutputRouter(std::string log_dir, std::string header) : log_dir_(std::move(log_dir)), header_(std::move(header)) {
+  OutputRouter(std::string log_dir, std::string header)
+      : log_dir_(std::move(log_dir)), header_(std::move(header)) {
     mpirun_log_.open(log_dir_ + "/mpirun.log", std::ios::app);
     MOETRON_CHECK(mpirun_log_.good(), "cannot write '", log_dir_, "/mpirun.log'");
     mpirun_log_ << header_ << "\n" << std::flush;
@@ -171,7 +173,9 @@ class OutputRouter {
   int blamed_by_mpirun() const { return blamed_; }
   const std::deque<std::string>& tail(int rank) { return tails_[rank]; }
   const std::deque<std::string>& mpirun_tail() { return mpirun_tail_; }
-  std::string log_path(int rank) const { return log_dir_ + "/rank-" + std::to_string(rank) + ".log"; }
+  std::string log_path(int rank) const {
+    return log_dir_ + "/rank-" + std::to_string(rank) + ".log";
+  }
 
  private:
   using Owner = std::pair<int, bool>;  // rank (-1: mpirun itself), stderr
@@ -257,34 +261,42 @@ std::string find_on_path(const std::string& name) {
 
 LaunchPlan plan_launch(const LaunchOptions& opts) {
   MOETRON_CHECK(opts.ranks >= 1, "launch: -n must be >= 1, got ", opts.ranks);
-  MOETRON_CHECK(opts.threads_per_rank >= 0, "launch: --threads-per-rank must be >= 0 (0: cores / ranks), got ",
+  MOETRON_CHECK(opts.threads_per_rank >= 0,
+                "launch: --threads-per-rank must be >= 0 (0: cores / ranks), got ",
                 opts.threads_per_rank);
-  MOETRON_CHECK(!opts.command.empty(), "launch: no command after `--` (e.g. -- train --config C --out RUN)");
+  MOETRON_CHECK(!opts.command.empty(),
+                "launch: no command after `--` (e.g. -- train --config C --out RUN)");
   LaunchPlan plan;
   plan.run_dir = out_dir_of(opts.command);
-  MOETRON_CHECK(!plan.run_dir.empty(), "launch: the command after `--` has no --out RUN; the per-rank logs go to ",
+  MOETRON_CHECK(!plan.run_dir.empty(),
+                "launch: the command after `--` has no --out RUN; the per-rank logs go to ",
                 "RUN/logs");
   const int cores = opts.cores > 0 ? opts.cores : usable_cores();
-  plan.threads_per_rank = opts.threads_per_rank > 0 ? opts.threads_per_rank : std::max(1, cores / opts.ranks);
+  plan.threads_per_rank =
+      opts.threads_per_rank > 0 ? opts.threads_per_rank : std::max(1, cores / opts.ranks);
   plan.oversubscribed = opts.ranks > cores;
   const std::string t = std::to_string(plan.threads_per_rank);
 
-  plan.argv = {opts.mpirun.empty() ? find_on_path("mpirun") : opts.mpirun, "-np", std::to_string(opts.ranks),
-               "--tag-output"};
+  plan.argv = {opts.mpirun.empty() ? find_on_path("mpirun") : opts.mpirun, "-np",
+               std::to_string(opts.ranks), "--tag-output"};
   if (plan.oversubscribed) plan.argv.push_back("--oversubscribe");
   // mpirun binds each rank to one core by default: right for one thread per
   // rank on its own core, wrong for several threads or shared cores.
-  if (plan.oversubscribed || plan.threads_per_rank > 1 || opts.ranks * plan.threads_per_rank > cores) {
+  if (plan.oversubscribed || plan.threads_per_rank > 1 ||
+      opts.ranks * plan.threads_per_rank > cores) {
     plan.argv.insert(plan.argv.end(), {"--bind-to", "none"});
   }
   plan.argv.insert(plan.argv.end(), {"-x", "OMP_NUM_THREADS=" + t});
-  plan.argv.insert(plan.argv.end(),
-                   {"-x", std::string(kLaunchLogDirEnv) + "=" + fs::absolute(plan.run_dir + "/logs").string()});
-  if (std::getenv("MOETRON_INJECT_FAILURE")) plan.argv.insert(plan.argv.end(), {"-x", "MOETRON_INJECT_FAILURE"});
-  plan.argv.push_back(opts.program.empty() ? fs::read_symlink("/proc/self/exe").string() : opts.program);
+  plan.argv.insert(plan.argv.end(), {"-x", std::string(kLaunchLogDirEnv) + "=" +
+                                               fs::absolute(plan.run_dir + "/logs").string()});
+  if (std::getenv("MOETRON_INJECT_FAILURE"))
+    plan.argv.insert(plan.argv.end(), {"-x", "MOETRON_INJECT_FAILURE"});
+  plan.argv.push_back(opts.program.empty() ? fs::read_symlink("/proc/self/exe").string()
+                                           : opts.program);
   plan.argv.insert(plan.argv.end(), opts.command.begin(), opts.command.end());
   // The launcher owns the thread count: appended last, it overrides the config.
-  if (opts.command[0] == "train") plan.argv.insert(plan.argv.end(), {"--set", "train.threads=" + t});
+  if (opts.command[0] == "train")
+    plan.argv.insert(plan.argv.end(), {"--set", "train.threads=" + t});
   if (::geteuid() == 0) {
     plan.env = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
   }
@@ -309,8 +321,8 @@ int launch(const LaunchOptions& opts) {
             << (plan.oversubscribed ? " (oversubscribed)" : "") << ", logs in " << log_dir << "\n";
 
   int out_pipe[2], err_pipe[2];
-  MOETRON_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0, "launch: pipe: ",
-                std::strerror(errno));
+  MOETRON_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
+                "launch: pipe: ", std::strerror(errno));
   std::vector<std::string> args = plan.argv;
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -326,7 +338,8 @@ int launch(const LaunchOptions& opts) {
     ::dup2(err_pipe[1], STDERR_FILENO);
     for (const auto& [k, v] : plan.env) ::setenv(k.c_str(), v.c_str(), 1);
     ::execv(argv[0], argv.data());
-    const std::string msg = std::string("launch: cannot run ") + argv[0] + ": " + std::strerror(errno) + "\n";
+    const std::string msg =
+        std::string("launch: cannot run ") + argv[0] + ": " + std::strerror(errno) + "\n";
     (void)!::write(STDERR_FILENO, msg.data(), msg.size());
     ::_exit(127);
   }

@@ -11,11 +11,12 @@ namespace moetron::train {
 
 struct LaunchOptions {
   int ranks = 1;
-  int threads_per_rank = 0;           // 0: max(1, cores / ranks)
-  std::vector<std::string> command;   // moetron arguments after `--`, e.g. {"train", "--config", ...}
-  std::string program;                // the moetron binary the ranks run (default: this executable)
-  std::string mpirun;                 // default: `mpirun` found on PATH
-  int cores = 0;                      // 0: the CPUs this process may run on
+  int threads_per_rank = 0;  // 0: max(1, cores / ranks)
+  std::vector<std::string>
+      command;          // moetron arguments after `--`, e.g. {"train", "--config", ...}
+  std::string program;  // the moetron binary the ranks run (default: this executable)
+  std::string mpirun;   // default: `mpirun` found on PATH
+  int cores = 0;        // 0: the CPUs this process may run on
 };
 
 // The mpirun command line launch() runs (argv[0] is the mpirun path), and
