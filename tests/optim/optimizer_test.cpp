@@ -59,7 +59,7 @@ TEST(Optimizer, MuonStepIsMoonlightsUpdateOfNesterovMomentum) {
   kernels::scale(cpu, u, (1 - b) * (1 + b), u);
   Tensor ns = Tensor::empty(u.shape(), DType::f32);
   newton_schulz(cpu, u, ns, 5);
-  opt.step(cpu, 1);
+  opt.step(cpu, 1, 1.0);
   for (int64_t i = 0; i < w0.numel(); ++i) {
     const double expect = w0.data<float>()[i] * (1 - 0.02 * 0.1) - 0.02 * 0.2 * std::sqrt(10.0) * ns.data<float>()[i];
     EXPECT_NEAR(q.value.data<float>()[i], expect, 1e-6) << i;
@@ -79,7 +79,7 @@ TEST(Optimizer, AdamWFirstStepAndNoDecayPatterns) {
   nn::Parameter& e = ps.get("model.embed_tokens.weight");
   nn::Parameter& w = ps.get("model.layers.0.self_attn.o_proj.weight");
   Tensor e0 = e.value.clone(), w0 = w.value.clone();
-  opt.step(cpu, 1);
+  opt.step(cpu, 1, 1.0);
   // Bias-corrected first step: m_hat / sqrt(v_hat) = sign(g).
   for (int64_t i = 0; i < e0.numel(); ++i) {
     const float g = e.grad.data<float>()[i];

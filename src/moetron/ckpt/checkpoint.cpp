@@ -66,38 +66,99 @@ nlohmann::json hf_config(const nn::ModelConfig& m, const nn::MoeConfig& e) {
           {"torch_dtype", "float32"}};
 }
 
+namespace {
+
+std::string optimizer_file(int rank) { return "optimizer-rank-" + std::to_string(rank) + ".safetensors"; }
+
+// Every rank learns whether every rank succeeded; a failure anywhere throws
+// everywhere (naming the first failing rank), so no rank publishes or waits alone.
+void agree(comm::Communicator& world, const std::string& error, const std::string& what) {
+  Tensor flag = Tensor::empty({1}, DType::i32, MemTag::comm);
+  flag.data<int32_t>()[0] = error.empty() ? -1 : world.rank();
+  if (world.size() > 1) world.allreduce(flag, comm::ReduceOp::max);
+  if (!error.empty()) MOETRON_FAIL(error);
+  MOETRON_CHECK(flag.data<int32_t>()[0] < 0, what, " failed on rank ", flag.data<int32_t>()[0]);
+}
+
+void broadcast_string(comm::Communicator& world, std::string& s) {
+  Tensor len = Tensor::empty({1}, DType::i64, MemTag::comm);
+  len.data<int64_t>()[0] = static_cast<int64_t>(s.size());
+  world.broadcast(len, 0);
+  Tensor bytes = Tensor::zeros({std::max<int64_t>(len.data<int64_t>()[0], 1)}, DType::u8, MemTag::comm);
+  std::copy(s.begin(), s.end(), bytes.data<uint8_t>());
+  world.broadcast(bytes, 0);
+  s.assign(reinterpret_cast<const char*>(bytes.data<uint8_t>()), static_cast<size_t>(len.data<int64_t>()[0]));
+}
+
+void write_optimizer_slices(const std::string& path, optim::ParamOptimizer& opt) {
+  std::vector<NamedTensor> tensors;
+  std::map<std::string, std::string> meta;
+  for (const auto& sl : opt.state_slices()) {
+    tensors.push_back({sl.name, sl.values});
+    meta[sl.name] = std::to_string(sl.offset) + "," + std::to_string(sl.total);
+  }
+  write_safetensors(path, tensors, meta);
+}
+
+}  // namespace
+
 void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& model,
-                     optim::Optimizer& opt, const nlohmann::json& trainer_state,
-                     const std::string& config_toml, int64_t keep) {
+                     optim::ParamOptimizer& opt, const nlohmann::json& trainer_state,
+                     const std::string& config_toml, int64_t keep, comm::Communicator* world_ptr) {
+  std::unique_ptr<comm::Communicator> local;
+  if (!world_ptr) local = comm::make_local_communicator();
+  comm::Communicator& world = world_ptr ? *world_ptr : *local;
   const std::string final_dir = checkpoint_dir(run_dir, step);
-  StagedDir staged(final_dir);
-  std::vector<NamedTensor> weights;
-  for (const auto& p : model.params().all()) {
-    weights.push_back({p->name, opt.master(p->name)});  // fp32 master: resume is exact
+  const std::vector<optim::StateTensor> masters = opt.full_masters();  // collective
+  std::unique_ptr<StagedDir> staged;
+  std::string staging, error;
+  if (world.rank() == 0) {
+    try {
+      staged = std::make_unique<StagedDir>(final_dir);
+      staging = staged->staging_path();
+      std::vector<NamedTensor> weights;
+      for (const auto& m : masters) weights.push_back({m.name, m.tensor});  // fp32 master: resume is exact
+      write_safetensors(staged->file(kModelFile), weights, {{"format", "pt"}});
+      std::vector<NamedTensor> state;
+      for (nn::MoeLayer* layer : model.moe_layers()) state.push_back({bias_name(*layer), layer->bias()});
+      write_safetensors(staged->file(kStateFile), state);
+      std::ofstream f(staged->file("config.json"));
+      f << hf_config(model.config(), model.moe_config()).dump(2) << "\n";
+      std::ofstream t(staged->file(kTrainerFile));
+      t << trainer_state.dump(2) << "\n";
+      std::ofstream c(staged->file("moetron.toml"));
+      c << config_toml;
+      MOETRON_CHECK(f.good() && t.good() && c.good(), "writing checkpoint '", final_dir, "' failed");
+    } catch (const Error& e) {
+      error = e.what();
+      staging.clear();
+    }
   }
-  write_safetensors(staged.file(kModelFile), weights, {{"format", "pt"}});
-  std::vector<NamedTensor> state;
-  for (auto& s : opt.state()) state.push_back({s.name, s.tensor});
-  for (nn::MoeLayer* layer : model.moe_layers()) state.push_back({bias_name(*layer), layer->bias()});
-  write_safetensors(staged.file(kStateFile), state);
-  {
-    std::ofstream f(staged.file("config.json"));
-    f << hf_config(model.config(), model.moe_config()).dump(2) << "\n";
-    std::ofstream t(staged.file(kTrainerFile));
-    t << trainer_state.dump(2) << "\n";
-    std::ofstream c(staged.file("moetron.toml"));
-    c << config_toml;
-    MOETRON_CHECK(f.good() && t.good() && c.good(), "writing checkpoint '", final_dir, "' failed");
+  if (world.size() > 1) broadcast_string(world, staging);  // empty: rank 0 failed
+  if (!error.empty()) MOETRON_FAIL(error);
+  MOETRON_CHECK(!staging.empty(), "rank 0 could not stage checkpoint '", final_dir, "'");
+  try {
+    write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), opt);
+  } catch (const Error& e) {
+    error = e.what();
   }
-  write_manifest(staged.staging_path(),
-                 {kModelFile, kStateFile, "config.json", kTrainerFile, "moetron.toml"},
-                 {{"step", step}});
-  staged.commit();
-  // Prune only after the new checkpoint is durable.
-  const auto dirs = checkpoint_dirs(run_dir);
-  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < dirs.size(); ++i) {
-    remove_tree(dirs[i].second);
+  agree(world, error, str_cat("writing checkpoint '", final_dir, "'"));
+  if (world.rank() == 0) {
+    try {
+      std::vector<std::string> files = {kModelFile, kStateFile, "config.json", kTrainerFile, "moetron.toml"};
+      for (int r = 0; r < world.size(); ++r) files.push_back(optimizer_file(r));
+      write_manifest(staged->staging_path(), files, {{"step", step}, {"optimizer_ranks", world.size()}});
+      staged->commit();
+      // Prune only after the new checkpoint is durable.
+      const auto dirs = checkpoint_dirs(run_dir);
+      for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < dirs.size(); ++i) {
+        remove_tree(dirs[i].second);
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
   }
+  agree(world, world.rank() == 0 ? error : "", str_cat("publishing checkpoint '", final_dir, "'"));
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir,
@@ -122,26 +183,61 @@ std::string quarantine_checkpoint(const std::string& dir) {
   return target;
 }
 
+int64_t checkpoint_step(const std::string& dir) {
+  const std::string name = fs::path(dir).filename().string();
+  MOETRON_CHECK(name.rfind("step-", 0) == 0, "'", dir, "' is not a step-N checkpoint directory");
+  return std::stoll(name.substr(5));
+}
+
+namespace {
+
+// Fills each of the optimizer's slices from the slices the checkpoint's ranks
+// wrote, whatever the dp size was; every element must be found exactly once.
+void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, optim::ParamOptimizer& opt) {
+  std::vector<optim::StateSlice> slices = opt.state_slices();
+  std::vector<int64_t> filled(slices.size(), 0);
+  for (int64_t r = 0; r < saved_ranks; ++r) {
+    const std::string path = dir + "/" + optimizer_file(static_cast<int>(r));
+    SafetensorsReader file(path);
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const optim::StateSlice& sl = slices[i];
+      if (!file.contains(sl.name)) continue;
+      const auto it = file.metadata().find(sl.name);
+      MOETRON_CHECK(it != file.metadata().end(), "'", path, "' has no element range for '", sl.name, "'");
+      const int64_t offset = std::stoll(it->second), total = std::stoll(it->second.substr(it->second.find(',') + 1));
+      MOETRON_CHECK(total == sl.total, "'", path, "': optimizer tensor '", sl.name, "' has ", total,
+                    " elements, the model expects ", sl.total, " (saved from another model?)");
+      const Tensor saved = file.view(sl.name);
+      const int64_t lo = std::max(offset, sl.offset);
+      const int64_t hi = std::min(offset + saved.numel(), sl.offset + sl.values.numel());
+      if (lo >= hi) continue;
+      sl.values.slice(lo - sl.offset, hi - sl.offset).copy_from(saved.slice(lo - offset, hi - offset));
+      filled[i] += hi - lo;
+    }
+  }
+  for (size_t i = 0; i < slices.size(); ++i) {
+    MOETRON_CHECK(filled[i] == slices[i].values.numel(), "checkpoint '", dir, "' holds ", filled[i], " of the ",
+                  slices[i].values.numel(), " elements of optimizer tensor '", slices[i].name,
+                  "' this rank needs (saved with another optimizer?)");
+  }
+}
+
+}  // namespace
+
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
-                               optim::Optimizer* opt) {
-  verify_manifest(dir);
+                               optim::ParamOptimizer* opt) {
+  const nlohmann::json manifest = verify_manifest(dir);
   SafetensorsReader weights(dir + "/" + kModelFile);
   for (const auto& p : model.params().all()) {
     MOETRON_CHECK(weights.contains(p->name), "checkpoint '", dir, "' has no tensor '", p->name, "'");
-    weights.read_into(p->name, p->value);
     if (opt) {
-      const Tensor master = opt->master(p->name);
-      if (master.raw() != p->value.raw()) weights.read_into(p->name, master);
+      opt->load_master(p->name, weights.view(p->name));
+    } else {
+      weights.read_into(p->name, p->value);
     }
   }
+  if (opt) load_optimizer_slices(dir, manifest.value("optimizer_ranks", int64_t{1}), *opt);
   SafetensorsReader state(dir + "/" + kStateFile);
-  if (opt) {
-    for (auto& s : opt->state()) {
-      MOETRON_CHECK(state.contains(s.name), "checkpoint '", dir, "' has no optimizer tensor '", s.name,
-                    "' (saved with another optimizer?)");
-      state.read_into(s.name, s.tensor);
-    }
-  }
   for (nn::MoeLayer* layer : model.moe_layers()) {
     if (state.contains(bias_name(*layer))) state.read_into(bias_name(*layer), layer->bias());
   }

@@ -1,13 +1,20 @@
 // Training checkpoints: RUN_DIR/checkpoints/step-N/ holding
 //   model.safetensors  Hugging Face Mixtral names, [out, in], fp32 master weights
 //   config.json        Hugging Face style model config
-//   state.safetensors  optimizer state (moments, Muon momenta) and router biases
-//   trainer.json       step, sampler position, loss scale, counters
+//   state.safetensors  router selection biases
+//   optimizer-rank-R.safetensors  the moments/momenta rank R holds: each tensor
+//                      is a flat slice of one state tensor, its element range in
+//                      the metadata ("<name>" -> "offset,total"), so a run
+//                      resumes on another dp size by re-cutting the slices
+//   trainer.json       step, sampler position, loss scale, counters, dp
 //   moetron.toml       the full run configuration
 //   manifest.json      size and xxHash64 of every file above
 // Written into a staging directory, fsync'd and renamed (core/staged_dir.h):
-// a directory named step-N is always complete. Loading verifies every
-// checksum first.
+// a directory named step-N is always complete. With several ranks, rank 0
+// stages and publishes, every rank writes its own optimizer file into the
+// staging directory first (the run directory is on a filesystem all ranks
+// share), and a failure on any rank leaves nothing published. Loading
+// verifies every checksum first.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -15,22 +22,26 @@
 #include <string>
 #include <vector>
 
+#include "moetron/comm/communicator.h"
 #include "moetron/nn/transformer.h"
 #include "moetron/optim/optimizer.h"
 
 namespace moetron::ckpt {
 
 std::string checkpoint_dir(const std::string& run_dir, int64_t step);
+// N of a ".../step-N" directory.
+int64_t checkpoint_step(const std::string& dir);
 
 // The Hugging Face config.json of a model.
 nlohmann::json hf_config(const nn::ModelConfig& model, const nn::MoeConfig& moe);
 
 // Saves step `step` and then deletes all but the newest `keep` complete
 // checkpoints. On any failure the previous checkpoints are untouched and the
-// partial one is removed; the error propagates.
+// partial one is removed; the error propagates (on every rank). Collective
+// over `world` (nullptr: one rank).
 void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& model,
-                     optim::Optimizer& opt, const nlohmann::json& trainer_state,
-                     const std::string& config_toml, int64_t keep);
+                     optim::ParamOptimizer& opt, const nlohmann::json& trainer_state,
+                     const std::string& config_toml, int64_t keep, comm::Communicator* world = nullptr);
 
 // The newest checkpoint whose manifest verifies; each skipped (corrupt or
 // truncated) one adds a warning naming it (and its path to `skipped`).
@@ -45,8 +56,9 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir,
 std::string quarantine_checkpoint(const std::string& dir);
 
 // Loads weights (and optimizer state and router biases when opt is given)
-// after verifying the manifest; returns trainer.json. Errors name the file.
+// after verifying the manifest; returns trainer.json. The optimizer's slices
+// are cut from whatever slices the checkpoint's ranks saved. Errors name the file.
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
-                               optim::Optimizer* opt);
+                               optim::ParamOptimizer* opt);
 
 }  // namespace moetron::ckpt

@@ -1,6 +1,8 @@
 #include "moetron/nn/moe.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "moetron/kernels/activation.h"
 #include "moetron/kernels/elementwise.h"
@@ -9,49 +11,104 @@
 
 namespace moetron::nn {
 
+// Balancing statistics of the [T, E] router tensors, in their dtype (f32 or
+// f64): this rank's partial sums, reduced over the balance group (the ranks
+// that split one micro-batch) so every layout sees the global values.
+struct BalanceSums {
+  std::vector<double> counts, score_sums;  // per expert: top-k choices, sum of router scores
+  double lse_sq_sum = 0;                   // sum over tokens of logsumexp(logits)^2
+  double tokens = 0;
+};
+
 namespace {
 
-// Balancing-loss math on the [T, E] router tensors, in their dtype (f32 or f64).
 template <typename T>
-void balancing_losses(const Tensor& logits, const Tensor& scores, const std::vector<int64_t>& counts,
-                      int64_t k, double aux_coef, double z_coef, double weight, MoeStats& stats,
-                      const Tensor& d_scores, const Tensor& d_logits_z) {
+double logsumexp_row(const T* row, int64_t e) {
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < e; ++i) mx = std::max(mx, static_cast<double>(row[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < e; ++i) sum += std::exp(static_cast<double>(row[i]) - mx);
+  return mx + std::log(sum);
+}
+
+template <typename T>
+BalanceSums local_balance_sums(const Tensor& logits, const Tensor& scores,
+                               const std::vector<int64_t>& counts, bool need_z) {
   const int64_t t = logits.dim(0), e = logits.dim(1);
-  const T* lg = logits.data<T>();
+  BalanceSums b;
+  b.counts.assign(counts.begin(), counts.end());
+  b.score_sums.assign(static_cast<size_t>(e), 0.0);
+  b.tokens = static_cast<double>(t);
   const T* sc = scores.data<T>();
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t i = 0; i < e; ++i) b.score_sums[static_cast<size_t>(i)] += sc[r * e + i];
+  if (need_z) {
+    const T* lg = logits.data<T>();
+    for (int64_t r = 0; r < t; ++r) {
+      const double lse = logsumexp_row(lg + r * e, e);
+      b.lse_sq_sum += lse * lse;
+    }
+  }
+  return b;
+}
+
+// One small f64 allreduce of [counts, score sums, lse^2 sum, tokens].
+void reduce_balance_sums(comm::Communicator* group, BalanceSums& b) {
+  if (!group || group->size() == 1) return;
+  const auto e = static_cast<int64_t>(b.counts.size());
+  Tensor buf = Tensor::empty({2 * e + 2}, DType::f64, MemTag::comm);
+  double* p = buf.data<double>();
+  std::copy(b.counts.begin(), b.counts.end(), p);
+  std::copy(b.score_sums.begin(), b.score_sums.end(), p + e);
+  p[2 * e] = b.lse_sq_sum;
+  p[2 * e + 1] = b.tokens;
+  group->allreduce(buf, comm::ReduceOp::sum);
+  std::copy(p, p + e, b.counts.begin());
+  std::copy(p + e, p + 2 * e, b.score_sums.begin());
+  b.lse_sq_sum = p[2 * e];
+  b.tokens = p[2 * e + 1];
+}
+
+// Switch aux loss alpha * E * sum_i f_i P_i (f_i = share of the T*K choices on
+// expert i, not differentiable; P_i = mean router score) and ST-MoE z-loss
+// (1/T) sum_t lse_t^2, over the global token set.
+void balancing_values(const BalanceSums& b, int64_t k, double aux_coef, double z_coef, MoeStats& stats) {
+  const auto e = static_cast<int64_t>(b.counts.size());
   if (aux_coef > 0) {
-    // Switch: alpha * E * sum_i f_i P_i with f_i = share of the T*K choices on
-    // expert i (not differentiable) and P_i = mean router score of expert i.
-    std::vector<double> f(static_cast<size_t>(e)), p(static_cast<size_t>(e), 0.0);
-    for (int64_t i = 0; i < e; ++i) f[static_cast<size_t>(i)] = static_cast<double>(counts[static_cast<size_t>(i)]) / static_cast<double>(t * k);
-    for (int64_t r = 0; r < t; ++r)
-      for (int64_t i = 0; i < e; ++i) p[static_cast<size_t>(i)] += sc[r * e + i];
     double aux = 0;
-    for (int64_t i = 0; i < e; ++i) aux += f[static_cast<size_t>(i)] * p[static_cast<size_t>(i)] / static_cast<double>(t);
+    for (int64_t i = 0; i < e; ++i) {
+      aux += (b.counts[static_cast<size_t>(i)] / (b.tokens * static_cast<double>(k))) *
+             (b.score_sums[static_cast<size_t>(i)] / b.tokens);
+    }
     stats.aux_loss = aux_coef * static_cast<double>(e) * aux;
+  }
+  if (z_coef > 0) stats.z_loss = z_coef * b.lse_sq_sum / b.tokens;
+}
+
+// Gradients of weight * (aux + z) on this rank's tokens: d aux / d s_ti =
+// alpha E f_i / T and d z / d logit_ti = (2/T) lse_t softmax_ti, T global.
+template <typename T>
+void balancing_gradients(const Tensor& logits, const BalanceSums& b, int64_t k, double aux_coef,
+                         double z_coef, double weight, const Tensor& d_scores, const Tensor& d_logits_z) {
+  const int64_t t = logits.dim(0), e = logits.dim(1);
+  if (aux_coef > 0) {
     T* ds = d_scores.data<T>();
-    for (int64_t r = 0; r < t; ++r)
-      for (int64_t i = 0; i < e; ++i)
-        ds[r * e + i] = static_cast<T>(weight * aux_coef * static_cast<double>(e) * f[static_cast<size_t>(i)] / static_cast<double>(t));
+    for (int64_t i = 0; i < e; ++i) {
+      const double f = b.counts[static_cast<size_t>(i)] / (b.tokens * static_cast<double>(k));
+      const auto g = static_cast<T>(weight * aux_coef * static_cast<double>(e) * f / b.tokens);
+      for (int64_t r = 0; r < t; ++r) ds[r * e + i] = g;
+    }
   }
   if (z_coef > 0) {
-    // ST-MoE z-loss: (1/T) sum_t logsumexp(logits_t)^2; its gradient on the
-    // logits is (2/T) lse_t softmax(logits_t).
+    const T* lg = logits.data<T>();
     T* dz = d_logits_z.data<T>();
-    double z = 0;
     for (int64_t r = 0; r < t; ++r) {
-      double mx = -INFINITY;
-      for (int64_t i = 0; i < e; ++i) mx = std::max(mx, static_cast<double>(lg[r * e + i]));
-      double sum = 0;
-      for (int64_t i = 0; i < e; ++i) sum += std::exp(static_cast<double>(lg[r * e + i]) - mx);
-      const double lse = mx + std::log(sum);
-      z += lse * lse;
+      const double lse = logsumexp_row(lg + r * e, e);
       for (int64_t i = 0; i < e; ++i) {
         const double sm = std::exp(static_cast<double>(lg[r * e + i]) - lse);
-        dz[r * e + i] = static_cast<T>(weight * z_coef * 2.0 * lse * sm / static_cast<double>(t));
+        dz[r * e + i] = static_cast<T>(weight * z_coef * 2.0 * lse * sm / b.tokens);
       }
     }
-    stats.z_loss = z_coef * z / static_cast<double>(t);
   }
 }
 
@@ -147,17 +204,17 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
 
   MoeStats stats;
   stats.dropped = s.plan.dropped;
-  saved_ = std::move(s);
   if (aux_coef_ > 0 || z_coef_ > 0) {
-    // Values are computed here; their gradients are formed again in backward
-    // (cheap, [T, E]) so forward keeps no extra [T, E] buffers.
-    Tensor scratch = Tensor::empty({t, e_}, prec_.accum);
-    if (prec_.accum == DType::f64) {
-      balancing_losses<double>(saved_.logits, saved_.scores, counts, k_, aux_coef_, z_coef_, 0.0, stats, scratch, scratch);
-    } else {
-      balancing_losses<float>(saved_.logits, saved_.scores, counts, k_, aux_coef_, z_coef_, 0.0, stats, scratch, scratch);
-    }
+    // Values now; their gradients are formed again in backward from the
+    // saved global sums (cheap, [T, E]) so forward keeps no [T, E] gradients.
+    auto sums = std::make_shared<BalanceSums>(
+        prec_.accum == DType::f64 ? local_balance_sums<double>(s.logits, s.scores, counts, z_coef_ > 0)
+                                  : local_balance_sums<float>(s.logits, s.scores, counts, z_coef_ > 0));
+    reduce_balance_sums(balance_group_, *sums);
+    balancing_values(*sums, k_, aux_coef_, z_coef_, stats);
+    s.balance = std::move(sums);
   }
+  saved_ = std::move(s);
   return stats;
 }
 
@@ -193,17 +250,13 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
 
   // Router: gradient through the combine weights plus the balancing losses.
   Tensor d_scores, d_logits_z;
-  MoeStats unused;
-  std::vector<int64_t> counts(static_cast<size_t>(e_), 0);
-  const int32_t* idx = s.topk_idx.data<int32_t>();
-  for (int64_t i = 0; i < t * k_; ++i) ++counts[static_cast<size_t>(idx[i])];
   if (aux_coef_ > 0) d_scores = Tensor::empty({t, e_}, prec_.accum);
   if (z_coef_ > 0) d_logits_z = Tensor::empty({t, e_}, prec_.accum);
-  if (aux_coef_ > 0 || z_coef_ > 0) {
+  if (s.balance) {
     if (prec_.accum == DType::f64) {
-      balancing_losses<double>(s.logits, s.scores, counts, k_, aux_coef_, z_coef_, s.loss_weight, unused, d_scores, d_logits_z);
+      balancing_gradients<double>(s.logits, *s.balance, k_, aux_coef_, z_coef_, s.loss_weight, d_scores, d_logits_z);
     } else {
-      balancing_losses<float>(s.logits, s.scores, counts, k_, aux_coef_, z_coef_, s.loss_weight, unused, d_scores, d_logits_z);
+      balancing_gradients<float>(s.logits, *s.balance, k_, aux_coef_, z_coef_, s.loss_weight, d_scores, d_logits_z);
     }
   }
   Tensor d_logits = Tensor::empty({t, e_}, prec_.accum);
@@ -223,6 +276,12 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
 }
 
 void MoeLayer::release() { saved_ = Saved{}; }
+
+void MoeLayer::set_expert_load(std::vector<int64_t> load) {
+  MOETRON_CHECK(static_cast<int64_t>(load.size()) == e_, "expert load of ", load.size(), " entries for ", e_,
+                " experts");
+  load_ = std::move(load);
+}
 
 void MoeLayer::reset_load() { std::fill(load_.begin(), load_.end(), 0); }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "moetron/comm/communicator.h"
 #include "moetron/kernels/context.h"
 #include "moetron/kernels/moe.h"
 #include "moetron/nn/mlp.h"
@@ -22,6 +23,8 @@
 #include "moetron/nn/parameter.h"
 
 namespace moetron::nn {
+
+struct BalanceSums;
 
 struct MoeStats {
   double aux_loss = 0;  // unweighted value for this micro-batch (coefficient applied)
@@ -47,6 +50,12 @@ class MoeLayer {
   // += rate if below; then resets the load counters.
   void update_bias(double rate);
   const Tensor& bias() const { return bias_; }
+  // Tokens per expert summed over ranks by the caller (data parallelism).
+  void set_expert_load(std::vector<int64_t> load);
+  // The ranks that together hold one micro-batch (dp): the balancing losses
+  // and their gradients use statistics summed over them, so they equal one
+  // rank's. nullptr: this rank's tokens only (evaluation).
+  void set_balance_group(comm::Communicator* group) { balance_group_ = group; }
   // "model.layers.{i}." of the block holding this layer.
   const std::string& prefix() const { return prefix_; }
 
@@ -63,11 +72,13 @@ class MoeLayer {
   Tensor bias_;            // [E] accum dtype, selection only
   std::unique_ptr<SwiGluMlp> shared_;
   std::vector<int64_t> load_;
+  comm::Communicator* balance_group_ = nullptr;
   struct Saved {
     Tensor x, x_router, scores, topk_idx, topk_weight, logits;
     kernels::MoePlan plan;
     Tensor permuted, gate_up, act, expert_out;
     double loss_weight = 0;
+    std::shared_ptr<const BalanceSums> balance;  // global sums of this forward
   } saved_;
 };
 

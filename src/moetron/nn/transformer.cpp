@@ -13,7 +13,9 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
   embed_ = &params_.add("model.embed_tokens.weight", {model.vocab_size, model.d_model}, prec.compute,
                         prec.accum, ParallelKind::vocab, InitKind::normal, std, false);
   for (int64_t i = 0; i < model.n_layers; ++i) {
+    const size_t begin = params_.all().size();
     blocks_.push_back(std::make_unique<Block>(model, moe, i, prec, params_));
+    block_params_.emplace_back(begin, params_.all().size());
   }
   final_norm_ = &params_.add("model.norm.weight", {model.d_model}, prec.accum, prec.accum,
                              ParallelKind::replicated, InitKind::ones, 0, false);
@@ -21,6 +23,15 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
               ? embed_
               : &params_.add("lm_head.weight", {model.vocab_size, model.d_model}, prec.compute,
                              prec.accum, ParallelKind::vocab, InitKind::normal, std, false);
+}
+
+void Transformer::grad_ready(Parameter* p) {
+  if (on_grad_ready) on_grad_ready(*p);
+}
+
+void Transformer::grads_ready(size_t begin, size_t end) {
+  if (!on_grad_ready) return;
+  for (size_t i = begin; i < end; ++i) on_grad_ready(*params_.all()[i]);
 }
 
 std::vector<MoeLayer*> Transformer::moe_layers() {
@@ -62,6 +73,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
                                         double loss_weight, bool backward) {
   check_shape(targets, "targets", inputs.shape());
   LossStats stats;
+  for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
   const Tensor h = hidden_states(ctx, inputs, loss_weight, stats);
   const int64_t t = h.dim(0);
   const Tensor tgt = targets.reshape({t});
@@ -85,14 +97,21 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
                             final_norm_->grad);
   d_h = Tensor();
   saved_.x_final = Tensor();
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d_x = (*it)->backward(ctx, d_x);
+  grad_ready(final_norm_);
+  if (head_ != embed_) grad_ready(head_);
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    d_x = blocks_[i]->backward(ctx, d_x);
+    grads_ready(block_params_[i].first, block_params_[i].second);
+  }
   kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, 0);
+  grad_ready(embed_);
   saved_ = Saved{};
   return stats;
 }
 
 Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs) {
   LossStats unused;
+  for (MoeLayer* l : moe_layers()) l->set_balance_group(nullptr);
   const Tensor h = hidden_states(ctx, inputs, 0.0, unused);
   for (auto& blk : blocks_) blk->release();
   saved_ = Saved{};

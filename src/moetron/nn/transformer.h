@@ -2,6 +2,7 @@
 // LM head fused with the cross-entropy (processed in token chunks).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -40,6 +41,16 @@ class Transformer {
   std::vector<MoeLayer*> moe_layers();
   int64_t ce_chunk_tokens = 1024;
 
+  // Called during backward, once per parameter, as soon as that parameter's
+  // gradient of this micro-batch is complete: head and final norm first,
+  // then each block's parameters as the block finishes, the embedding last
+  // (a tied embedding once, at the end). The data-parallel reducer starts a
+  // bucket's reduction from here.
+  std::function<void(Parameter&)> on_grad_ready;
+  // Ranks that split each micro-batch (dp); see MoeLayer::set_balance_group.
+  // Training forwards use it; evaluation forwards use local statistics.
+  void set_balance_group(comm::Communicator* group) { balance_group_ = group; }
+
  private:
   Tensor hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
                        LossStats& stats);
@@ -51,6 +62,10 @@ class Transformer {
   Parameter* final_norm_;
   Parameter* head_;  // == embed_ when tied
   std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<std::pair<size_t, size_t>> block_params_;  // [begin, end) in params_.all() per block
+  comm::Communicator* balance_group_ = nullptr;
+  void grads_ready(size_t begin, size_t end);
+  void grad_ready(Parameter* p);
   struct Saved {
     Tensor ids, positions, x_final, rstd;
   } saved_;

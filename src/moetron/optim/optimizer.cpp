@@ -29,6 +29,18 @@ bool matches_any(const std::string& name, const std::vector<std::string>& patter
   return false;
 }
 
+bool rule_uses_muon(const OptimizerOptions& o, const nn::Parameter& p) {
+  return o.name == "muon" && p.hidden_matrix && p.value.rank() == 2 && !matches_any(p.name, o.adamw_patterns);
+}
+
+bool rule_decays(const OptimizerOptions& o, const nn::Parameter& p) {
+  return p.value.rank() >= 2 && !matches_any(p.name, o.no_decay_patterns);
+}
+
+double muon_rms_scale(int64_t rows, int64_t cols) {
+  return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+}
+
 Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts) : opts_(std::move(opts)) {
   MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
                 opts_.name, "'");
@@ -44,7 +56,7 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts) : opts_(st
       kernels::convert(conv, p->value, s.master);
     }
     s.muon = uses_muon(*p);
-    s.decay = p->value.rank() >= 2 && !matches_any(p->name, opts_.no_decay_patterns);
+    s.decay = rule_decays(opts_, *p);
     s.m = Tensor::zeros(p->value.shape(), master, MemTag::optimizer);
     if (!s.muon) s.v = Tensor::zeros(p->value.shape(), master, MemTag::optimizer);
     slots_.push_back(std::move(s));
@@ -52,20 +64,19 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts) : opts_(st
 }
 
 bool Optimizer::uses_muon(const nn::Parameter& p) const {
-  return opts_.name == "muon" && p.hidden_matrix && p.value.rank() == 2 &&
-         !matches_any(p.name, opts_.adamw_patterns);
+  return rule_uses_muon(opts_, p);
 }
 
-double Optimizer::grad_norm(kernels::Context& ctx, double grad_scale) const {
+double Optimizer::grad_norm(kernels::Context& ctx, double grad_scale) {
   double sq = 0;
   for (const auto& s : slots_) sq += kernels::sum_squares(ctx, s.param->grad);
   return std::sqrt(sq) * std::fabs(grad_scale);
 }
 
-StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale) {
+StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) {
   StepInfo info;
   info.lr = opts_.schedule.at(step);
-  info.grad_norm = grad_norm(ctx, grad_scale);
+  info.grad_norm = known_norm >= 0 ? known_norm : grad_norm(ctx, grad_scale);
   if (opts_.grad_clip > 0 && info.grad_norm > opts_.grad_clip) {
     info.clip_coef = opts_.grad_clip / (info.grad_norm + 1e-6);
   }
@@ -112,7 +123,7 @@ void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double gr
   newton_schulz(ctx, u, o, opts_.muon_ns_steps);
   // Moonlight: W -= lr * (0.2 sqrt(max(rows, cols)) O + wd W), so Muon reuses
   // AdamW's learning rate and weight decay (update RMS ~ 0.2).
-  const double rms_scale = 0.2 * std::sqrt(static_cast<double>(std::max(g.dim(0), g.dim(1))));
+  const double rms_scale = muon_rms_scale(g.dim(0), g.dim(1));
   if (s.decay && opts_.weight_decay > 0) {
     kernels::scale(ctx, s.master, static_cast<float>(1.0 - lr * opts_.weight_decay), s.master);
   }
@@ -128,6 +139,36 @@ std::vector<StateTensor> Optimizer::state() {
     if (s.v.defined()) out.push_back({n + ".exp_avg_sq", s.v});
   }
   return out;
+}
+
+std::vector<StateSlice> Optimizer::state_slices() {
+  std::vector<StateSlice> out;
+  for (auto& st : state()) {
+    const int64_t n = st.tensor.numel();
+    out.push_back({st.name, st.tensor.reshape({n}), 0, n});
+  }
+  return out;
+}
+
+std::vector<StateTensor> Optimizer::full_masters() {
+  std::vector<StateTensor> out;
+  for (auto& s : slots_) out.push_back({s.param->name, s.master});
+  return out;
+}
+
+Optimizer::Slot& Optimizer::slot(const std::string& param_name) {
+  for (auto& s : slots_) {
+    if (s.param->name == param_name) return s;
+  }
+  MOETRON_FAIL("optimizer has no parameter '", param_name, "'");
+}
+
+void Optimizer::load_master(const std::string& param_name, const Tensor& full) {
+  Slot& s = slot(param_name);
+  check_shape(full, param_name.c_str(), s.master.shape());
+  kernels::Context conv(kernels::Backend::reference);
+  kernels::convert(conv, full, s.master);
+  if (s.master.raw() != s.param->value.raw()) kernels::convert(conv, s.master, s.param->value);
 }
 
 Tensor Optimizer::master(const std::string& param_name) const {

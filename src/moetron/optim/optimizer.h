@@ -36,6 +36,15 @@ struct OptimizerOptions {
 std::vector<std::string> split_patterns(const std::string& list);
 bool matches_any(const std::string& name, const std::vector<std::string>& patterns);
 
+// The per-parameter rules every optimizer here follows: Muon for 2-D hidden
+// matrices under name = "muon" (unless listed in adamw_patterns); weight decay
+// for matrices not listed in no_decay_patterns.
+bool rule_uses_muon(const OptimizerOptions& o, const nn::Parameter& p);
+bool rule_decays(const OptimizerOptions& o, const nn::Parameter& p);
+// Moonlight's scale of the orthogonalised update, 0.2 sqrt(max(rows, cols)),
+// so Muon reuses AdamW's learning rate and weight decay.
+double muon_rms_scale(int64_t rows, int64_t cols);
+
 struct StepInfo {
   double lr = 0;
   double grad_norm = 0;  // before clipping, of the unscaled gradient
@@ -48,15 +57,48 @@ struct StateTensor {
   Tensor tensor;
 };
 
-class Optimizer {
+// The part of a named state tensor this rank holds: elements
+// [offset, offset + values.numel()) of the flattened tensor of `total`
+// elements. A one-rank optimizer holds everything (offset 0); a sharded one
+// (ZeRO-1) a slice, so checkpoints store slices and re-cut them on load.
+struct StateSlice {
+  std::string name;
+  Tensor values;  // 1-D view of the live state
+  int64_t offset = 0;
+  int64_t total = 0;
+};
+
+// What the trainer and checkpoints need from an optimizer, one-rank or
+// distributed. Calls marked collective must be made by every rank of the
+// optimizer's data-parallel group in the same order.
+class ParamOptimizer {
+ public:
+  virtual ~ParamOptimizer() = default;
+  // Global L2 norm of all gradients times grad_scale (collective).
+  virtual double grad_norm(kernels::Context& ctx, double grad_scale) = 0;
+  // One update at optimizer step `step` (1-based). grad_scale multiplies every
+  // gradient first (1 / loss scale). Clipping uses the global norm (collective),
+  // or `known_norm` when the caller already has grad_norm(ctx, grad_scale).
+  virtual StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) = 0;
+  virtual const OptimizerOptions& options() const = 0;
+  // This rank's moments/momenta.
+  virtual std::vector<StateSlice> state_slices() = 0;
+  // Full fp32 master weights by parameter name (collective; rank 0 of a
+  // sharded optimizer receives all of them, the others may get an empty list).
+  virtual std::vector<StateTensor> full_masters() = 0;
+  // Sets the master (and working copy) of one parameter from its full value.
+  virtual void load_master(const std::string& param_name, const Tensor& full) = 0;
+};
+
+class Optimizer final : public ParamOptimizer {
  public:
   Optimizer(nn::ParameterSet& params, OptimizerOptions opts);
 
-  // Global L2 norm of all gradients times grad_scale.
-  double grad_norm(kernels::Context& ctx, double grad_scale) const;
-  // One update at optimizer step `step` (1-based). grad_scale multiplies every
-  // gradient first (1 / loss scale). Clipping uses the global norm.
-  StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0);
+  double grad_norm(kernels::Context& ctx, double grad_scale) override;
+  StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0, double known_norm = -1) override;
+  std::vector<StateSlice> state_slices() override;
+  std::vector<StateTensor> full_masters() override;
+  void load_master(const std::string& param_name, const Tensor& full) override;
 
   // Which rule a parameter follows.
   bool uses_muon(const nn::Parameter& p) const;
@@ -65,7 +107,7 @@ class Optimizer {
   // The master copy of a parameter (the parameter's own value when it is
   // already in the master dtype).
   Tensor master(const std::string& param_name) const;
-  const OptimizerOptions& options() const { return opts_; }
+  const OptimizerOptions& options() const override { return opts_; }
 
  private:
   struct Slot {
@@ -76,6 +118,7 @@ class Optimizer {
     bool decay;
   };
   void muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult);
+  Slot& slot(const std::string& param_name);
 
   OptimizerOptions opts_;
   std::vector<Slot> slots_;

@@ -64,6 +64,7 @@ const std::vector<Field>& fields() {
       field("optim.muon_momentum", &Config::optim, &OptimConfig::muon_momentum),
       field("optim.muon_nesterov", &Config::optim, &OptimConfig::muon_nesterov),
       field("optim.muon_ns_steps", &Config::optim, &OptimConfig::muon_ns_steps),
+      field("optim.muon_distribution", &Config::optim, &OptimConfig::muon_distribution),
       field("optim.adamw_params", &Config::optim, &OptimConfig::adamw_params),
       field("optim.no_decay_params", &Config::optim, &OptimConfig::no_decay_params),
       field("data.path", &Config::data, &DataConfig::path),
@@ -71,6 +72,7 @@ const std::vector<Field>& fields() {
       field("train.seq_len", &Config::train, &TrainingConfig::seq_len),
       field("train.micro_batch", &Config::train, &TrainingConfig::micro_batch),
       field("train.grad_accum", &Config::train, &TrainingConfig::grad_accum),
+      field("train.global_batch", &Config::train, &TrainingConfig::global_batch),
       field("train.steps", &Config::train, &TrainingConfig::steps),
       field("train.seed", &Config::train, &TrainingConfig::seed),
       field("train.precision", &Config::train, &TrainingConfig::precision),
@@ -83,6 +85,9 @@ const std::vector<Field>& fields() {
       field("train.threads", &Config::train, &TrainingConfig::threads),
       field("checkpoint.every", &Config::checkpoint, &CheckpointConfig::every),
       field("checkpoint.keep", &Config::checkpoint, &CheckpointConfig::keep),
+      field("parallel.zero", &Config::parallel, &ParallelConfig::zero),
+      field("parallel.overlap", &Config::parallel, &ParallelConfig::overlap),
+      field("parallel.bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb),
   };
   return table;
 }
@@ -290,12 +295,18 @@ void validate(const Config& c) {
   check_rule(o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)");
   check_rule(o.muon_momentum >= 0 && o.muon_momentum < 1, "optim.muon_momentum", "must be in [0, 1)");
   check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
+  check_rule(o.muon_distribution == "owner" || o.muon_distribution == "gather", "optim.muon_distribution",
+             str_cat("must be owner or gather, got \"", o.muon_distribution, "\""));
   check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in (0, 1)");
   const auto& t = c.train;
   check_rule(t.seq_len > 0 && t.seq_len <= m.max_seq_len, "train.seq_len",
              str_cat("must be in [1, model.max_seq_len = ", m.max_seq_len, "]"));
   check_rule(t.micro_batch > 0, "train.micro_batch", "must be positive");
   check_rule(t.grad_accum > 0, "train.grad_accum", "must be positive");
+  check_rule(t.global_batch >= 0, "train.global_batch", "must be >= 0 (0: micro_batch * grad_accum * dp)");
+  check_rule(t.global_batch == 0 || t.grad_accum == 1, "train.grad_accum",
+             "must stay 1 when train.global_batch is set (the accumulation is derived from it)");
+  check_rule(c.parallel.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
              "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
@@ -309,6 +320,14 @@ void validate(const Config& c) {
   check_rule(t.threads >= 0, "train.threads", "must be >= 0 (0: all cores)");
   check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
   check_rule(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+}
+
+int64_t accumulation_steps(const Config& cfg, int64_t dp) {
+  const auto& t = cfg.train;
+  if (t.global_batch == 0) return t.grad_accum;
+  MOETRON_CHECK(t.global_batch % (t.micro_batch * dp) == 0, "train.global_batch = ", t.global_batch,
+                " is not a multiple of train.micro_batch * dp = ", t.micro_batch, " * ", dp);
+  return t.global_batch / (t.micro_batch * dp);
 }
 
 std::string to_toml(const Config& cfg) {

@@ -28,6 +28,11 @@ struct OptimConfig {
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   int64_t muon_ns_steps = 5;
+  // Under parallel.zero: "owner" (FlexMuon: each matrix's momentum and
+  // Newton-Schulz on one rank, cost-balanced) or "gather" (every rank holding
+  // part of a matrix gathers its update and orthogonalises it: Moonlight's
+  // distributed Muon, kept for comparison).
+  std::string muon_distribution = "owner";
   // Parameter groups by name, comma-separated globs (e.g. "*.o_proj.weight"):
   std::string adamw_params = "";     // kept on AdamW under optim.name = "muon"
   std::string no_decay_params = "";  // no weight decay (1-D parameters never decay)
@@ -42,6 +47,10 @@ struct TrainingConfig {
   int64_t seq_len = 256;
   int64_t micro_batch = 8;
   int64_t grad_accum = 1;
+  // Rows (sequences) per optimizer step over all data-parallel ranks; 0:
+  // micro_batch * grad_accum * dp. When set, grad_accum is derived from it
+  // (global_batch / (micro_batch * dp)), so a run keeps its batch on any dp.
+  int64_t global_batch = 0;
   int64_t steps = 200;
   uint64_t seed = 1234;
   std::string precision = "auto";  // auto | bf16 | fp16 | fp32
@@ -52,6 +61,14 @@ struct TrainingConfig {
   int64_t eval_batches = 4;
   std::string nan_policy = "skip";  // skip | stop
   int64_t threads = 0;  // 0: all cores
+};
+
+// How the job's ranks split the work. Only data parallelism so far: every
+// rank is a dp rank (dp = world size).
+struct ParallelConfig {
+  bool zero = false;         // ZeRO-1: optimizer state sharded over dp (optim/zero_optimizer.h)
+  bool overlap = true;       // start each gradient bucket's reduction during backward
+  double bucket_mb = 16.0;   // fp32 gradient megabytes (2^20 B) per bucket
 };
 
 struct CheckpointConfig {
@@ -66,7 +83,12 @@ struct Config {
   DataConfig data;
   TrainingConfig train;
   CheckpointConfig checkpoint;
+  ParallelConfig parallel;
 };
+
+// Micro-batches per step on each of `dp` ranks; throws naming train.global_batch
+// when it does not split evenly.
+int64_t accumulation_steps(const Config& cfg, int64_t dp);
 
 // Parses a TOML file, applies `overrides` ("key=value", e.g. "model.d_model=256"),
 // validates. Errors name the file, the key and the rule.

@@ -14,6 +14,7 @@
 #include "moetron/core/manifest.h"
 #include "moetron/kernels/matmul.h"
 #include "moetron/nn/flops.h"
+#include "moetron/optim/zero_optimizer.h"
 
 namespace moetron::train {
 
@@ -72,26 +73,60 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   oo.adamw_patterns = optim::split_patterns(cfg_.optim.adamw_params);
   oo.no_decay_patterns = optim::split_patterns(cfg_.optim.no_decay_params);
   oo.schedule = {cfg_.optim.lr, cfg_.optim.min_lr_ratio, cfg_.optim.warmup_steps, cfg_.train.steps};
-  opt_ = std::make_unique<optim::Optimizer>(model_->params(), oo);
+  const int64_t dp = world_->size();
+  acc_ = accumulation_steps(cfg_, dp);
+  if (dp > 1) {
+    balance_comm_ = world_->split(0, world_->rank());
+    model_->set_balance_group(balance_comm_.get());
+  }
+  if (dp > 1 || cfg_.parallel.zero) {
+    parallel::ReducerOptions ro;
+    ro.bucket_bytes = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0);
+    ro.overlap = cfg_.parallel.overlap;
+    ro.mode = cfg_.parallel.zero ? parallel::ReduceMode::reduce_scatter : parallel::ReduceMode::allreduce;
+    grad_comm_ = world_->split(0, world_->rank());
+    std::vector<parallel::BucketSpec> plan;  // empty: flat
+    if (cfg_.parallel.zero && oo.name == "muon" && cfg_.optim.muon_distribution == "owner") {
+      plan = parallel::owner_bucket_plan(model_->params(), static_cast<int>(dp), ro.bucket_bytes,
+                                         [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); });
+    }
+    reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *grad_comm_, ro, std::move(plan));
+    model_->on_grad_ready = [this](nn::Parameter& p) { reducer_->grad_ready(*ctx_, p); };
+  }
+  if (cfg_.parallel.zero) {
+    opt_ = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *reducer_);
+  } else {
+    opt_ = std::make_unique<optim::Optimizer>(model_->params(), oo);
+  }
 
   fs::create_directories(run_dir_);
   if (resume) {
-    std::vector<std::string> warnings, skipped;
-    const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
-    for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
-    for (const auto& bad : skipped) {
-      std::cerr << "warning: moved the damaged checkpoint to '" << ckpt::quarantine_checkpoint(bad) << "'\n";
+    // Rank 0 picks (and quarantines) for everyone, so ranks never race on
+    // renaming a damaged checkpoint and all resume from the same step.
+    Tensor chosen = Tensor::empty({1}, DType::i64, MemTag::comm);
+    chosen.data<int64_t>()[0] = -1;
+    if (is_root()) {
+      std::vector<std::string> warnings, skipped;
+      const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
+      for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+      for (const auto& bad : skipped) {
+        std::cerr << "warning: moved the damaged checkpoint to '" << ckpt::quarantine_checkpoint(bad) << "'\n";
+      }
+      if (dir) chosen.data<int64_t>()[0] = ckpt::checkpoint_step(*dir);
     }
-    if (dir) {
-      const nlohmann::json st = ckpt::load_checkpoint(*dir, *model_, opt_.get());
+    world_->broadcast(chosen, 0);
+    const int64_t step = chosen.data<int64_t>()[0];
+    if (step >= 0) {
+      const std::string dir = ckpt::checkpoint_dir(run_dir_, step);
+      const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get());
       start_step_ = st.at("step").get<int64_t>();
       skipped_ = st.value("skipped_steps", int64_t{0});
       if (st.contains("loss_scale")) {
         scaler_.restore(st.at("loss_scale").get<double>(), st.at("loss_scale_clean_steps").get<int64_t>(),
                         st.at("overflow_steps").get<int64_t>());
       }
-      std::cerr << "resumed from " << *dir << " at step " << start_step_ << "\n";
-    } else {
+      if (is_root()) std::cerr << "resumed from " << dir << " at step " << start_step_ << "\n";
+    } else if (is_root()) {
       std::cerr << "notice: --resume found no complete checkpoint in '" << run_dir_
                 << "'; starting from step 0\n";
     }
@@ -123,10 +158,10 @@ double Trainer::evaluate() {
   const int64_t span = val_tokens_->size() - (s + 1);
   MOETRON_CHECK(span >= 0, "validation split has ", val_tokens_->size(), " tokens, fewer than one window of ",
                 s + 1);
-  double ce = 0;
-  int64_t tokens = 0;
+  // The same windows on any dp: batch j goes to rank j % dp.
+  Tensor sums = Tensor::zeros({2}, DType::f64, MemTag::comm);
   Tensor inputs = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b, s}, DType::i32);
-  for (int64_t batch = 0; batch < cfg_.train.eval_batches; ++batch) {
+  for (int64_t batch = world_->rank(); batch < cfg_.train.eval_batches; batch += world_->size()) {
     for (int64_t r = 0; r < b; ++r) {
       const int64_t j = batch * b + r;
       const int64_t start = span > 0 ? (j * (s + 1)) % span : 0;
@@ -135,15 +170,17 @@ double Trainer::evaluate() {
       std::copy(w + 1, w + s + 1, targets.data<int32_t>() + r * s);
     }
     const nn::LossStats st = model_->forward_backward(*ctx_, inputs, targets, 0, 0, false);
-    ce += st.ce_sum;
-    tokens += st.tokens;
+    sums.data<double>()[0] += st.ce_sum;
+    sums.data<double>()[1] += static_cast<double>(st.tokens);
   }
-  return ce / static_cast<double>(std::max<int64_t>(tokens, 1));
+  world_->allreduce(sums, comm::ReduceOp::sum);
+  return sums.data<double>()[0] / std::max(sums.data<double>()[1], 1.0);
 }
 
 void Trainer::log_line(const StepRecord& r) {
   const double remaining = static_cast<double>(cfg_.train.steps - r.step);
-  const double tokens_per_step = static_cast<double>(cfg_.train.micro_batch * cfg_.train.grad_accum * cfg_.train.seq_len);
+  const double tokens_per_step =
+      static_cast<double>(cfg_.train.micro_batch * acc_ * world_->size() * cfg_.train.seq_len);
   const double eta = r.tokens_per_s > 0 ? remaining * tokens_per_step / r.tokens_per_s : 0;
   char buf[256];
   std::snprintf(buf, sizeof(buf),
@@ -160,65 +197,110 @@ void Trainer::log_line(const StepRecord& r) {
 
 void Trainer::save_checkpoint(int64_t step) {
   const nlohmann::json state = {{"step", step},
-                                {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * cfg_.train.grad_accum)},
+                                {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * acc_ * world_->size())},
+                                {"dp", world_->size()},
                                 {"skipped_steps", skipped_},
                                 {"loss_scale", scaler_.scale()},
                                 {"loss_scale_clean_steps", scaler_.clean_steps()},
                                 {"overflow_steps", scaler_.overflow_steps()},
                                 {"seed", cfg_.train.seed}};
-  ckpt::save_checkpoint(run_dir_, step, *model_, *opt_, state, to_toml(cfg_), cfg_.checkpoint.keep);
+  ckpt::save_checkpoint(run_dir_, step, *model_, *opt_, state, to_toml(cfg_), cfg_.checkpoint.keep, world_.get());
+}
+
+void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
+                           std::vector<int64_t>& mb_tokens) {
+  // Rows of the global batch, in order: micro-batch m of the step is rows
+  // [m * mb * dp, (m + 1) * mb * dp), rank r taking mb of them. dp = 1 with
+  // micro_batch = mb * dp reads exactly the same micro-batches.
+  const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, dp = world_->size();
+  std::vector<int32_t> window(static_cast<size_t>(s + 1));
+  Tensor counts = Tensor::zeros({acc_}, DType::i64, MemTag::comm);
+  for (int64_t m = 0; m < acc_; ++m) {
+    const auto mi = static_cast<size_t>(m);
+    for (int64_t r = 0; r < mb; ++r) {
+      const auto index = static_cast<uint64_t>((step - 1) * mb * acc_ * dp + m * mb * dp + world_->rank() * mb + r);
+      sampler_->fill(index, window.data());
+      std::copy(window.begin(), window.end() - 1, inputs[mi].data<int32_t>() + r * s);
+      std::copy(window.begin() + 1, window.end(), targets[mi].data<int32_t>() + r * s);
+    }
+    const int32_t* tp = targets[mi].data<int32_t>();
+    for (int64_t i = 0; i < mb * s; ++i) counts.data<int64_t>()[m] += tp[i] >= 0;
+  }
+  // Normalisation is by the global batch's tokens: each micro-batch's count
+  // summed over the dp ranks.
+  if (dp > 1) world_->allreduce(counts, comm::ReduceOp::sum);
+  for (int64_t m = 0; m < acc_; ++m) mb_tokens[static_cast<size_t>(m)] = counts.data<int64_t>()[m];
+}
+
+void Trainer::reduce_expert_loads() {
+  const auto layers = model_->moe_layers();
+  if (world_->size() == 1 || layers.empty()) return;
+  const auto e = static_cast<int64_t>(layers.front()->expert_load().size());
+  Tensor loads = Tensor::empty({static_cast<int64_t>(layers.size()) * e}, DType::i64, MemTag::comm);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    std::copy(layers[l]->expert_load().begin(), layers[l]->expert_load().end(),
+              loads.data<int64_t>() + static_cast<int64_t>(l) * e);
+  }
+  world_->allreduce(loads, comm::ReduceOp::sum);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const int64_t* p = loads.data<int64_t>() + static_cast<int64_t>(l) * e;
+    layers[l]->set_expert_load(std::vector<int64_t>(p, p + e));
+  }
 }
 
 TrainResult Trainer::run() {
   TrainResult res;
   res.val_loss = NAN;
-  const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, acc = cfg_.train.grad_accum;
-  std::ofstream metrics(run_dir_ + "/metrics.jsonl", std::ios::app);
-  MOETRON_CHECK(metrics.good(), "cannot open '", run_dir_, "/metrics.jsonl' for writing");
+  const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, acc = acc_;
+  std::ofstream metrics;
+  if (is_root()) {
+    metrics.open(run_dir_ + "/metrics.jsonl", std::ios::app);
+    MOETRON_CHECK(metrics.good(), "cannot open '", run_dir_, "/metrics.jsonl' for writing");
+  }
   std::vector<Tensor> inputs, targets;
   for (int64_t m = 0; m < acc; ++m) {
     inputs.push_back(Tensor::empty({mb, s}, DType::i32));
     targets.push_back(Tensor::empty({mb, s}, DType::i32));
   }
-  std::vector<int32_t> window(static_cast<size_t>(s + 1));
   const double fpt = flops_per_token();
+  const double job_peak = peak_flops_ * static_cast<double>(world_->size());
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
     const auto t0 = clock_type::now();
-    int64_t step_tokens = 0;
     std::vector<int64_t> mb_tokens(static_cast<size_t>(acc), 0);
-    for (int64_t m = 0; m < acc; ++m) {
-      for (int64_t r = 0; r < mb; ++r) {
-        const auto index = static_cast<uint64_t>((step - 1) * mb * acc + m * mb + r);
-        sampler_->fill(index, window.data());
-        std::copy(window.begin(), window.end() - 1, inputs[static_cast<size_t>(m)].data<int32_t>() + r * s);
-        std::copy(window.begin() + 1, window.end(), targets[static_cast<size_t>(m)].data<int32_t>() + r * s);
-      }
-      const int32_t* tp = targets[static_cast<size_t>(m)].data<int32_t>();
-      for (int64_t i = 0; i < mb * s; ++i) mb_tokens[static_cast<size_t>(m)] += tp[i] >= 0;
-      step_tokens += mb_tokens[static_cast<size_t>(m)];
-    }
+    fill_batches(step, inputs, targets, mb_tokens);
+    int64_t step_tokens = 0;
+    for (int64_t n : mb_tokens) step_tokens += n;
     model_->params().zero_grads();
     StepRecord rec;
     rec.step = step;
     // fp16: the loss (hence every gradient) is multiplied by the loss scale;
     // the optimizer divides it out.
     const double loss_scale = fp16_ ? scaler_.scale() : 1.0;
-    double ce = 0;
+    Tensor sums = Tensor::zeros({2}, DType::f64, MemTag::comm);  // ce, dropped over ranks
     for (int64_t m = 0; m < acc; ++m) {
       const double share = static_cast<double>(mb_tokens[static_cast<size_t>(m)]) / static_cast<double>(step_tokens);
+      if (reducer_ && m == acc - 1) reducer_->arm();
       const nn::LossStats st = model_->forward_backward(*ctx_, inputs[static_cast<size_t>(m)],
                                                         targets[static_cast<size_t>(m)],
                                                         loss_scale / static_cast<double>(step_tokens),
                                                         share * loss_scale, true);
-      ce += st.ce_sum;
+      sums.data<double>()[0] += st.ce_sum;
+      sums.data<double>()[1] += static_cast<double>(st.dropped);
+      // Balancing losses are computed over the global micro-batch: equal on every rank.
       rec.aux_loss += st.aux_loss * share;
       rec.z_loss += st.z_loss * share;
-      rec.dropped += st.dropped;
     }
+    if (reducer_) {
+      reducer_->finish(*ctx_);
+      rec.comm_wait_s = reducer_->last_wait_seconds();
+    }
+    if (world_->size() > 1) world_->allreduce(sums, comm::ReduceOp::sum);
+    rec.dropped = static_cast<int64_t>(sums.data<double>()[1]);
     rec.tokens = step_tokens;
-    rec.loss = ce / static_cast<double>(step_tokens);
+    rec.loss = sums.data<double>()[0] / static_cast<double>(step_tokens);
     if (before_update) before_update(step);
     rec.grad_norm = opt_->grad_norm(*ctx_, 1.0 / loss_scale);
+    reduce_expert_loads();
     if (fp16_ && std::isfinite(rec.loss) && !std::isfinite(rec.grad_norm)) {
       // An fp16 overflow: expected now and then; skip, count, halve the scale.
       scaler_.update(false);
@@ -235,17 +317,19 @@ TrainResult Trainer::run() {
       for (nn::MoeLayer* l : model_->moe_layers()) l->reset_load();
     } else {
       if (fp16_) scaler_.update(true);
-      const optim::StepInfo info = opt_->step(*ctx_, step, 1.0 / loss_scale);
+      const optim::StepInfo info = opt_->step(*ctx_, step, 1.0 / loss_scale, rec.grad_norm);
       rec.lr = info.lr;
     }
     const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+    rec.step_s = secs;
     rec.tokens_per_s = static_cast<double>(step_tokens) / secs;
-    rec.mfu = rec.tokens_per_s * fpt / peak_flops_;
+    rec.mfu = rec.tokens_per_s * fpt / job_peak;
     nlohmann::json line = {{"step", step},         {"loss", rec.loss},       {"lr", rec.lr},
                            {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
                            {"mfu", rec.mfu},       {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
                            {"skipped", rec.skipped}, {"tokens", step_tokens},
-                           {"dropped_slots", rec.dropped}};
+                           {"dropped_slots", rec.dropped}, {"step_s", secs}};
+    if (reducer_) line["comm_wait_s"] = rec.comm_wait_s;
     rec.loss_scale = loss_scale;
     if (fp16_) line["loss_scale"] = loss_scale;
     nlohmann::json loads = nlohmann::json::array();
@@ -265,10 +349,12 @@ TrainResult Trainer::run() {
       res.val_loss = evaluate();
       line["val_loss"] = res.val_loss;
     }
-    metrics << line.dump() << "\n" << std::flush;
-    if (step % cfg_.train.log_every == 0 || step == cfg_.train.steps || step == start_step_ + 1) log_line(rec);
-    if (line.contains("val_loss") && !::isatty(STDOUT_FILENO)) {
-      std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
+    if (is_root()) {
+      metrics << line.dump() << "\n" << std::flush;
+      if (step % cfg_.train.log_every == 0 || step == cfg_.train.steps || step == start_step_ + 1) log_line(rec);
+      if (line.contains("val_loss") && !::isatty(STDOUT_FILENO)) {
+        std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
+      }
     }
     if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) save_checkpoint(step);
     if (res.history.empty()) res.first_loss = rec.loss;

@@ -15,6 +15,7 @@
 #include "moetron/nn/transformer.h"
 #include "moetron/optim/loss_scaler.h"
 #include "moetron/optim/optimizer.h"
+#include "moetron/parallel/grad_reducer.h"
 #include "moetron/train/config.h"
 
 namespace moetron::train {
@@ -35,6 +36,10 @@ struct StepRecord {
   int64_t tokens = 0;
   int64_t dropped = 0;  // (token, expert) slots dropped by the capacity factor, all MoE layers
   bool skipped = false;
+  // Data parallelism: seconds from the end of backward to the start of the
+  // optimizer, blocked on gradient reductions (the exposed communication),
+  // and the whole step's wall time.
+  double comm_wait_s = 0, step_s = 0;
 };
 
 struct TrainResult {
@@ -58,6 +63,13 @@ class Trainer {
   // Mean validation cross-entropy over cfg.train.eval_batches deterministic windows.
   double evaluate();
   nn::Transformer& model() { return *model_; }
+  optim::ParamOptimizer& optimizer() { return *opt_; }
+  comm::Communicator& world() { return *world_; }
+  // The data-parallel gradient reducer (nullptr on one rank without ZeRO-1);
+  // its communicator carries exactly the gradient and ZeRO-1 parameter traffic.
+  parallel::GradReducer* reducer() { return reducer_.get(); }
+  // Micro-batches per step on this rank (train.grad_accum or derived from train.global_batch).
+  int64_t accumulation() const { return acc_; }
   // Writes RUN_DIR/checkpoints/step-N now (atomically; keeps checkpoint.keep).
   void save_checkpoint(int64_t step);
   kernels::Context& context() { return *ctx_; }
@@ -66,6 +78,10 @@ class Trainer {
 
  private:
   void log_line(const StepRecord& r);
+  void fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
+                    std::vector<int64_t>& mb_tokens);
+  void reduce_expert_loads();
+  bool is_root() const { return world_->rank() == 0; }
   double flops_per_token() const;
 
   Config cfg_;
@@ -76,7 +92,11 @@ class Trainer {
   std::unique_ptr<data::TokenFile> train_tokens_, val_tokens_;
   std::unique_ptr<data::WindowSampler> sampler_;
   std::unique_ptr<nn::Transformer> model_;
-  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<comm::Communicator> balance_comm_;  // MoE statistics, apart from gradient traffic
+  std::unique_ptr<comm::Communicator> grad_comm_;    // gradient buckets and ZeRO-1 gathers
+  std::unique_ptr<parallel::GradReducer> reducer_;   // dp > 1 or ZeRO-1
+  std::unique_ptr<optim::ParamOptimizer> opt_;
+  int64_t acc_ = 1;
   bool fp16_ = false;
   optim::LossScaler scaler_;
   int64_t start_step_ = 0;

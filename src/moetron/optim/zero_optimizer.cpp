@@ -1,0 +1,225 @@
+#include "moetron/optim/zero_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "moetron/kernels/adamw.h"
+#include "moetron/kernels/elementwise.h"
+#include "moetron/optim/newton_schulz.h"
+
+namespace moetron::optim {
+
+ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts,
+                             parallel::GradReducer& reducer)
+    : opts_(std::move(opts)), reducer_(reducer) {
+  MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
+                opts_.name, "'");
+  MOETRON_CHECK(reducer_.options().mode == parallel::ReduceMode::reduce_scatter,
+                "the ZeRO-1 optimizer needs a reduce-scatter gradient reducer");
+  const int64_t rank = reducer_.comm().rank();
+  kernels::Context conv(kernels::Backend::reference);
+  for (const parallel::Bucket& b : reducer_.buckets()) {
+    Shard sh;
+    const int64_t lo = rank * b.chunk, hi = lo + b.chunk;
+    DType value_dtype = DType::f32;
+    bool any_muon = false;
+    for (const parallel::BucketSlot& slot : b.slots) {
+      value_dtype = slot.param->value.dtype();
+      const int64_t a = std::max(lo, slot.offset), e = std::min(hi, slot.offset + slot.numel);
+      if (a >= e) continue;
+      Segment sg{slot.param, a - slot.offset, e - a, a - lo, rule_uses_muon(opts_, *slot.param),
+                 rule_decays(opts_, *slot.param)};
+      any_muon |= sg.muon;
+      sh.segments.push_back(sg);
+    }
+    // The working copies travel in their own dtype when the bucket has one
+    // (bf16 halves the all-gather), in fp32 when it mixes them (norms stay fp32).
+    for (const parallel::BucketSlot& slot : b.slots) {
+      if (slot.param->value.dtype() != value_dtype) value_dtype = DType::f32;
+      any_muon |= rule_uses_muon(opts_, *slot.param);
+    }
+    sh.master = Tensor::zeros({b.chunk}, DType::f32, MemTag::optimizer);
+    sh.m = Tensor::zeros({b.chunk}, DType::f32, MemTag::optimizer);
+    sh.v = Tensor::zeros({b.chunk}, DType::f32, MemTag::optimizer);
+    for (const Segment& sg : sh.segments) {
+      const Tensor src = sg.param->value.reshape({sg.param->value.numel()}).slice(sg.param_lo, sg.param_lo + sg.len);
+      kernels::convert(conv, src, sh.master.slice(sg.chunk_lo, sg.chunk_lo + sg.len));
+    }
+    sh.values_own = Tensor::zeros({b.chunk}, value_dtype, MemTag::comm);
+    sh.values_full = Tensor::zeros({b.numel}, value_dtype, MemTag::comm);
+    if (any_muon) {
+      sh.u_own = Tensor::zeros({b.chunk}, DType::f32, MemTag::comm);
+      // A matrix cut by a chunk boundary is orthogonalised from the gathered
+      // update (every rank holding part of it); a matrix inside one chunk
+      // (the owner plan) by its owner alone, with nothing gathered.
+      for (const parallel::BucketSlot& slot : b.slots) {
+        if (rule_uses_muon(opts_, *slot.param) && slot.offset / b.chunk != (slot.offset + slot.numel - 1) / b.chunk) {
+          sh.gather_u = true;
+        }
+      }
+      if (sh.gather_u) sh.u_full = Tensor::zeros({b.numel}, DType::f32, MemTag::comm);
+    }
+    shards_.push_back(std::move(sh));
+  }
+}
+
+double ZeroOptimizer::grad_norm(kernels::Context& ctx, double grad_scale) {
+  Tensor sq = Tensor::empty({1}, DType::f64, MemTag::comm);
+  double local = 0;
+  for (const parallel::Bucket& b : reducer_.buckets()) local += kernels::sum_squares(ctx, b.shard);
+  sq.data<double>()[0] = local;
+  reducer_.comm().allreduce(sq, comm::ReduceOp::sum);
+  return std::sqrt(sq.data<double>()[0]) * std::fabs(grad_scale);
+}
+
+void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad, const Segment& sg,
+                                  double lr, double mult, int64_t step) {
+  kernels::AdamWArgs a;
+  a.lr = static_cast<float>(lr);
+  a.beta1 = static_cast<float>(opts_.beta1);
+  a.beta2 = static_cast<float>(opts_.beta2);
+  a.eps = static_cast<float>(opts_.eps);
+  a.weight_decay = sg.decay ? static_cast<float>(opts_.weight_decay) : 0.0f;
+  a.step = step;
+  a.grad_scale = static_cast<float>(mult);
+  const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
+  const Tensor values = sh.values_own.slice(lo, hi);
+  const bool fused_copy = values.dtype() != DType::f16;
+  kernels::adamw_step(ctx, sh.master.slice(lo, hi), grad.slice(lo, hi), sh.m.slice(lo, hi), sh.v.slice(lo, hi),
+                      a, fused_copy ? values : Tensor());
+  if (!fused_copy) kernels::convert(ctx, sh.master.slice(lo, hi), values);
+}
+
+StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) {
+  StepInfo info;
+  info.lr = opts_.schedule.at(step);
+  info.grad_norm = known_norm >= 0 ? known_norm : grad_norm(ctx, grad_scale);
+  if (opts_.grad_clip > 0 && info.grad_norm > opts_.grad_clip) {
+    info.clip_coef = opts_.grad_clip / (info.grad_norm + 1e-6);
+  }
+  const double mult = grad_scale * info.clip_coef;
+  const auto beta = static_cast<float>(opts_.muon_momentum);
+  const auto g_mult = static_cast<float>((1.0 - beta) * mult);
+  comm::Communicator& dp = reducer_.comm();
+  const auto& buckets = reducer_.buckets();
+  for (size_t bi = 0; bi < buckets.size(); ++bi) {
+    const parallel::Bucket& b = buckets[bi];
+    Shard& sh = shards_[bi];
+    for (const Segment& sg : sh.segments) {
+      if (!sg.muon) {
+        adamw_segment(ctx, sh, b.shard, sg, info.lr, mult, step);
+        continue;
+      }
+      // The one-rank Muon's momentum and Nesterov steps, on this slice.
+      const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
+      const Tensor m = sh.m.slice(lo, hi), g = b.shard.slice(lo, hi), u = sh.u_own.slice(lo, hi);
+      kernels::scale(ctx, m, beta, m);
+      kernels::axpy(ctx, g_mult, g, m);
+      if (opts_.muon_nesterov) {
+        kernels::scale(ctx, m, beta, u);
+        kernels::axpy(ctx, g_mult, g, u);
+      } else {
+        u.copy_from(m);
+      }
+    }
+    if (!sh.u_own.defined()) continue;
+    if (sh.gather_u) dp.allgather(sh.u_own, sh.u_full);
+    for (const parallel::BucketSlot& slot : b.slots) {
+      if (!rule_uses_muon(opts_, *slot.param)) continue;
+      // Only ranks holding part of this matrix need its orthogonalisation.
+      std::vector<const Segment*> mine;
+      for (const Segment& sg : sh.segments) {
+        if (sg.param == slot.param) mine.push_back(&sg);
+      }
+      if (mine.empty()) continue;
+      const Shape& shape = slot.param->value.shape();
+      const bool whole = mine.size() == 1 && mine[0]->len == slot.numel;
+      const Tensor u_full = whole ? sh.u_own.slice(mine[0]->chunk_lo, mine[0]->chunk_lo + slot.numel).reshape(shape)
+                                  : sh.u_full.slice(slot.offset, slot.offset + slot.numel).reshape(shape);
+      Tensor o = Tensor::empty(shape, DType::f32, MemTag::workspace);
+      newton_schulz(ctx, u_full, o, opts_.muon_ns_steps);
+      const Tensor o_flat = o.reshape({slot.numel});
+      const double rms = muon_rms_scale(shape[0], shape[1]);
+      for (const Segment* sg : mine) {
+        const int64_t lo = sg->chunk_lo, hi = sg->chunk_lo + sg->len;
+        const Tensor master = sh.master.slice(lo, hi);
+        if (sg->decay && opts_.weight_decay > 0) {
+          kernels::scale(ctx, master, static_cast<float>(1.0 - info.lr * opts_.weight_decay), master);
+        }
+        kernels::axpy(ctx, static_cast<float>(-info.lr * rms), o_flat.slice(sg->param_lo, sg->param_lo + sg->len),
+                      master);
+        kernels::convert(ctx, master, sh.values_own.slice(lo, hi));
+      }
+    }
+  }
+  // Every rank gets the whole updated working copy back.
+  for (size_t bi = 0; bi < buckets.size(); ++bi) {
+    const parallel::Bucket& b = buckets[bi];
+    Shard& sh = shards_[bi];
+    dp.allgather(sh.values_own, sh.values_full);
+    for (const parallel::BucketSlot& slot : b.slots) {
+      const Tensor src = sh.values_full.slice(slot.offset, slot.offset + slot.numel);
+      const Tensor dst = slot.param->value.reshape({slot.numel});
+      if (src.dtype() == dst.dtype()) {
+        dst.copy_from(src);
+      } else {
+        kernels::convert(ctx, src, dst);
+      }
+    }
+  }
+  return info;
+}
+
+std::vector<StateSlice> ZeroOptimizer::state_slices() {
+  std::vector<StateSlice> out;
+  for (Shard& sh : shards_) {
+    for (const Segment& sg : sh.segments) {
+      const std::string& n = sg.param->name;
+      const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len, total = sg.param->value.numel();
+      out.push_back({n + (sg.muon ? ".momentum" : ".exp_avg"), sh.m.slice(lo, hi), sg.param_lo, total});
+      if (!sg.muon) out.push_back({n + ".exp_avg_sq", sh.v.slice(lo, hi), sg.param_lo, total});
+    }
+  }
+  return out;
+}
+
+std::vector<StateTensor> ZeroOptimizer::full_masters() {
+  // All-gather each bucket's fp32 masters (every rank takes part; the
+  // temporary full copy lives only for the checkpoint write).
+  std::vector<StateTensor> out;
+  comm::Communicator& dp = reducer_.comm();
+  const auto& buckets = reducer_.buckets();
+  for (size_t bi = 0; bi < buckets.size(); ++bi) {
+    const parallel::Bucket& b = buckets[bi];
+    Tensor full = Tensor::empty({b.numel}, DType::f32, MemTag::comm);
+    dp.allgather(shards_[bi].master, full);
+    for (const parallel::BucketSlot& slot : b.slots) {
+      out.push_back({slot.param->name, full.slice(slot.offset, slot.offset + slot.numel).reshape(slot.param->value.shape())});
+    }
+  }
+  return out;
+}
+
+void ZeroOptimizer::load_master(const std::string& param_name, const Tensor& full) {
+  kernels::Context conv(kernels::Backend::reference);
+  bool found = false;
+  for (const parallel::Bucket& b : reducer_.buckets()) {
+    for (const parallel::BucketSlot& slot : b.slots) {
+      if (slot.param->name != param_name) continue;
+      check_shape(full, param_name.c_str(), slot.param->value.shape());
+      kernels::convert(conv, full, slot.param->value);
+      found = true;
+    }
+  }
+  MOETRON_CHECK(found, "optimizer has no parameter '", param_name, "'");
+  const Tensor flat = full.reshape({full.numel()});
+  for (Shard& sh : shards_) {
+    for (const Segment& sg : sh.segments) {
+      if (sg.param->name != param_name) continue;
+      kernels::convert(conv, flat.slice(sg.param_lo, sg.param_lo + sg.len),
+                       sh.master.slice(sg.chunk_lo, sg.chunk_lo + sg.len));
+    }
+  }
+}
+
+}  // namespace moetron::optim

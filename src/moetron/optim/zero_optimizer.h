@@ -1,0 +1,65 @@
+// ZeRO-1 distributed optimizer over the data-parallel group.
+//
+// The gradient reducer reduce-scatters each fp32 bucket, so rank r holds
+// chunk r of every bucket (parallel/grad_reducer.h). This optimizer keeps the
+// fp32 master weights and the moments of exactly those chunks (optimizer
+// memory / dp), updates them, writes the new working copy of its chunk, and
+// all-gathers the working copies so every rank has the whole model again.
+//
+// AdamW is elementwise, so a chunk that starts or ends inside a parameter is
+// updated exactly as the one-rank optimizer would. Muon is not: each rank
+// advances the momentum of its slice, the Nesterov update U is all-gathered
+// per bucket, every rank that owns part of a matrix orthogonalises the whole
+// U (Moonlight's distributed Muon, Algorithm 1) and applies its slice.
+//
+// FlexMuon: with the owner bucket plan (parallel/bucket_plan.h) every Muon
+// matrix lies inside one rank's chunk, so its owner alone keeps its momentum
+// and runs Newton-Schulz on it, with no update gathered; the all-gather of
+// the working copies is all that is shared.
+#pragma once
+
+#include <vector>
+
+#include "moetron/comm/communicator.h"
+#include "moetron/optim/optimizer.h"
+#include "moetron/parallel/grad_reducer.h"
+
+namespace moetron::optim {
+
+class ZeroOptimizer final : public ParamOptimizer {
+ public:
+  // reducer: in reduce_scatter mode, over the same dp communicator.
+  ZeroOptimizer(nn::ParameterSet& params, OptimizerOptions opts, parallel::GradReducer& reducer);
+
+  double grad_norm(kernels::Context& ctx, double grad_scale) override;
+  StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) override;
+  const OptimizerOptions& options() const override { return opts_; }
+  std::vector<StateSlice> state_slices() override;
+  std::vector<StateTensor> full_masters() override;
+  void load_master(const std::string& param_name, const Tensor& full) override;
+
+ private:
+  // The part of one parameter inside this rank's chunk of a bucket.
+  struct Segment {
+    nn::Parameter* param;
+    int64_t param_lo, len;  // elements [param_lo, param_lo + len) of the flattened parameter
+    int64_t chunk_lo;       // where they sit in the chunk
+    bool muon, decay;
+  };
+  struct Shard {
+    std::vector<Segment> segments;
+    Tensor master, m, v;  // f32 [chunk]
+    Tensor values_own;    // working-copy dtype [chunk]: all-gather source
+    Tensor values_full;   // working-copy dtype [bucket numel]: all-gather destination
+    Tensor u_own, u_full; // f32 Muon update, only when the bucket holds a Muon matrix
+    bool gather_u = false; // some Muon matrix of the bucket is cut by a chunk boundary
+  };
+  void adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad, const Segment& sg,
+                     double lr, double mult, int64_t step);
+
+  OptimizerOptions opts_;
+  parallel::GradReducer& reducer_;
+  std::vector<Shard> shards_;
+};
+
+}  // namespace moetron::optim

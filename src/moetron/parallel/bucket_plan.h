@@ -1,0 +1,47 @@
+// How gradients are laid out in reduction buckets (before any memory is
+// allocated). Two plans:
+//
+//   flat   parameters in reverse registration order (roughly backward's
+//          order), packed back to back; rank r owns the r-th equal chunk of
+//          each bucket, wherever it cuts a parameter (ZeRO-1 AdamW).
+//   owner  (FlexMuon) every matrix the predicate selects belongs wholly to
+//          one rank: each bucket's matrices are bin-packed onto the ranks
+//          (largest Newton-Schulz cost first, to the rank with the least
+//          total cost so far) and rank r's chunk holds exactly its matrices,
+//          so a reduce-scatter delivers each owner the full reduced gradient
+//          of its matrices and nothing else. Chunks are padded to the largest
+//          one in the bucket (reduce-scatter needs equal chunks); the padding
+//          is counted on the wire. Everything else goes into flat buckets.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "moetron/nn/parameter.h"
+
+namespace moetron::parallel {
+
+struct BucketSlot {
+  nn::Parameter* param = nullptr;
+  int64_t offset = 0;  // in elements, inside the bucket
+  int64_t numel = 0;
+  int owner = -1;      // owner plan: the rank whose chunk holds the whole parameter
+};
+
+struct BucketSpec {
+  std::vector<BucketSlot> slots;
+  int64_t numel = 0;  // a multiple of the dp size
+};
+
+std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes);
+
+// Newton-Schulz cost of an [m, n] matrix, in multiply-adds per iteration:
+// with s = min(m, n), l = max(m, n): X X^T (s^2 l), its square (s^3) and the
+// product with X (s^2 l).
+double newton_schulz_cost(int64_t m, int64_t n);
+
+std::vector<BucketSpec> owner_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
+                                          const std::function<bool(const nn::Parameter&)>& owned);
+
+}  // namespace moetron::parallel

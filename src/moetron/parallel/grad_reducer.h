@@ -1,0 +1,88 @@
+// Data-parallel gradient reduction in buckets, overlapped with backward.
+//
+// Parameters are packed into fp32 buckets by a plan (parallel/bucket_plan.h;
+// by default flat, in reverse registration order, roughly the order backward
+// finishes them: head and last block first, embedding last). During the last micro-batch's
+// backward, every gradient the model reports ready is copied into its bucket;
+// the moment a bucket's last gradient arrives its reduction starts
+// (non-blocking), so communication runs under the rest of backward. finish()
+// waits for all of them. Each bucket is padded to a multiple of the dp size
+// so it reduce-scatters into equal per-rank chunks.
+//
+// Reduction is a SUM: the model's gradients are already scaled by
+// 1 / (tokens of the global batch), so the sum over ranks is the global
+// batch's gradient. Modes:
+//   allreduce       every rank gets the whole reduced bucket (copied back
+//                   into the parameters' gradients);
+//   reduce_scatter  rank r gets chunk r of each bucket only (ZeRO-1: the
+//                   distributed optimizer updates that chunk).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "moetron/comm/communicator.h"
+#include "moetron/kernels/context.h"
+#include "moetron/nn/parameter.h"
+#include "moetron/parallel/bucket_plan.h"
+
+namespace moetron::parallel {
+
+enum class ReduceMode { allreduce, reduce_scatter };
+
+struct ReducerOptions {
+  int64_t bucket_bytes = 16 << 20;  // fp32 gradient bytes per bucket (at least one parameter)
+  bool overlap = true;              // false: start every reduction after backward
+  ReduceMode mode = ReduceMode::allreduce;
+};
+
+struct Bucket {
+  std::vector<BucketSlot> slots;
+  int64_t numel = 0;   // padded to a multiple of the dp size
+  int64_t chunk = 0;   // numel / dp: the part rank r owns is [r * chunk, (r + 1) * chunk)
+  Tensor flat;         // f32 [numel], tag comm
+  Tensor shard;        // f32 [chunk]: the reduced chunk (reduce_scatter mode)
+};
+
+class GradReducer {
+ public:
+  // plan: empty for flat_bucket_plan(params, dp.size(), opts.bucket_bytes).
+  GradReducer(nn::ParameterSet& params, comm::Communicator& dp, ReducerOptions opts,
+              std::vector<BucketSpec> plan = {});
+
+  // Arms the reducer for the backward that completes the step's gradients
+  // (the last micro-batch). Earlier micro-batches only accumulate.
+  void arm() { armed_ = true; }
+  // The model's grad-ready callback.
+  void grad_ready(kernels::Context& ctx, nn::Parameter& p);
+  // Starts what has not started, waits for every bucket, and (allreduce mode)
+  // writes the reduced sums back into the parameters' gradients.
+  void finish(kernels::Context& ctx);
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ReducerOptions& options() const { return opts_; }
+  comm::Communicator& comm() { return dp_; }
+  // Gradient elements reduced per step (unpadded) and with padding.
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const;
+  // Seconds finish() spent blocked on reductions in the last step: the
+  // communication backward did not hide.
+  double last_wait_seconds() const { return wait_seconds_; }
+
+ private:
+  void start(size_t bucket);
+
+  comm::Communicator& dp_;
+  ReducerOptions opts_;
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const nn::Parameter*, std::pair<size_t, size_t>> where_;  // bucket, slot
+  std::vector<int64_t> pending_;  // gradients still missing per bucket
+  std::vector<std::unique_ptr<comm::Work>> work_;
+  bool armed_ = false;
+  int64_t numel_ = 0;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace moetron::parallel

@@ -1,0 +1,264 @@
+// Data parallelism under mpirun (2 and 4 ranks): with the global batch fixed,
+// dp = world size computes what one rank computes (losses per step and the
+// first step's gradients), ZeRO-1 equals plain dp, overlap on equals off, the
+// gradient bytes on the wire are the analytic ones, and checkpoints resume
+// bit-exactly at the same dp and re-cut at half the dp.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "moetron/core/allocator.h"
+#include "moetron/core/rng.h"
+#include "moetron/core/staged_dir.h"
+#include "moetron/data/corpus.h"
+#include "moetron/train/trainer.h"
+#include "util/mpi_test_main.h"
+
+namespace moetron::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+comm::Communicator& world() { return test::mpi_world(); }
+
+// One directory for the whole job: rank 0's pid, broadcast.
+const std::string& job_dir() {
+  static const std::string dir = [] {
+    Tensor pid = Tensor::empty({1}, DType::i64);
+    pid.data<int64_t>()[0] = ::getpid();
+    world().broadcast(pid, 0);
+    const std::string root = (fs::temp_directory_path() / ("moetron_dp_" + std::to_string(pid.data<int64_t>()[0]))).string();
+    if (world().rank() == 0) {
+      remove_tree(root);
+      fs::create_directories(root + "/text");
+      const char* words[] = {"red", "fox", "jumps", "over", "lazy", "dogs", "in", "the", "cold", "winter",
+                             "light", "of", "an", "early", "morning", "sun"};
+      std::ofstream f(root + "/text/lines");
+      PhiloxStream rng(9, "dp-corpus");
+      for (int d = 0; d < 500; ++d) {
+        const int a = static_cast<int>(rng.next_u32() % 16), b = static_cast<int>(rng.next_u32() % 16);
+        for (int l = 0; l < 3; ++l) f << words[a] << " " << words[b] << " " << words[(a * b + 3) % 16] << ".\n";
+        f << "%\n";
+      }
+      f.close();
+      data::PrepareOptions o;
+      o.input = root + "/text";
+      o.out_dir = root + "/prepared";
+      o.vocab_size = 300;
+      o.val_fraction = 0.1;
+      data::prepare_data(o);
+    }
+    world().barrier();
+    return root;
+  }();
+  return dir;
+}
+
+// The tiny config with every balancing feature on; `rows` sequences per
+// micro-batch on each rank, two micro-batches per step.
+Config dp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> sets = {"data.path=" + job_dir() + "/prepared", "train.steps=10",
+                                   "train.micro_batch=" + std::to_string(rows), "train.grad_accum=2",
+                                   "moe.bias_update_rate=0.001", "parallel.bucket_mb=0.02",
+                                   "train.threads=1"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
+}
+
+constexpr int64_t kGlobalRows = 4;  // per micro-batch, over all ranks
+
+int64_t dp() { return world().size(); }
+std::shared_ptr<comm::Communicator> shared_world() { return world().split(0, world().rank()); }
+
+// A fresh run directory shared by the ranks (each rank-local one when `local`).
+std::string run_dir(const std::string& name, bool local = false) {
+  const std::string d = job_dir() + "/runs/" + name + (local ? "-rank" + std::to_string(world().rank()) : "");
+  if (local || world().rank() == 0) remove_tree(d);
+  world().barrier();
+  return d;
+}
+
+double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+
+void expect_same_losses(const TrainResult& got, const TrainResult& want, double tol, const char* what) {
+  ASSERT_EQ(got.history.size(), want.history.size()) << what;
+  for (size_t i = 0; i < got.history.size(); ++i) {
+    EXPECT_LE(rel(got.history[i].loss, want.history[i].loss), tol)
+        << what << " step " << i + 1 << ": " << got.history[i].loss << " vs " << want.history[i].loss;
+  }
+}
+
+std::map<std::string, std::vector<float>> grads_of(Trainer& t) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& p : t.model().params().all()) {
+    const float* g = p->grad.data<float>();
+    out[p->name].assign(g, g + p->grad.numel());
+  }
+  return out;
+}
+
+// The one-rank reference, run by every rank on its own (local communicator).
+struct Reference {
+  TrainResult result;
+  std::map<std::string, std::vector<float>> first_grads;
+};
+const Reference& reference(const std::string& optimizer) {
+  static std::map<std::string, Reference> cache;
+  auto it = cache.find(optimizer);
+  if (it != cache.end()) return it->second;
+  Reference ref;
+  Trainer t(dp_config(kGlobalRows, {"optim.name=" + optimizer}), run_dir("ref-" + optimizer, true), false);
+  t.before_update = [&](int64_t step) {
+    if (step == 1) ref.first_grads = grads_of(t);
+  };
+  ref.result = t.run();
+  return cache[optimizer] = std::move(ref);
+}
+
+TEST(DataParallel, LossesAndGradientsEqualOneRank) {
+  for (const std::string opt : {"adamw", "muon"}) {
+    const Reference& ref = reference(opt);
+    Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt}), run_dir("dp-" + opt), false, shared_world());
+    std::map<std::string, std::vector<float>> grads;
+    t.before_update = [&](int64_t step) {
+      if (step == 1) grads = grads_of(t);
+    };
+    const TrainResult r = t.run();
+    expect_same_losses(r, ref.result, 1e-5, opt.c_str());
+    ASSERT_EQ(grads.size(), ref.first_grads.size());
+    for (const auto& [name, g] : ref.first_grads) {
+      double diff = 0, norm = 0;
+      const auto& mine = grads.at(name);
+      for (size_t i = 0; i < g.size(); ++i) {
+        diff += (mine[i] - g[i]) * static_cast<double>(mine[i] - g[i]);
+        norm += g[i] * static_cast<double>(g[i]);
+      }
+      EXPECT_LE(std::sqrt(diff / std::max(norm, 1e-300)), 1e-5) << opt << " " << name;
+    }
+  }
+}
+
+// ZeRO-1 with AdamW, with FlexMuon (owner-based: each matrix's Newton-Schulz
+// on one rank) and with Moonlight's gathered distributed Muon.
+TEST(DataParallel, ZeroOneEqualsPlainDataParallelAndShardsTheOptimizer) {
+  for (const std::string variant : {"adamw", "muon-owner", "muon-gather"}) {
+    const std::string opt = variant.substr(0, variant.find('-'));
+    const std::string dist = variant.find('-') == std::string::npos ? "owner" : variant.substr(variant.find('-') + 1);
+    const Reference& ref = reference(opt);
+    const int64_t before = cpu_allocator().current(MemTag::optimizer);
+    Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.zero=true", "optim.muon_distribution=" + dist}),
+              run_dir("zero-" + variant), false, shared_world());
+    if (variant == "muon-owner") {
+      // Every Muon matrix inside its owner's chunk.
+      for (const auto& b : t.reducer()->buckets()) {
+        for (const auto& slot : b.slots) {
+          if (slot.owner < 0) continue;
+          EXPECT_EQ(slot.offset / b.chunk, slot.owner) << slot.param->name;
+          EXPECT_EQ((slot.offset + slot.numel - 1) / b.chunk, slot.owner) << slot.param->name;
+        }
+      }
+    }
+    // fp32 training: ZeRO-1 keeps an fp32 master, m and v of this rank's chunks only.
+    const int64_t optimizer_bytes = cpu_allocator().current(MemTag::optimizer) - before;
+    const int64_t padded = t.reducer()->padded_numel();
+    const auto buckets = static_cast<int64_t>(t.reducer()->buckets().size());
+    EXPECT_NEAR(static_cast<double>(optimizer_bytes), 3.0 * 4.0 * static_cast<double>(padded) / static_cast<double>(dp()),
+                3.0 * 64.0 * static_cast<double>(buckets))
+        << variant;
+    const TrainResult r = t.run();
+    expect_same_losses(r, ref.result, 1e-5, variant.c_str());
+  }
+}
+
+TEST(DataParallel, OverlapOnEqualsOverlapOff) {
+  TrainResult on, off;
+  {
+    Trainer t(dp_config(kGlobalRows / dp(), {"parallel.overlap=true"}), run_dir("overlap-on"), false, shared_world());
+    on = t.run();
+  }
+  {
+    Trainer t(dp_config(kGlobalRows / dp(), {"parallel.overlap=false"}), run_dir("overlap-off"), false, shared_world());
+    off = t.run();
+  }
+  // The same reductions of the same buckets: bit-identical.
+  ASSERT_EQ(on.history.size(), off.history.size());
+  for (size_t i = 0; i < on.history.size(); ++i) EXPECT_EQ(on.history[i].loss, off.history[i].loss) << i;
+}
+
+// What the gradient communicator counts per step. A ring algorithm puts
+// (n - 1) / n of a buffer on the wire per pass: allreduce = 2 passes
+// (reduce-scatter + all-gather) over the padded fp32 bucket; ZeRO-1 =
+// one reduce-scatter pass of the fp32 gradients, one all-gather pass of the
+// working copies (fp32 here) and the 8-byte allreduce of the squared norm.
+TEST(DataParallel, GradientBytesPerStepAreTheAnalyticValue) {
+  const int64_t n = dp();
+  for (const bool zero : {false, true}) {
+    Trainer t(dp_config(kGlobalRows / dp(), {"train.steps=1", std::string("parallel.zero=") + (zero ? "true" : "false")}),
+              run_dir(zero ? "bytes-zero" : "bytes"), false, shared_world());
+    t.run();
+    const comm::CommStats total = t.reducer()->comm().total_stats();
+    int64_t want = 0;
+    for (const auto& b : t.reducer()->buckets()) {
+      const int64_t bytes = 4 * b.numel;
+      want += 2 * (bytes * (n - 1) / n);
+    }
+    // The checkpoint at the end all-gathers the fp32 masters once more (ZeRO-1).
+    if (zero) {
+      for (const auto& b : t.reducer()->buckets()) want += 4 * b.numel * (n - 1) / n;
+      want += 2 * (8 * (n - 1) / n);
+    }
+    EXPECT_EQ(total.bytes_sent, want) << (zero ? "zero-1" : "allreduce");
+  }
+}
+
+TEST(DataParallel, ResumeIsBitExactAndReshardsToHalfTheRanks) {
+  const std::vector<std::string> common = {"parallel.zero=true", "optim.name=muon", "train.steps=6"};
+  TrainResult full;
+  {
+    Trainer t(dp_config(kGlobalRows / dp(), common), run_dir("resume-full"), false, shared_world());
+    full = t.run();
+  }
+  const std::string dir = run_dir("resume-split");
+  {
+    // The same 6-step schedule, saved at step 3 and stopped there.
+    std::vector<std::string> first = common;
+    first.push_back("checkpoint.every=3");
+    Trainer t(dp_config(kGlobalRows / dp(), first), dir, false, shared_world());
+    t.before_update = [](int64_t step) {
+      if (step == 4) throw Error("stop after the step-3 checkpoint");
+    };
+    EXPECT_THROW(t.run(), Error);
+  }
+  {
+    Trainer t(dp_config(kGlobalRows / dp(), common), dir, true, shared_world());
+    const TrainResult r = t.run();
+    ASSERT_EQ(r.history.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r.history[i].loss, full.history[3 + i].loss) << "same dp, step " << 4 + i;
+  }
+  // The step-3 checkpoint again, resumed by the first half of the ranks with
+  // the same global batch: the optimizer shards are re-cut.
+  const std::string half_dir = run_dir("resume-half");
+  if (world().rank() == 0) {
+    fs::create_directories(half_dir + "/checkpoints");
+    fs::copy(dir + "/checkpoints/step-3", half_dir + "/checkpoints/step-3", fs::copy_options::recursive);
+  }
+  world().barrier();
+  const int64_t half = dp() / 2;
+  std::shared_ptr<comm::Communicator> group = world().split(world().rank() < half ? 0 : 1, world().rank());
+  if (world().rank() < half) {
+    Trainer t(dp_config(kGlobalRows / half, common), half_dir, true, group);
+    const TrainResult r = t.run();
+    ASSERT_EQ(r.history.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_LE(rel(r.history[i].loss, full.history[3 + i].loss), 1e-5) << "dp " << half << ", step " << 4 + i;
+    }
+  }
+  world().barrier();
+}
+
+}  // namespace
+}  // namespace moetron::train
