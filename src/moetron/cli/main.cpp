@@ -32,6 +32,7 @@ int cmd_train(const std::string& config, const std::string& out, const std::vect
   const train::Config cfg = train::load_config(config, sets);
   train::Trainer trainer(cfg, out, resume, world);
   const train::TrainResult r = trainer.run();
+  if (world && world->rank() != 0) return 0;  // rank 0 reports for the job
   if (r.steps_done == 0) {
     std::cout << "nothing to train: the run in " << out << " has already reached train.steps = "
               << cfg.train.steps << "\n";

@@ -166,8 +166,13 @@ class OutputRouter {
       while (std::getline(f, line)) {
         const auto& t = tails_[rank];
         if (std::find(t.begin(), t.end(), line) == t.end()) emit({rank, true}, line);
+        mark_failed(rank);  // it wrote an error file: it failed, whatever mpirun forwarded
       }
     }
+  }
+  // Every rank gets its log (with the header) even if it never prints.
+  void open_rank_logs(int ranks) {
+    for (int r = 0; r < ranks; ++r) rank_log(r).flush();
   }
   const std::vector<int>& failed_ranks() const { return failed_; }
   int blamed_by_mpirun() const { return blamed_; }
@@ -198,10 +203,11 @@ class OutputRouter {
     rank_log(rank) << line << "\n" << std::flush;
     push(tails_[rank], line);
     if (rank == 0) (is_stderr ? std::cerr : std::cout) << line << std::endl;
-    if (is_stderr && line.starts_with("rank " + std::to_string(rank) + ": error:") &&
-        std::find(failed_.begin(), failed_.end(), rank) == failed_.end()) {
-      failed_.push_back(rank);
-    }
+    // On either stream: mpirun's forwarding under abort is not careful about which.
+    if (line.starts_with("rank " + std::to_string(rank) + ": error:")) mark_failed(rank);
+  }
+  void mark_failed(int rank) {
+    if (std::find(failed_.begin(), failed_.end(), rank) == failed_.end()) failed_.push_back(rank);
   }
   static void push(std::deque<std::string>& q, const std::string& l) {
     q.push_back(l);
@@ -317,6 +323,7 @@ int launch(const LaunchOptions& opts) {
   std::string cmd;
   for (const auto& a : plan.argv) cmd += (cmd.empty() ? "" : " ") + a;
   OutputRouter router(log_dir, std::string("=== launch ") + stamp + ": " + cmd);
+  router.open_rank_logs(opts.ranks);
   std::cerr << "launch: " << opts.ranks << " ranks x " << plan.threads_per_rank << " threads"
             << (plan.oversubscribed ? " (oversubscribed)" : "") << ", logs in " << log_dir << "\n";
 
