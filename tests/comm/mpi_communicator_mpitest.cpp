@@ -4,6 +4,7 @@
 
 #include "util/mpi_test_main.h"
 
+#include <chrono>
 #include <numeric>
 
 #include "moetron/comm/mpi_communicator.h"
@@ -102,6 +103,31 @@ TEST(Mpi, BroadcastSendRecvAndNonBlockingProgress) {
   while (!work->test()) {
   }
   EXPECT_EQ(big.data<float>()[12345], static_cast<float>(n));
+}
+
+TEST(Mpi, PollCompletesOutstandingOperations) {
+  Communicator& w = test::mpi_world();
+  const int r = w.rank(), n = w.size();
+  // bf16 avg: the result reaches `b` only in the completion step (fp32 ->
+  // bf16 rounding), so seeing it proves poll() completed the operation
+  // without test() or wait().
+  Tensor b = Tensor::empty({1 << 15}, DType::bf16);
+  b.fill(static_cast<double>(2 * r));
+  Tensor f = Tensor::empty({1 << 18}, DType::f32);  // a second one in flight at the same time
+  f.fill(1.0);
+  auto wb = w.allreduce_async(b, ReduceOp::avg);
+  auto wf = w.allreduce_async(f, ReduceOp::sum);
+  const uint16_t expect = f32_to_bf16(static_cast<float>(n - 1));
+  const auto* bits = static_cast<const uint16_t*>(b.raw());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((bits[0] != expect || bits[(1 << 15) - 1] != expect) && std::chrono::steady_clock::now() < deadline) {
+    w.poll();
+  }
+  EXPECT_EQ(bits[0], expect) << "poll() did not complete the bf16 allreduce within 30 s";
+  EXPECT_TRUE(wb->test());
+  wf->wait();
+  EXPECT_EQ(f.data<float>()[(1 << 18) - 1], static_cast<float>(n));
+  w.poll();  // nothing in flight: a no-op
 }
 
 TEST(Mpi, CountsBytesAndSplitsIntoSubgroups) {

@@ -1,17 +1,22 @@
-// moetron: train / eval / generate / prepare-data / memory.
+// moetron: train / eval / generate / prepare-data / memory / launch.
 // Library code throws moetron::Error; this is the one place that turns an
-// error into a message and a non-zero exit.
+// error into a message and a non-zero exit. Started by mpirun or srun, a
+// rank prefixes its errors with "rank R: " and aborts every rank of the job,
+// so one failing rank never leaves the others waiting in a collective.
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "moetron/cli/memory_cmd.h"
+#include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
 #include "moetron/core/threading.h"
 #include "moetron/data/corpus.h"
 #include "moetron/data/tokenizer.h"
+#include "moetron/train/fault_injection.h"
 #include "moetron/train/generate.h"
+#include "moetron/train/launcher.h"
 #include "moetron/train/trainer.h"
 
 namespace {
@@ -20,9 +25,15 @@ using namespace moetron;
 
 int cmd_train(const std::string& config, const std::string& out, const std::vector<std::string>& sets,
               bool resume) {
+  // Under mpirun / srun every rank joins the MPI world first, so that any
+  // later error can abort the whole job.
+  std::shared_ptr<comm::Communicator> world;
+  if (comm::detect_launch_env().under_mpi) world = comm::make_mpi_world();
+  train::maybe_inject_failure(world ? world->rank() : 0, 0);
   const train::Config cfg = train::load_config(config, sets);
-  train::Trainer trainer(cfg, out, resume);
+  train::Trainer trainer(cfg, out, resume, world);
   const train::TrainResult r = trainer.run();
+  if (world && world->rank() != 0) return 0;  // rank 0 reports for the job
   if (r.steps_done == 0) {
     std::cout << "nothing to train: the run in " << out << " has already reached train.steps = "
               << cfg.train.steps << "\n";
@@ -121,19 +132,27 @@ int main(int argc, char** argv) {
 
   cli::MemoryCommand memory_opts;
   auto* memory = cli::add_memory_command(app, memory_opts);
+  auto* launch = app.add_subcommand("launch", "run a moetron command on N ranks of this machine under mpirun");
+  train::LaunchOptions lopts;
+  launch->add_option("-n,--ranks", lopts.ranks, "number of ranks")->required();
+  launch->add_option("--threads-per-rank", lopts.threads_per_rank, "OpenMP threads per rank (default: cores / N)");
+  launch->add_option("command", lopts.command, "after `--`: the moetron command, e.g. train --config C --out RUN")
+      ->required();
 
   CLI11_PARSE(app, argc, argv);
+  const comm::LaunchEnv env = comm::detect_launch_env();
   try {
+    if (*launch) return train::launch(lopts);
     if (*train) return cmd_train(config, out, sets, resume);
     if (*gen) return cmd_generate(ckpt_dir, prompt, tok_path, max_new, temperature, top_k, seed);
     if (*ev) return cmd_eval(ckpt_dir, tokens, eval_batch);
     if (*prep) return cmd_prepare(popts);
     if (*memory) return cli::run_memory_command(memory_opts);
-  } catch (const moetron::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+  } catch (const std::exception& e) {  // moetron::Error and the standard library's
+    const std::string who = env.under_mpi ? "rank " + std::to_string(env.rank) + ": " : "";
+    std::cerr << who << "error: " << e.what() << std::endl;
+    if (env.under_mpi) train::write_rank_error(env.rank, who + "error: " + e.what());
+    comm::abort_world(1);
     return 1;
   }
   return 0;

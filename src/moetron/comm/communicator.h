@@ -70,8 +70,8 @@ class Communicator {
   void send(const Tensor& buf, int peer, int tag = 0) { send_async(buf, peer, tag)->wait(); }
   void recv(const Tensor& buf, int peer, int tag = 0) { recv_async(buf, peer, tag)->wait(); }
 
-  // Per operation name ("allreduce", ...). A deque: pending operations hold
-  // references to their entry, which must survive the first use of another op.
+  // Per operation name ("allreduce", ...). A deque: an entry stays where it
+  // is when another is added, so a Work in flight can hold a reference to it.
   const std::deque<std::pair<std::string, CommStats>>& stats() const { return stats_; }
   CommStats& stats_for(const std::string& op);
   CommStats total_stats() const;

@@ -4,7 +4,10 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <cstdio>
 #include <functional>
+#include <thread>
 
 #include "moetron/core/error.h"
 
@@ -51,31 +54,54 @@ MPI_Datatype mpi_type(DType t) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
+class MpiWork;
+
+// The operations of one communicator still in flight, so poll() can test
+// them; shared with the Work handles, so either may outlive the other.
+struct PendingWorks {
+  std::vector<MpiWork*> works;
+  void remove(MpiWork* w) {
+    for (auto& p : works) {
+      if (p == w) {
+        p = works.back();
+        works.pop_back();
+        return;
+      }
+    }
+  }
+};
+
 // Requests plus what runs when they complete (fp32 -> bf16 rounding, the
 // division of an average), and the stats entry the time goes to.
 class MpiWork final : public Work {
  public:
-  MpiWork(CommStats& stats, std::function<void()> on_done)
-      : stats_(stats), on_done_(std::move(on_done)), start_(clock_type::now()) {}
+  MpiWork(CommStats& stats, std::shared_ptr<PendingWorks> pending, std::function<void()> on_done)
+      : stats_(stats), pending_(std::move(pending)), on_done_(std::move(on_done)), start_(clock_type::now()) {
+    pending_->works.push_back(this);
+  }
   ~MpiWork() override {
     try {
       wait();
     } catch (...) {
     }
+    if (!done_) pending_->remove(this);
   }
-  std::vector<MPI_Request> requests;
+  // Filled by the communicator right after construction; MPI_REQUEST_NULL
+  // until an MPI_I* call succeeds, so a failed post leaves nothing to wait on.
+  MPI_Request& add_request() { return requests_.emplace_back(MPI_REQUEST_NULL); }
   void wait() override {
     if (done_) return;
-    if (!requests.empty()) {
-      check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "wait");
+    if (!requests_.empty()) {
+      check_mpi(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), "wait");
     }
     finish();
   }
   bool test() override {
     if (done_) return true;
     int flag = 1;
-    if (!requests.empty()) {
-      check_mpi(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE), "test");
+    if (!requests_.empty()) {
+      check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE),
+                "test");
     }
     if (flag) finish();
     return done_;
@@ -85,10 +111,13 @@ class MpiWork final : public Work {
  private:
   void finish() {
     done_ = true;
+    pending_->remove(this);
     if (on_done_) on_done_();
     stats_.seconds += std::chrono::duration<double>(clock_type::now() - start_).count();
   }
+  std::vector<MPI_Request> requests_;
   CommStats& stats_;
+  std::shared_ptr<PendingWorks> pending_;
   std::function<void()> on_done_;
   clock_type::time_point start_;
   bool done_ = false;
@@ -145,20 +174,25 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
+  // Out of place, from a copy in a comm-tagged send buffer (the allocator
+  // reuses its block from call to call): OpenMPI 4.1's in-place
+  // MPI_Iallreduce allocates and first-touches a full-size temporary inside
+  // every call, ~8x slower at 64 MiB here (bench/RESULTS.md, "Progress").
   std::unique_ptr<Work> allreduce_async(const Tensor& buf, ReduceOp op) override {
     CommStats& st = begin("allreduce", 2 * ring_share(buf.nbytes()));
     const bool stage = buf.dtype() == DType::bf16;
     MOETRON_CHECK(stage || buf.dtype() != DType::f16, "allreduce of f16 is not supported");
-    Tensor work_buf = stage ? to_f32(buf) : buf;
+    Tensor send = stage ? to_f32(buf) : Tensor::empty(buf.shape(), buf.dtype(), MemTag::comm);
+    if (!stage && buf.nbytes()) std::memcpy(send.raw(), buf.raw(), buf.nbytes());
+    Tensor recv = stage ? Tensor::empty(buf.shape(), DType::f32, MemTag::comm) : buf;
     const int n = size_;
-    auto w = std::make_unique<MpiWork>(st, [work_buf, buf, stage, op, n] {
-      if (op == ReduceOp::avg) divide(work_buf, n);
-      if (stage) from_f32(work_buf, buf);
+    auto w = make_work(st, [recv, buf, stage, op, n] {
+      if (op == ReduceOp::avg) divide(recv, n);
+      if (stage) from_f32(recv, buf);
     });
-    w->keep_alive.push_back(work_buf);
-    w->requests.emplace_back();
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, work_buf.raw(), count_of(work_buf), mpi_type(work_buf.dtype()),
-                             mpi_op(op), comm_, &w->requests.back()),
+    w->keep_alive = {send, recv};
+    check_mpi(MPI_Iallreduce(send.raw(), recv.raw(), count_of(recv), mpi_type(recv.dtype()), mpi_op(op), comm_,
+                             &w->add_request()),
               "allreduce");
     return w;
   }
@@ -171,14 +205,13 @@ class MpiCommunicator final : public Communicator {
     Tensor s = stage ? to_f32(src) : src;
     Tensor d = stage ? Tensor::empty(dst.shape(), DType::f32, MemTag::comm) : dst;
     const int n = size_;
-    auto w = std::make_unique<MpiWork>(st, [d, dst, stage, op, n] {
+    auto w = make_work(st, [d, dst, stage, op, n] {
       if (op == ReduceOp::avg) divide(d, n);
       if (stage) from_f32(d, dst);
     });
     w->keep_alive = {s, d};
-    w->requests.emplace_back();
-    check_mpi(MPI_Ireduce_scatter_block(s.raw(), d.raw(), count_of(d), mpi_type(d.dtype()), mpi_op(op), comm_,
-                                        &w->requests.back()),
+        check_mpi(MPI_Ireduce_scatter_block(s.raw(), d.raw(), count_of(d), mpi_type(d.dtype()), mpi_op(op), comm_,
+                                        &w->add_request()),
               "reduce_scatter");
     return w;
   }
@@ -187,10 +220,9 @@ class MpiCommunicator final : public Communicator {
     MOETRON_CHECK(src.dtype() == dst.dtype() && dst.numel() == src.numel() * size_, "allgather: dst ",
                   dst.str(), " must be ", size_, " chunks of src ", src.str());
     CommStats& st = begin("allgather", ring_share(dst.nbytes()));
-    auto w = std::make_unique<MpiWork>(st, nullptr);
-    w->requests.emplace_back();
-    check_mpi(MPI_Iallgather(src.raw(), count_of(src), mpi_type(src.dtype()), dst.raw(), count_of(src),
-                             mpi_type(dst.dtype()), comm_, &w->requests.back()),
+    auto w = make_work(st, nullptr);
+        check_mpi(MPI_Iallgather(src.raw(), count_of(src), mpi_type(src.dtype()), dst.raw(), count_of(src),
+                             mpi_type(dst.dtype()), comm_, &w->add_request()),
               "allgather");
     return w;
   }
@@ -199,11 +231,10 @@ class MpiCommunicator final : public Communicator {
     MOETRON_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel() && src.numel() % size_ == 0,
                   "alltoall: ", src.str(), " and ", dst.str(), " must be ", size_, " equal chunks");
     CommStats& st = begin("alltoall", ring_share(src.nbytes()));
-    auto w = std::make_unique<MpiWork>(st, nullptr);
-    w->requests.emplace_back();
-    const int chunk = count_of(src) / size_;
+    auto w = make_work(st, nullptr);
+        const int chunk = count_of(src) / size_;
     check_mpi(MPI_Ialltoall(src.raw(), chunk, mpi_type(src.dtype()), dst.raw(), chunk, mpi_type(dst.dtype()),
-                            comm_, &w->requests.back()),
+                            comm_, &w->add_request()),
               "alltoall");
     return w;
   }
@@ -215,7 +246,7 @@ class MpiCommunicator final : public Communicator {
     MOETRON_CHECK(src.dtype() == dst.dtype() && src.rank() >= 1 && dst.rank() >= 1, "alltoallv: ", src.str(),
                   " -> ", dst.str());
     const int64_t row = src.dim(0) ? src.numel() / src.dim(0) : (dst.dim(0) ? dst.numel() / dst.dim(0) : 0);
-    auto w = std::make_unique<MpiWork>(begin("alltoallv", 0), nullptr);
+    auto w = make_work(begin("alltoallv", 0), nullptr);
     std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
     int64_t so = 0, ro = 0, sent = 0;
     for (int r = 0; r < size_; ++r) {
@@ -231,36 +262,32 @@ class MpiCommunicator final : public Communicator {
     MOETRON_CHECK(so <= src.numel() && ro <= dst.numel(), "alltoallv: counts exceed ", src.str(), " or ",
                   dst.str());
     stats_for("alltoallv").bytes_sent += sent * static_cast<int64_t>(src.element_size());
-    w->requests.emplace_back();
-    check_mpi(MPI_Ialltoallv(src.raw(), sc.data(), sd.data(), mpi_type(src.dtype()), dst.raw(), rc.data(), rd.data(),
-                             mpi_type(dst.dtype()), comm_, &w->requests.back()),
+        check_mpi(MPI_Ialltoallv(src.raw(), sc.data(), sd.data(), mpi_type(src.dtype()), dst.raw(), rc.data(), rd.data(),
+                             mpi_type(dst.dtype()), comm_, &w->add_request()),
               "alltoallv");
     return w;
   }
 
   std::unique_ptr<Work> broadcast_async(const Tensor& buf, int root) override {
     MOETRON_CHECK(root >= 0 && root < size_, "broadcast root ", root, " out of range for size ", size_);
-    auto w = std::make_unique<MpiWork>(begin("broadcast", rank_ == root ? static_cast<int64_t>(buf.nbytes()) : 0), nullptr);
-    w->requests.emplace_back();
-    check_mpi(MPI_Ibcast(buf.raw(), count_of(buf), mpi_type(buf.dtype()), root, comm_, &w->requests.back()),
+    auto w = make_work(begin("broadcast", rank_ == root ? static_cast<int64_t>(buf.nbytes()) : 0), nullptr);
+        check_mpi(MPI_Ibcast(buf.raw(), count_of(buf), mpi_type(buf.dtype()), root, comm_, &w->add_request()),
               "broadcast");
     return w;
   }
 
   std::unique_ptr<Work> send_async(const Tensor& buf, int peer, int tag) override {
     check_peer(peer, "send");
-    auto w = std::make_unique<MpiWork>(begin("send", static_cast<int64_t>(buf.nbytes())), nullptr);
-    w->requests.emplace_back();
-    check_mpi(MPI_Isend(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_, &w->requests.back()),
+    auto w = make_work(begin("send", static_cast<int64_t>(buf.nbytes())), nullptr);
+        check_mpi(MPI_Isend(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_, &w->add_request()),
               "send");
     return w;
   }
 
   std::unique_ptr<Work> recv_async(const Tensor& buf, int peer, int tag) override {
     check_peer(peer, "recv");
-    auto w = std::make_unique<MpiWork>(begin("recv", 0), nullptr);
-    w->requests.emplace_back();
-    check_mpi(MPI_Irecv(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_, &w->requests.back()),
+    auto w = make_work(begin("recv", 0), nullptr);
+        check_mpi(MPI_Irecv(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_, &w->add_request()),
               "recv");
     return w;
   }
@@ -268,6 +295,15 @@ class MpiCommunicator final : public Communicator {
   void barrier() override {
     ++stats_for("barrier").calls;
     check_mpi(MPI_Barrier(comm_), "barrier");
+  }
+
+  // Tests every operation still in flight: OpenMPI progresses non-blocking
+  // collectives only inside MPI calls. A dedicated progress thread measured
+  // worse on one core per rank (bench/RESULTS.md, "Progress").
+  void poll() override {
+    // test() of a finished operation removes it from the list: test a copy.
+    const std::vector<MpiWork*> now = pending_->works;
+    for (MpiWork* w : now) w->test();
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -281,6 +317,9 @@ class MpiCommunicator final : public Communicator {
   int64_t ring_share(size_t bytes) const {
     return static_cast<int64_t>(bytes) * (size_ - 1) / size_;
   }
+  std::unique_ptr<MpiWork> make_work(CommStats& st, std::function<void()> on_done) {
+    return std::make_unique<MpiWork>(st, pending_, std::move(on_done));
+  }
   CommStats& begin(const char* op, int64_t bytes) {
     CommStats& s = stats_for(op);
     ++s.calls;
@@ -293,9 +332,56 @@ class MpiCommunicator final : public Communicator {
   }
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::shared_ptr<PendingWorks> pending_ = std::make_shared<PendingWorks>();
 };
 
 }  // namespace
+
+namespace {
+
+// A non-negative integer from the environment, or -1 when unset or not one.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return -1;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (*end == 0 && x >= 0 && x <= INT32_MAX) ? static_cast<int>(x) : -1;
+}
+
+}  // namespace
+
+LaunchEnv detect_launch_env() {
+  const std::pair<const char*, const char*> pairs[] = {
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+      {"PMI_RANK", "PMI_SIZE"},
+      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS"},  // a job step: srun, not the batch script
+      {"PMIX_RANK", nullptr},
+  };
+  for (const auto& [rank_var, size_var] : pairs) {
+    const int rank = env_int(rank_var);
+    if (rank < 0) continue;
+    const int size = size_var ? env_int(size_var) : 0;
+    if (size_var && size < 1) continue;
+    return {true, rank, size};
+  }
+  return {};
+}
+
+void abort_world(int code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size <= 1) return;
+  // mpirun forwards a rank's output asynchronously and stops forwarding once
+  // it kills the job: give it a moment to deliver the error just printed.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
 
 std::unique_ptr<Communicator> make_mpi_world() {
   ensure_mpi();

@@ -2,6 +2,10 @@
 // MPI_THREAD_FUNNELED (only the thread that started an operation calls MPI)
 // and finalised at process exit. Non-blocking operations map to MPI's
 // MPI_I* calls; bf16 reductions are staged in fp32 and rounded once.
+// OpenMPI advances a non-blocking collective only inside MPI calls, so each
+// communicator keeps its operations in flight and poll() tests them: compute
+// loops call it between kernels (measured against a progress thread in
+// bench/RESULTS.md, "Progress of non-blocking collectives").
 #pragma once
 
 #include <memory>
@@ -13,5 +17,24 @@ namespace moetron::comm {
 // MPI_COMM_WORLD (duplicated). Under `mpirun -np N` every process gets its rank;
 // started alone it is a world of one.
 std::unique_ptr<Communicator> make_mpi_world();
+
+// What the process launcher said about this process, read from the
+// environment before MPI is initialised: OpenMPI's mpirun (OMPI_COMM_WORLD_*),
+// PMI starters such as MPICH's hydra or `srun --mpi=pmi2` (PMI_RANK/PMI_SIZE),
+// a Slurm job step (SLURM_PROCID/SLURM_STEP_NUM_TASKS), PMIx (PMIX_RANK; no
+// size: 0 means unknown).
+struct LaunchEnv {
+  bool under_mpi = false;
+  int rank = 0;
+  int size = 1;
+};
+LaunchEnv detect_launch_env();
+
+// Ends every rank of the job when MPI is running with more than one rank
+// (flushes stdio, waits 0.3 s so mpirun can forward the error just printed,
+// then MPI_Abort on MPI_COMM_WORLD with `code`; does not return). Otherwise
+// returns, and the caller exits as a single process would. Only main()
+// calls it, after printing the error.
+void abort_world(int code);
 
 }  // namespace moetron::comm

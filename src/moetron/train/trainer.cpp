@@ -16,6 +16,7 @@
 #include "moetron/core/threading.h"
 #include "moetron/nn/flops.h"
 #include "moetron/optim/zero_optimizer.h"
+#include "moetron/train/fault_injection.h"
 #include "moetron/train/memory_report.h"
 
 namespace moetron::train {
@@ -292,6 +293,7 @@ TrainResult Trainer::run() {
   }
   cpu_allocator().reset_peaks();
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
+    maybe_inject_failure(world_->rank(), step);
     const auto t0 = clock_type::now();
     std::vector<int64_t> mb_tokens(static_cast<size_t>(acc), 0);
     fill_batches(step, inputs, targets, mb_tokens);

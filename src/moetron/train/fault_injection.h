@@ -1,0 +1,29 @@
+// Fault injection for tests of rank failure: MOETRON_INJECT_FAILURE="rank=R,step=S"
+// makes rank R throw moetron::Error at the start of training step S (step 0:
+// at startup, before the trainer is built). Parsed in this one place; a
+// malformed value is an error that names the variable, on every rank.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace moetron::train {
+
+struct InjectedFailure {
+  int rank = 0;
+  int64_t step = 0;
+};
+
+inline constexpr const char* kInjectFailureEnv = "MOETRON_INJECT_FAILURE";
+
+// "rank=R,step=S" (keys in either order, both required, R and S integers >= 0).
+// Empty text: no failure. Throws moetron::Error naming kInjectFailureEnv.
+std::optional<InjectedFailure> parse_injected_failure(const std::string& spec);
+
+// Throws moetron::Error("... injected failure on rank R at step S") when the
+// environment asks for a failure of this rank at this step; re-reads the
+// variable on every call (no global state), a getenv and a few compares.
+void maybe_inject_failure(int rank, int64_t step);
+
+}  // namespace moetron::train
