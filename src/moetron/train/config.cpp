@@ -1,5 +1,7 @@
 #include "moetron/train/config.h"
 
+#include "moetron/optim/optimizer.h"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -210,16 +212,7 @@ void check_rule(bool ok, const char* key, const std::string& rule) {
 
 }  // namespace
 
-std::vector<std::string> split_list(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
-  }
-  return out;
-}
+std::vector<std::string> split_list(const std::string& list) { return optim::split_patterns(list); }
 
 nn::RecomputePolicy recompute_policy(const Config& cfg) {
   return nn::make_recompute_policy(cfg.recompute.policy, split_list(cfg.recompute.modules), cfg.model.n_layers,
