@@ -70,6 +70,9 @@ nlohmann::json hf_config(const nn::ModelConfig& m, const nn::MoeConfig& e) {
 namespace {
 
 std::string optimizer_file(int rank) { return "optimizer-rank-" + std::to_string(rank) + ".safetensors"; }
+std::string model_file(int rank) {
+  return rank == 0 ? kModelFile : "model-rank-" + std::to_string(rank) + ".safetensors";
+}
 
 // Every rank learns whether every rank succeeded; a failure anywhere throws
 // everywhere (naming the first failing rank), so no rank publishes or waits alone.
@@ -106,20 +109,27 @@ void write_optimizer_slices(const std::string& path, std::vector<optim::StateSli
 void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& model,
                      optim::ParamOptimizer& opt, const nlohmann::json& trainer_state,
                      const std::string& config_toml, int64_t keep, comm::Communicator* world_ptr,
-                     const std::vector<optim::StateSlice>& extra) {
+                     const std::vector<optim::StateSlice>& extra,
+                     const std::function<bool(const std::string&)>& writes_fn) {
   std::unique_ptr<comm::Communicator> local;
   if (!world_ptr) local = comm::make_local_communicator();
   comm::Communicator& world = world_ptr ? *world_ptr : *local;
+  const auto writes = [&](const std::string& name) { return writes_fn ? writes_fn(name) : world.rank() == 0; };
   const std::string final_dir = checkpoint_dir(run_dir, step);
-  const std::vector<optim::StateTensor> masters = opt.full_masters();  // collective
+  std::vector<NamedTensor> weights;  // fp32 masters: resume is exact
+  for (const auto& m : opt.full_masters()) {  // collective
+    if (writes(m.name)) weights.push_back({m.name, m.tensor});
+  }
+  // Which ranks write a model file: rank 0 always (the Hugging Face file).
+  Tensor writers = Tensor::zeros({world.size()}, DType::i32, MemTag::comm);
+  writers.data<int32_t>()[world.rank()] = world.rank() == 0 || !weights.empty();
+  if (world.size() > 1) world.allreduce(writers, comm::ReduceOp::sum);
   std::unique_ptr<StagedDir> staged;
   std::string staging, error;
   if (world.rank() == 0) {
     try {
       staged = std::make_unique<StagedDir>(final_dir);
       staging = staged->staging_path();
-      std::vector<NamedTensor> weights;
-      for (const auto& m : masters) weights.push_back({m.name, m.tensor});  // fp32 master: resume is exact
       write_safetensors(staged->file(kModelFile), weights, {{"format", "pt"}});
       std::vector<NamedTensor> state;
       for (nn::MoeLayer* layer : model.moe_layers()) state.push_back({bias_name(*layer), layer->bias()});
@@ -141,8 +151,13 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
   MOETRON_CHECK(!staging.empty(), "rank 0 could not stage checkpoint '", final_dir, "'");
   try {
     // A replicated optimizer's state is stored once, by rank 0.
+    if (world.rank() > 0 && !weights.empty()) {
+      write_safetensors(staging + "/" + model_file(world.rank()), weights, {{"format", "pt"}});
+    }
     std::vector<optim::StateSlice> slices;
-    if (opt.sharded() || world.rank() == 0) slices = opt.state_slices();
+    for (auto& sl : opt.state_slices()) {
+      if (opt.sharded() || writes(sl.name)) slices.push_back(std::move(sl));
+    }
     slices.insert(slices.end(), extra.begin(), extra.end());
     write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), std::move(slices));
   } catch (const Error& e) {
@@ -151,9 +166,15 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
   agree(world, error, str_cat("writing checkpoint '", final_dir, "'"));
   if (world.rank() == 0) {
     try {
-      std::vector<std::string> files = {kModelFile, kStateFile, "config.json", kTrainerFile, "moetron.toml"};
+      std::vector<std::string> files = {kStateFile, "config.json", kTrainerFile, "moetron.toml"};
+      nlohmann::json model_files = nlohmann::json::array();
+      for (int r = 0; r < world.size(); ++r) {
+        if (writers.data<int32_t>()[r]) model_files.push_back(model_file(r));
+      }
+      for (const auto& f : model_files) files.push_back(f.get<std::string>());
       for (int r = 0; r < world.size(); ++r) files.push_back(optimizer_file(r));
-      write_manifest(staged->staging_path(), files, {{"step", step}, {"optimizer_ranks", world.size()}});
+      write_manifest(staged->staging_path(), files,
+                     {{"step", step}, {"optimizer_ranks", world.size()}, {"model_files", model_files}});
       staged->commit();
       // Prune only after the new checkpoint is durable.
       const auto dirs = checkpoint_dirs(run_dir);
@@ -236,13 +257,22 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vec
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
                                optim::ParamOptimizer* opt, const std::vector<optim::StateSlice>& extra) {
   const nlohmann::json manifest = verify_manifest(dir);
-  SafetensorsReader weights(dir + "/" + kModelFile);
+  // Parameters by name from whichever model file holds them: a checkpoint of
+  // any layout loads into any other.
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  for (const auto& f : manifest.value("model_files", nlohmann::json::array({kModelFile}))) {
+    files.push_back(std::make_unique<SafetensorsReader>(dir + "/" + f.get<std::string>()));
+  }
   for (const auto& p : model.params().all()) {
-    MOETRON_CHECK(weights.contains(p->name), "checkpoint '", dir, "' has no tensor '", p->name, "'");
+    SafetensorsReader* weights = nullptr;
+    for (auto& f : files) {
+      if (f->contains(p->name)) weights = f.get();
+    }
+    MOETRON_CHECK(weights, "checkpoint '", dir, "' has no tensor '", p->name, "'");
     if (opt) {
-      opt->load_master(p->name, weights.view(p->name));
+      opt->load_master(p->name, weights->view(p->name));
     } else {
-      weights.read_into(p->name, p->value);
+      weights->read_into(p->name, p->value);
     }
   }
   if (opt) {

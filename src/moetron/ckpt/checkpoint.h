@@ -1,5 +1,9 @@
 // Training checkpoints: RUN_DIR/checkpoints/step-N/ holding
 //   model.safetensors  Hugging Face Mixtral names, [out, in], fp32 master weights
+//                      (the ones rank 0 writes); a layout whose ranks hold
+//                      different parameters (expert parallelism) adds
+//                      model-rank-R.safetensors for each other rank that writes
+//                      some, and manifest.json lists them ("model_files")
 //   config.json        Hugging Face style model config
 //   state.safetensors  router selection biases
 //   optimizer-rank-R.safetensors  the moments/momenta rank R holds: each tensor
@@ -17,6 +21,7 @@
 // verifies every checksum first.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -39,10 +44,14 @@ nlohmann::json hf_config(const nn::ModelConfig& model, const nn::MoeConfig& moe)
 // checkpoints. On any failure the previous checkpoints are untouched and the
 // partial one is removed; the error propagates (on every rank). Collective
 // over `world` (nullptr: one rank).
+// `writes(name)`: whether this rank stores the parameter (or the replicated
+// optimizer state) of that name; every name must be written by exactly one
+// rank. Empty: rank 0 writes everything.
 void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& model,
                      optim::ParamOptimizer& opt, const nlohmann::json& trainer_state,
                      const std::string& config_toml, int64_t keep, comm::Communicator* world = nullptr,
-                     const std::vector<optim::StateSlice>& extra = {});
+                     const std::vector<optim::StateSlice>& extra = {},
+                     const std::function<bool(const std::string&)>& writes = {});
 
 // The newest checkpoint whose manifest verifies; each skipped (corrupt or
 // truncated) one adds a warning naming it (and its path to `skipped`).

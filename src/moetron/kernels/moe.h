@@ -56,6 +56,10 @@ struct MoePlan {
 // capacity <= 0 is dropless; otherwise an expert keeps its first `capacity`
 // slots in token order and the rest are dropped (counted in `dropped`).
 MoePlan moe_plan(const Tensor& topk_idx, int64_t num_experts, int64_t capacity);
+// The same with a limit per expert (< 0: none): expert e keeps its first
+// limits[e] slots in token order. Expert parallelism uses it so a rank keeps
+// exactly the slots one rank holding every token would keep.
+MoePlan moe_plan_limited(const Tensor& topk_idx, int64_t num_experts, const std::vector<int64_t>& limits);
 
 // permuted[r] = x[token_of_row[r]] for r < plan.rows(). x: [T, D]; permuted:
 // [>= rows, D], same dtype (f32, bf16; reference also f64).

@@ -13,7 +13,7 @@ std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i)
 }  // namespace
 
 Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
-             ParameterSet& params)
+             ParameterSet& params, ExpertParallel ep)
     : d_(model.d_model),
       eps_(static_cast<float>(model.norm_eps)),
       prec_(prec),
@@ -23,7 +23,7 @@ Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Prec
                          prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0, false)),
       attn_(model, layer_prefix(index) + "self_attn.", prec, params) {
   if (layer_is_moe(moe, index)) {
-    moe_ = std::make_unique<MoeLayer>(model, moe, layer_prefix(index), prec, params);
+    moe_ = std::make_unique<MoeLayer>(model, moe, layer_prefix(index), prec, params, ep);
   } else {
     const auto std = static_cast<float>(model.init_std);
     const auto out_std = static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));

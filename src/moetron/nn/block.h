@@ -20,7 +20,7 @@ namespace moetron::nn {
 class Block {
  public:
   Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
-        ParameterSet& params);
+        ParameterSet& params, ExpertParallel ep = {});
 
   // x: [B*S, D]; returns the block's output [B*S, D] (a new tensor).
   Tensor forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions, int64_t batch,

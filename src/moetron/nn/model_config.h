@@ -39,6 +39,15 @@ struct MoeConfig {
   double capacity_factor = 0.0;   // 0: dropless
 };
 
+// Expert parallelism: the routed experts are cut into `size` equal
+// contiguous ranges and this rank holds range `rank` (experts
+// [rank * E / size, (rank + 1) * E / size)). Parameters keep their global
+// names, so every layout initialises and checkpoints the same tensors.
+struct ExpertParallel {
+  int64_t size = 1;
+  int64_t rank = 0;
+};
+
 // Whether layer `i` has a routed-MoE FFN (else a dense SwiGLU).
 inline bool layer_is_moe(const MoeConfig& e, int64_t i) {
   return e.num_experts > 0 && i >= e.first_dense_layers && (i - e.first_dense_layers) % e.every == 0;

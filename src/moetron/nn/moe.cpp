@@ -115,18 +115,24 @@ void balancing_gradients(const Tensor& logits, const BalanceSums& b, int64_t k, 
 }  // namespace
 
 MoeLayer::MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::string& prefix,
-                   Precision prec, ParameterSet& params)
+                   Precision prec, ParameterSet& params, ExpertParallel ep)
     : prefix_(prefix),
       d_(model.d_model),
       e_(moe.num_experts),
       k_(moe.top_k),
       f_(moe.expert_hidden),
+      ep_size_(ep.size),
+      e_local_(moe.num_experts / std::max<int64_t>(ep.size, 1)),
+      e_first_(ep.rank * e_local_),
       aux_coef_(moe.aux_loss_coef),
       z_coef_(moe.z_loss_coef),
       capacity_factor_(moe.capacity_factor),
       use_bias_(moe.bias_update_rate > 0),
       prec_(prec),
       load_(static_cast<size_t>(moe.num_experts), 0) {
+  MOETRON_CHECK(ep.size >= 1 && e_ % ep.size == 0 && ep.rank >= 0 && ep.rank < ep.size, prefix,
+                "block_sparse_moe: ", e_, " experts do not split over ", ep.size,
+                " expert-parallel ranks (moe.num_experts % parallel.ep must be 0)");
   router_args_.k = static_cast<int>(k_);
   router_args_.score = moe.router_score == "sigmoid" ? kernels::RouterScore::sigmoid
                                                      : kernels::RouterScore::softmax;
@@ -137,18 +143,19 @@ MoeLayer::MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::st
   // choices, and bf16 rounding would flip near-ties.
   router_ = &params.add(prefix + "block_sparse_moe.gate.weight", {e_, d_}, prec.accum, prec.accum,
                         ParallelKind::replicated, InitKind::normal, std, false);
-  w13_ = Tensor::empty({e_, 2 * f_, d_}, prec.compute, MemTag::params);
-  w13_grad_ = Tensor::zeros({e_, 2 * f_, d_}, prec.accum, MemTag::grads);
-  w2_ = Tensor::empty({e_, d_, f_}, prec.compute, MemTag::params);
-  w2_grad_ = Tensor::zeros({e_, d_, f_}, prec.accum, MemTag::grads);
-  for (int64_t j = 0; j < e_; ++j) {
+  w13_ = Tensor::empty({e_local_, 2 * f_, d_}, prec.compute, MemTag::params);
+  w13_grad_ = Tensor::zeros({e_local_, 2 * f_, d_}, prec.accum, MemTag::grads);
+  w2_ = Tensor::empty({e_local_, d_, f_}, prec.compute, MemTag::params);
+  w2_grad_ = Tensor::zeros({e_local_, d_, f_}, prec.accum, MemTag::grads);
+  for (int64_t jl = 0; jl < e_local_; ++jl) {
+    const int64_t j = e_first_ + jl;  // global index: the name every layout shares
     const std::string ex = prefix + "block_sparse_moe.experts." + std::to_string(j) + ".";
-    const Tensor w13 = w13_[j], g13 = w13_grad_[j];
+    const Tensor w13 = w13_[jl], g13 = w13_grad_[jl];
     Parameter& w1 = params.add_view(ex + "w1.weight", w13.slice(0, f_), g13.slice(0, f_),
                                     ParallelKind::expert, InitKind::normal, std, true);
     Parameter& w3 = params.add_view(ex + "w3.weight", w13.slice(f_, 2 * f_), g13.slice(f_, 2 * f_),
                                     ParallelKind::expert, InitKind::normal, std, true);
-    Parameter& w2 = params.add_view(ex + "w2.weight", w2_[j], w2_grad_[j], ParallelKind::expert,
+    Parameter& w2 = params.add_view(ex + "w2.weight", w2_[jl], w2_grad_[jl], ParallelKind::expert,
                                     InitKind::normal, out_std, true);
     w1.expert = w3.expert = w2.expert = j;
   }
@@ -164,7 +171,8 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
                            double loss_weight) {
   const int64_t t = x.dim(0);
   check_shape(x, "MoE input", {t, d_});
-  Saved s;
+  saved_ = Saved{};
+  Saved& s = saved_;  // filled in place: the expert-parallel exchange reads it
   s.x = x;
   s.loss_weight = loss_weight;
   if (x.dtype() == prec_.accum) {
@@ -181,27 +189,32 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
   kernels::router_topk(ctx, s.logits, use_bias_ ? bias_ : Tensor(), router_args_, s.scores,
                        s.topk_idx, s.topk_weight);
   record_routing(s.topk_idx);
-  const int64_t capacity =
-      capacity_factor_ > 0
-          ? static_cast<int64_t>(std::ceil(static_cast<double>(t * k_) * capacity_factor_ / static_cast<double>(e_)))
-          : 0;
-  s.plan = kernels::moe_plan(s.topk_idx, e_, capacity);
   const int32_t* idx = s.topk_idx.data<int32_t>();
   std::vector<int64_t> counts(static_cast<size_t>(e_), 0);
   for (int64_t i = 0; i < t * k_; ++i) ++counts[static_cast<size_t>(idx[i])];
   if (!recompute_pass_) {
     for (int64_t j = 0; j < e_; ++j) load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
   }
+  if (ep_size_ > 1) {
+    plan_expert_parallel(counts, t);
+  } else {
+    const int64_t capacity =
+        capacity_factor_ > 0
+            ? static_cast<int64_t>(std::ceil(static_cast<double>(t * k_) * capacity_factor_ / static_cast<double>(e_)))
+            : 0;
+    s.plan = kernels::moe_plan(s.topk_idx, e_, capacity);
+  }
 
-  const int64_t rows = s.plan.rows();
-  s.permuted = Tensor::empty({rows, d_}, prec_.compute);
-  kernels::moe_permute(ctx, x, s.plan, s.permuted);
+  // rows: the local experts' rows (received from the ep ranks under expert parallelism).
+  s.permuted = dispatch(ctx, x);
+  const int64_t rows = s.permuted.dim(0);
   s.gate_up = Tensor::empty({rows, 2 * f_}, prec_.compute);
-  kernels::grouped_matmul(ctx, s.permuted, w13_, s.plan.offsets, s.gate_up, true, 0.0f);
+  kernels::grouped_matmul(ctx, s.permuted, w13_, expert_offsets(), s.gate_up, true, 0.0f);
   s.act = Tensor::empty({rows, f_}, prec_.compute);
   kernels::swiglu_forward(ctx, s.gate_up, s.act);
   s.expert_out = Tensor::empty({rows, d_}, prec_.compute);
-  kernels::grouped_matmul(ctx, s.act, w2_, s.plan.offsets, s.expert_out, true, 0.0f);
+  kernels::grouped_matmul(ctx, s.act, w2_, expert_offsets(), s.expert_out, true, 0.0f);
+  if (ep_size_ > 1) s.expert_out = from_experts(ctx, s.expert_out);
   kernels::moe_unpermute(ctx, s.expert_out, s.plan, s.topk_weight, y);
   if (shared_) shared_->forward(ctx, x, y, 1.0f);
 
@@ -217,7 +230,6 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
     balancing_values(*sums, k_, aux_coef_, z_coef_, stats);
     s.balance = std::move(sums);
   }
-  saved_ = std::move(s);
   drop_after_forward();
   return stats;
 }
@@ -225,26 +237,28 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
 void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx) {
   Saved& s = saved_;
   MOETRON_CHECK(s.x.defined(), "MoE backward without a saved forward");
-  const int64_t t = s.x.dim(0), rows = s.plan.rows();
+  const int64_t t = s.x.dim(0), rows = s.gate_up.dim(0);
   if (shared_) shared_->backward(ctx, dy, dx, 0.0f);
   rebuild_act(ctx);
 
-  Tensor d_expert_out = Tensor::empty({rows, d_}, prec_.compute);
+  Tensor d_expert_out = Tensor::empty({s.plan.rows(), d_}, prec_.compute);
   Tensor d_topk_weight = Tensor::empty({t, k_}, prec_.accum);
   kernels::moe_unpermute_backward(ctx, dy, s.expert_out, s.plan, s.topk_weight, d_expert_out,
                                   d_topk_weight);
+  if (ep_size_ > 1) d_expert_out = to_experts(ctx, d_expert_out);
   Tensor d_act = Tensor::empty({rows, f_}, prec_.compute);
-  kernels::grouped_matmul(ctx, d_expert_out, w2_, s.plan.offsets, d_act, false, 0.0f);
-  kernels::grouped_matmul_weight_grad(ctx, d_expert_out, s.act, s.plan.offsets, w2_grad_, 1.0f);
+  kernels::grouped_matmul(ctx, d_expert_out, w2_, expert_offsets(), d_act, false, 0.0f);
+  kernels::grouped_matmul_weight_grad(ctx, d_expert_out, s.act, expert_offsets(), w2_grad_, 1.0f);
   d_expert_out = Tensor();
   Tensor d_gate_up = Tensor::empty({rows, 2 * f_}, prec_.compute);
   kernels::swiglu_backward(ctx, d_act, s.gate_up, d_gate_up);
   d_act = Tensor();
   rebuild_permuted(ctx);
-  kernels::grouped_matmul_weight_grad(ctx, d_gate_up, s.permuted, s.plan.offsets, w13_grad_, 1.0f);
+  kernels::grouped_matmul_weight_grad(ctx, d_gate_up, s.permuted, expert_offsets(), w13_grad_, 1.0f);
   Tensor d_permuted = Tensor::empty({rows, d_}, prec_.compute);
-  kernels::grouped_matmul(ctx, d_gate_up, w13_, s.plan.offsets, d_permuted, false, 0.0f);
+  kernels::grouped_matmul(ctx, d_gate_up, w13_, expert_offsets(), d_permuted, false, 0.0f);
   d_gate_up = Tensor();
+  if (ep_size_ > 1) d_permuted = from_experts(ctx, d_permuted);
   Tensor d_routed = Tensor::empty({t, d_}, prec_.compute);
   kernels::moe_permute_backward(ctx, d_permuted, s.plan, d_routed);
   if (shared_) {

@@ -38,7 +38,7 @@ struct MoeStats {
 class MoeLayer {
  public:
   MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::string& prefix,
-           Precision prec, ParameterSet& params);
+           Precision prec, ParameterSet& params, ExpertParallel ep = {});
 
   // x, y: [T, D]; y overwritten. loss_weight scales the balancing losses'
   // gradients (the micro-batch's share of the step's tokens).
@@ -59,6 +59,13 @@ class MoeLayer {
   // and their gradients use statistics summed over them, so they equal one
   // rank's. nullptr: this rank's tokens only (evaluation).
   void set_balance_group(comm::Communicator* group) { balance_group_ = group; }
+  // Expert parallelism (moe_dispatch.cpp): the ep ranks that together hold
+  // every expert once, this one holding experts [first_expert(),
+  // first_expert() + local_experts()). Each rank routes its own tokens; the
+  // slots go to their expert's rank by all-to-all and come back the same way.
+  void set_expert_group(comm::Communicator* group);
+  int64_t local_experts() const { return e_local_; }
+  int64_t first_expert() const { return e_first_; }
   // "model.layers.{i}." of the block holding this layer.
   const std::string& prefix() const { return prefix_; }
 
@@ -77,13 +84,15 @@ class MoeLayer {
  private:
   std::string prefix_;
   int64_t d_, e_, k_, f_;
+  int64_t ep_size_ = 1, e_local_ = 0, e_first_ = 0;
+  comm::Communicator* ep_group_ = nullptr;
   double aux_coef_, z_coef_, capacity_factor_;
   bool use_bias_;
   kernels::RouterArgs router_args_;
   Precision prec_;
   Parameter* router_;
-  Tensor w13_, w13_grad_;  // [E, 2F, D]
-  Tensor w2_, w2_grad_;    // [E, D, F]
+  Tensor w13_, w13_grad_;  // [local experts, 2F, D]
+  Tensor w2_, w2_grad_;    // [local experts, D, F]
   Tensor bias_;            // [E] accum dtype, selection only
   std::unique_ptr<SwiGluMlp> shared_;
   std::vector<int64_t> load_;
@@ -96,9 +105,21 @@ class MoeLayer {
   void rebuild_act(kernels::Context& ctx);
   void rebuild_permuted(kernels::Context& ctx);
   void rebuild_router_input(kernels::Context& ctx);
+  // Expert parallelism (moe_dispatch.cpp).
+  void plan_expert_parallel(const std::vector<int64_t>& counts, int64_t tokens);
+  Tensor to_experts(kernels::Context& ctx, const Tensor& local_rows);
+  Tensor from_experts(kernels::Context& ctx, const Tensor& expert_rows);
+  Tensor dispatch(kernels::Context& ctx, const Tensor& x);
+  const std::vector<int64_t>& expert_offsets() const;
   struct Saved {
     Tensor x, x_router, scores, topk_idx, topk_weight, logits;
-    kernels::MoePlan plan;
+    // plan: this rank's slots (over all E experts). Under expert
+    // parallelism `exchange` maps the rows received from the ep ranks
+    // (source-rank major) to expert-major rows of the local experts, and
+    // permuted / gate_up / act hold those rows while expert_out holds the
+    // outputs returned to this rank's slots (plan order).
+    kernels::MoePlan plan, exchange;
+    std::vector<int64_t> send_rows, recv_rows;
     Tensor permuted, gate_up, act, expert_out;
     double loss_weight = 0;
     std::shared_ptr<const BalanceSums> balance;  // global sums of this forward

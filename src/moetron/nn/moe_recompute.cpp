@@ -60,15 +60,14 @@ void MoeLayer::rebuild_act(kernels::Context& ctx) {
                 "block_sparse_moe: backward without its input (norm recompute "
                 "must restore it first)");
   if (s.act.defined()) return;
-  s.act = Tensor::empty({s.plan.rows(), f_}, prec_.compute);
+  s.act = Tensor::empty({s.gate_up.dim(0), f_}, prec_.compute);
   kernels::swiglu_forward(ctx, s.gate_up, s.act);
 }
 
 void MoeLayer::rebuild_permuted(kernels::Context& ctx) {
   Saved& s = saved_;
   if (s.permuted.defined()) return;
-  s.permuted = Tensor::empty({s.plan.rows(), d_}, prec_.compute);
-  kernels::moe_permute(ctx, s.x, s.plan, s.permuted);
+  s.permuted = dispatch(ctx, s.x);  // under expert parallelism the exchange runs again
 }
 
 void MoeLayer::rebuild_router_input(kernels::Context& ctx) {

@@ -7,14 +7,14 @@
 
 namespace moetron::nn {
 
-Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec)
+Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep)
     : model_(model), moe_(moe), prec_(prec) {
   const auto std = static_cast<float>(model.init_std);
   embed_ = &params_.add("model.embed_tokens.weight", {model.vocab_size, model.d_model}, prec.compute,
                         prec.accum, ParallelKind::vocab, InitKind::normal, std, false);
   for (int64_t i = 0; i < model.n_layers; ++i) {
     const size_t begin = params_.all().size();
-    blocks_.push_back(std::make_unique<Block>(model, moe, i, prec, params_));
+    blocks_.push_back(std::make_unique<Block>(model, moe, i, prec, params_, ep));
     block_params_.emplace_back(begin, params_.all().size());
   }
   final_norm_ = &params_.add("model.norm.weight", {model.d_model}, prec.accum, prec.accum,
@@ -32,6 +32,10 @@ void Transformer::grad_ready(Parameter* p) {
 void Transformer::grads_ready(size_t begin, size_t end) {
   if (!on_grad_ready) return;
   for (size_t i = begin; i < end; ++i) on_grad_ready(*params_.all()[i]);
+}
+
+void Transformer::set_expert_group(comm::Communicator* group) {
+  for (MoeLayer* l : moe_layers()) l->set_expert_group(group);
 }
 
 std::vector<MoeLayer*> Transformer::moe_layers() {

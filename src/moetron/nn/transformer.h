@@ -21,7 +21,7 @@ struct LossStats {
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec);
+  Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep = {});
 
   ParameterSet& params() { return params_; }
   const ModelConfig& config() const { return model_; }
@@ -51,6 +51,9 @@ class Transformer {
   // Ranks that split each micro-batch (dp); see MoeLayer::set_balance_group.
   // Training forwards use it; evaluation forwards use local statistics.
   void set_balance_group(comm::Communicator* group) { balance_group_ = group; }
+  // The ep ranks that share one copy of the experts (nn/moe_dispatch.cpp);
+  // required when built with ExpertParallel::size > 1.
+  void set_expert_group(comm::Communicator* group);
   // Activation recomputation (nn/recompute.h, transformer_recompute.cpp);
   // none by default. Gradients are the same under every policy.
   void set_recompute(const RecomputePolicy& policy);

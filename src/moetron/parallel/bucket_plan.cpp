@@ -12,13 +12,15 @@ void pad_to(BucketSpec& b, int dp) { b.numel = (b.numel + dp - 1) / dp * dp; }
 
 }  // namespace
 
-std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes) {
+std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
+                                         const std::function<bool(const nn::Parameter&)>& include) {
   MOETRON_CHECK(bucket_bytes > 0, "gradient bucket size must be positive, got ", bucket_bytes);
   std::vector<BucketSpec> out;
   BucketSpec cur;
   const auto& all = params.all();
   for (size_t i = all.size(); i-- > 0;) {
     nn::Parameter* p = all[i].get();
+    if (include && !include(*p)) continue;
     cur.slots.push_back({p, cur.numel, p->grad.numel(), -1});
     cur.numel += p->grad.numel();
     if (cur.numel * 4 >= bucket_bytes) {

@@ -34,7 +34,10 @@ struct BucketSpec {
   int64_t numel = 0;  // a multiple of the dp size
 };
 
-std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes);
+// include: the parameters this reducer carries (empty: all); expert
+// parallelism reduces expert and dense gradients over different groups.
+std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
+                                         const std::function<bool(const nn::Parameter&)>& include = {});
 
 // Newton-Schulz cost of an [m, n] matrix, in multiply-adds per iteration:
 // with s = min(m, n), l = max(m, n): X X^T (s^2 l), its square (s^3) and the

@@ -7,9 +7,10 @@
 namespace moetron::parallel {
 
 GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, ReducerOptions opts,
-                         std::vector<BucketSpec> plan)
+                         std::vector<BucketSpec> plan,
+                         const std::function<bool(const nn::Parameter&)>& carries)
     : dp_(dp), opts_(opts) {
-  if (plan.empty()) plan = flat_bucket_plan(params, dp_.size(), opts_.bucket_bytes);
+  if (plan.empty()) plan = flat_bucket_plan(params, dp_.size(), opts_.bucket_bytes, carries);
   const int64_t n = dp_.size();
   size_t registered = 0;
   for (BucketSpec& spec : plan) {
@@ -43,8 +44,10 @@ GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, Reduc
     }
     buckets_.push_back(std::move(b));
   }
-  MOETRON_CHECK(registered == params.all().size(), "bucket plan covers ", registered, " of ",
-                params.all().size(), " parameters");
+  size_t wanted = 0;
+  for (const auto& p : params.all()) wanted += !carries || carries(*p);
+  MOETRON_CHECK(registered == wanted, "bucket plan covers ", registered, " of the ", wanted,
+                " parameters it should carry");
   pending_.assign(buckets_.size(), 0);
   work_.resize(buckets_.size());
 }

@@ -66,9 +66,13 @@ struct Bucket {
 
 class GradReducer {
  public:
-  // plan: empty for flat_bucket_plan(params, dp.size(), opts.bucket_bytes).
+  // carries: the parameters this reducer reduces (empty: all; expert
+  // parallelism reduces dense and expert gradients over different groups);
+  // the plan must hold exactly those. plan: empty for
+  // flat_bucket_plan(params, dp.size(), opts.bucket_bytes, carries).
   GradReducer(nn::ParameterSet& params, comm::Communicator& dp, ReducerOptions opts,
-              std::vector<BucketSpec> plan = {});
+              std::vector<BucketSpec> plan = {},
+              const std::function<bool(const nn::Parameter&)>& carries = {});
 
   // Arms the reducer for the backward that completes the step's gradients
   // (the last micro-batch). Earlier micro-batches only accumulate.

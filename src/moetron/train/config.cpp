@@ -100,6 +100,7 @@ const std::vector<Field>& fields() {
       field("parallel.compression_block", &Config::parallel, &ParallelConfig::compression_block),
       field("parallel.topk_ratio", &Config::parallel, &ParallelConfig::topk_ratio),
       field("parallel.compression_warmup", &Config::parallel, &ParallelConfig::compression_warmup),
+      field("parallel.ep", &Config::parallel, &ParallelConfig::ep),
   };
   return table;
 }
@@ -351,6 +352,14 @@ void validate(const Config& c) {
   check_rule(c.parallel.compression_block > 0, "parallel.compression_block", "must be positive");
   check_rule(c.parallel.topk_ratio > 0 && c.parallel.topk_ratio <= 1, "parallel.topk_ratio", "must be in (0, 1]");
   check_rule(c.parallel.compression_warmup >= 0, "parallel.compression_warmup", "must be >= 0");
+  check_rule(c.parallel.ep >= 1, "parallel.ep", "must be >= 1");
+  if (c.parallel.ep > 1) {
+    check_rule(c.moe.num_experts > 0, "parallel.ep", "needs routed experts (moe.num_experts > 0)");
+    check_rule(c.moe.num_experts % c.parallel.ep == 0, "parallel.ep",
+               str_cat("must divide moe.num_experts = ", c.moe.num_experts, " (each rank holds whole experts)"));
+    check_rule(!c.parallel.zero, "parallel.ep",
+               "> 1 with parallel.zero = true is not supported yet (ZeRO-1 shards assume identical parameters on every dp rank)");
+  }
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
              "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));

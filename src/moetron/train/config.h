@@ -60,7 +60,7 @@ struct TrainingConfig {
   int64_t loss_scale_window = 2000;  // fp16: clean steps before the scale doubles
   int64_t log_every = 10;
   int64_t eval_every = 50;
-  int64_t eval_batches = 4;
+  int64_t eval_batches = 4;  // global batches of micro_batch * dp windows
   std::string nan_policy = "skip";  // skip | stop
   int64_t threads = 0;  // 0: all cores
   // Memory the run may use per rank ("auto": the machine's available memory;
@@ -88,6 +88,11 @@ struct ParallelConfig {
   int64_t compression_block = 256;   // values per scale (int8, int4, sign)
   double topk_ratio = 0.01;          // share of values kept (topk)
   int64_t compression_warmup = 0;    // first steps reduced uncompressed
+  // Expert parallelism (nn/moe_dispatch.cpp): the dp ranks are cut into
+  // groups of ep consecutive ranks, each group holding every routed expert
+  // once; expert gradients are reduced over the dp / ep ranks holding the
+  // same experts. 1: every rank holds every expert.
+  int64_t ep = 1;
 };
 
 struct CheckpointConfig {

@@ -12,6 +12,7 @@
 
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/core/manifest.h"
+#include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/matmul.h"
 #include "moetron/core/threading.h"
 #include "moetron/nn/flops.h"
@@ -61,7 +62,11 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   val_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/val.bin", cfg_.model.vocab_size);
   sampler_ = std::make_unique<data::WindowSampler>(*train_tokens_, cfg_.train.seq_len + 1, cfg_.train.seed);
 
-  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_);
+  ep_ = cfg_.parallel.ep;
+  MOETRON_CHECK(world_->size() % ep_ == 0, "parallel.ep = ", ep_, " does not divide the ", world_->size(),
+                " ranks of this job (ep groups are cut out of the data-parallel ranks)");
+  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_,
+                                             nn::ExpertParallel{ep_, world_->rank() % ep_});
   model_->initialize(cfg_.train.seed);
   model_->set_recompute(recompute_policy(cfg_));
   optim::OptimizerOptions oo;
@@ -83,6 +88,12 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     balance_comm_ = world_->split(0, world_->rank());
     model_->set_balance_group(balance_comm_.get());
   }
+  if (ep_ > 1) {
+    ep_comm_ = world_->split(world_->rank() / static_cast<int>(ep_), world_->rank());
+    model_->set_expert_group(ep_comm_.get());
+    if (dp / ep_ > 1) expert_grad_comm_ = world_->split(world_->rank() % static_cast<int>(ep_), world_->rank());
+  }
+  const auto is_expert = [](const nn::Parameter& p) { return p.kind == nn::ParallelKind::expert; };
   if (dp > 1 || cfg_.parallel.zero) {
     parallel::ReducerOptions ro;
     ro.bucket_bytes = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0);
@@ -98,8 +109,25 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
       plan = parallel::owner_bucket_plan(model_->params(), static_cast<int>(dp), ro.bucket_bytes,
                                          [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); });
     }
-    reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *grad_comm_, ro, std::move(plan));
-    model_->on_grad_ready = [this](nn::Parameter& p) { reducer_->grad_ready(*ctx_, p); };
+    std::function<bool(const nn::Parameter&)> carries;  // empty: every parameter
+    if (ep_ > 1) {
+      // Dense gradients over every rank, expert gradients over the ranks
+      // holding the same experts (none when ep = dp: the all-to-all already
+      // brought every rank's tokens to the expert).
+      carries = [is_expert](const nn::Parameter& p) { return !is_expert(p); };
+      if (expert_grad_comm_) {
+        expert_reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *expert_grad_comm_, ro,
+                                                                  std::vector<parallel::BucketSpec>{}, is_expert);
+      }
+    }
+    reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *grad_comm_, ro, std::move(plan), carries);
+    model_->on_grad_ready = [this](nn::Parameter& p) {
+      if (p.kind != nn::ParallelKind::expert || ep_ == 1) {
+        reducer_->grad_ready(*ctx_, p);
+      } else if (expert_reducer_) {
+        expert_reducer_->grad_ready(*ctx_, p);
+      }
+    };
   }
   if (cfg_.parallel.zero) {
     opt_ = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *reducer_,
@@ -167,12 +195,16 @@ double Trainer::evaluate() {
   const int64_t span = val_tokens_->size() - (s + 1);
   MOETRON_CHECK(span >= 0, "validation split has ", val_tokens_->size(), " tokens, fewer than one window of ",
                 s + 1);
-  // The same windows on any dp: batch j goes to rank j % dp.
+  // Batch j is global: rows [j * mb * dp, (j + 1) * mb * dp) of the
+  // validation windows, rank r taking mb of them, so every dp (with the
+  // global batch fixed) sees the same windows, and every rank runs the same
+  // forwards (the expert-parallel exchange is collective).
   Tensor sums = Tensor::zeros({2}, DType::f64, MemTag::comm);
   Tensor inputs = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b, s}, DType::i32);
-  for (int64_t batch = world_->rank(); batch < cfg_.train.eval_batches; batch += world_->size()) {
+  const int64_t dp = world_->size();
+  for (int64_t batch = 0; batch < cfg_.train.eval_batches; ++batch) {
     for (int64_t r = 0; r < b; ++r) {
-      const int64_t j = batch * b + r;
+      const int64_t j = (batch * dp + world_->rank()) * b + r;
       const int64_t start = span > 0 ? (j * (s + 1)) % span : 0;
       const int32_t* w = val_tokens_->data() + start;
       std::copy(w, w + s, inputs.data<int32_t>() + r * s);
@@ -193,6 +225,11 @@ std::vector<optim::StateSlice> Trainer::feedback_slices() {
   if (!reducer_) return out;
   for (auto& [name, t] : reducer_->residuals()) {
     out.push_back({"rank-" + std::to_string(world_->rank()) + "." + name, t, 0, t.numel(), false});
+  }
+  if (expert_reducer_) {
+    for (auto& [name, t] : expert_reducer_->residuals()) {
+      out.push_back({"rank-" + std::to_string(world_->rank()) + ".experts." + name, t, 0, t.numel(), false});
+    }
   }
   return out;
 }
@@ -225,7 +262,35 @@ void Trainer::save_checkpoint(int64_t step) {
                                 {"overflow_steps", scaler_.overflow_steps()},
                                 {"seed", cfg_.train.seed}};
   ckpt::save_checkpoint(run_dir_, step, *model_, *opt_, state, to_toml(cfg_), cfg_.checkpoint.keep, world_.get(),
-                        feedback_slices());
+                        feedback_slices(), [this](const std::string& n) { return writes_checkpoint_tensor(n); });
+}
+
+bool Trainer::writes_checkpoint_tensor(const std::string& name) const {
+  // Replicated tensors once, by rank 0; each expert by the first ep group
+  // (ranks 0 .. ep-1), the one rank there that holds it.
+  const bool expert = ep_ > 1 && name.find(".block_sparse_moe.experts.") != std::string::npos;
+  return expert ? world_->rank() < ep_ : world_->rank() == 0;
+}
+
+void Trainer::for_each_reducer(const std::function<void(parallel::GradReducer&)>& fn) {
+  if (reducer_) fn(*reducer_);
+  if (expert_reducer_) fn(*expert_reducer_);
+}
+
+double Trainer::grad_norm(double grad_scale) {
+  if (ep_ == 1) return opt_->grad_norm(*ctx_, grad_scale);
+  double dense = 0;
+  Tensor expert = Tensor::zeros({1}, DType::f64, MemTag::comm);
+  for (const auto& p : model_->params().all()) {
+    const double sq = kernels::sum_squares(*ctx_, p->grad);
+    if (p->kind == nn::ParallelKind::expert) {
+      expert.data<double>()[0] += sq;
+    } else {
+      dense += sq;
+    }
+  }
+  ep_comm_->allreduce(expert, comm::ReduceOp::sum);
+  return std::sqrt(dense + expert.data<double>()[0]) * std::fabs(grad_scale);
 }
 
 void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
@@ -308,7 +373,7 @@ TrainResult Trainer::run() {
     Tensor sums = Tensor::zeros({2}, DType::f64, MemTag::comm);  // ce, dropped over ranks
     for (int64_t m = 0; m < acc; ++m) {
       const double share = static_cast<double>(mb_tokens[static_cast<size_t>(m)]) / static_cast<double>(step_tokens);
-      if (reducer_ && m == acc - 1) reducer_->arm(step);
+      if (m == acc - 1) for_each_reducer([&](parallel::GradReducer& r) { r.arm(step); });
       const nn::LossStats st = model_->forward_backward(*ctx_, inputs[static_cast<size_t>(m)],
                                                         targets[static_cast<size_t>(m)],
                                                         loss_scale / static_cast<double>(step_tokens),
@@ -319,16 +384,16 @@ TrainResult Trainer::run() {
       rec.aux_loss += st.aux_loss * share;
       rec.z_loss += st.z_loss * share;
     }
-    if (reducer_) {
-      reducer_->finish(*ctx_);
-      rec.comm_wait_s = reducer_->last_wait_seconds();
-    }
+    for_each_reducer([&](parallel::GradReducer& r) {
+      r.finish(*ctx_);
+      rec.comm_wait_s += r.last_wait_seconds();
+    });
     if (world_->size() > 1) world_->allreduce(sums, comm::ReduceOp::sum);
     rec.dropped = static_cast<int64_t>(sums.data<double>()[1]);
     rec.tokens = step_tokens;
     rec.loss = sums.data<double>()[0] / static_cast<double>(step_tokens);
     if (before_update) before_update(step);
-    rec.grad_norm = opt_->grad_norm(*ctx_, 1.0 / loss_scale);
+    rec.grad_norm = grad_norm(1.0 / loss_scale);
     reduce_expert_loads();
     if (fp16_ && std::isfinite(rec.loss) && !std::isfinite(rec.grad_norm)) {
       // An fp16 overflow: expected now and then; skip, count, halve the scale.

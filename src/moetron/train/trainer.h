@@ -81,6 +81,11 @@ class Trainer {
   void fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
                     std::vector<int64_t>& mb_tokens);
   void reduce_expert_loads();
+  // The global gradient norm: under expert parallelism the expert
+  // gradients' squares are summed over the ep group (each expert counted once).
+  double grad_norm(double grad_scale);
+  bool writes_checkpoint_tensor(const std::string& name) const;
+  void for_each_reducer(const std::function<void(parallel::GradReducer&)>& fn);
   std::vector<optim::StateSlice> feedback_slices();
   bool is_root() const { return world_->rank() == 0; }
   double flops_per_token() const;
@@ -95,7 +100,11 @@ class Trainer {
   std::unique_ptr<nn::Transformer> model_;
   std::unique_ptr<comm::Communicator> balance_comm_;  // MoE statistics, apart from gradient traffic
   std::unique_ptr<comm::Communicator> grad_comm_;    // gradient buckets and ZeRO-1 gathers
-  std::unique_ptr<parallel::GradReducer> reducer_;   // dp > 1 or ZeRO-1
+  std::unique_ptr<parallel::GradReducer> reducer_;   // dp > 1 or ZeRO-1 (with ep > 1: dense parameters)
+  int64_t ep_ = 1;
+  std::unique_ptr<comm::Communicator> ep_comm_;            // the ep ranks sharing one copy of the experts
+  std::unique_ptr<comm::Communicator> expert_grad_comm_;   // the dp / ep ranks holding the same experts
+  std::unique_ptr<parallel::GradReducer> expert_reducer_;  // expert gradients over expert_grad_comm_
   std::unique_ptr<optim::ParamOptimizer> opt_;
   int64_t acc_ = 1;
   bool fp16_ = false;
