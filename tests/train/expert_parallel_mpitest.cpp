@@ -157,6 +157,19 @@ TEST(ExpertParallel, LossesAndGradientsEqualOneRank) {
   }
 }
 
+// Recomputation re-runs the exchange: moe_dispatch rebuilds the received
+// rows in backward, full / sqrt re-run whole blocks (both all-to-alls).
+TEST(ExpertParallel, RecomputePoliciesUnderExpertParallelEqualOneRank) {
+  const Reference& ref = reference("adamw", {"optim.name=adamw"});
+  const int64_t ep = ep_sizes().back();
+  for (const std::string policy : {"selective", "full", "sqrt"}) {
+    Trainer t(ep_config(kGlobalRows / dp(), {"optim.name=adamw", "parallel.ep=" + std::to_string(ep),
+                                             "recompute.policy=" + policy}),
+              run_dir("ep-recompute-" + policy), false, shared_world());
+    expect_same_losses(t.run(), ref.result, 0, 1e-5, policy + " ep " + std::to_string(ep));
+  }
+}
+
 // With ep = dp the ep group holds the whole micro-batch, so a capacity factor
 // drops exactly the (token, expert) slots one rank drops.
 TEST(ExpertParallel, CapacityDropsTheSameSlotsAsOneRank) {

@@ -68,6 +68,9 @@ class Trainer {
   // The data-parallel gradient reducer (nullptr on one rank without ZeRO-1);
   // its communicator carries exactly the gradient and ZeRO-1 parameter traffic.
   parallel::GradReducer* reducer() { return reducer_.get(); }
+  // The expert-parallel group (nullptr when parallel.ep = 1): it carries
+  // exactly the MoE token exchange (and the per-expert count all-gather).
+  comm::Communicator* expert_comm() { return ep_comm_.get(); }
   // Micro-batches per step on this rank (train.grad_accum or derived from train.global_batch).
   int64_t accumulation() const { return acc_; }
   // Writes RUN_DIR/checkpoints/step-N now (atomically; keeps checkpoint.keep).
