@@ -8,10 +8,13 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "moetron/ckpt/export.h"
+#include "moetron/ckpt/safetensors.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/staged_dir.h"
 #include "moetron/data/corpus.h"
@@ -222,6 +225,23 @@ TEST(ExpertParallel, CheckpointsResumeInAnotherLayout) {
       EXPECT_TRUE(fs::exists(saved + "/checkpoints/step-5/model-rank-" + std::to_string(r) + ".safetensors"));
     }
     EXPECT_FALSE(fs::exists(saved + "/checkpoints/step-5/model-rank-" + std::to_string(ep) + ".safetensors"));
+    // `moetron export` of the ep checkpoint: one file with every tensor of
+    // the one-rank model, the same shapes, values equal to the shards'.
+    const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
+    EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
+              ckpt::export_hf(one, saved + "/export-one"));
+    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"), want(saved + "/export-one/model.safetensors");
+    EXPECT_EQ(got.names().size(), want.names().size());
+    for (const std::string& name : want.names()) {
+      ASSERT_TRUE(got.contains(name)) << name;
+      EXPECT_EQ(got.shape(name), want.shape(name)) << name;
+    }
+    ckpt::SafetensorsReader shard(saved + "/checkpoints/step-5/model-rank-1.safetensors");
+    for (const std::string& name : shard.names()) {
+      const Tensor a = got.view(name), b = shard.view(name);
+      EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << name;
+    }
+    EXPECT_THROW(ckpt::export_hf(one, saved + "/export"), Error);  // never overwrites
   }
   {
     Trainer t(ep_config(kGlobalRows / dp(), common), copy_step5(saved, "ckpt-ep-to-dp"), true, shared_world());

@@ -1,4 +1,4 @@
-// moetron: train / eval / generate / prepare-data / memory / launch.
+// moetron: train / eval / generate / prepare-data / memory / launch / export.
 // Library code throws moetron::Error; this is the one place that turns an
 // error into a message and a non-zero exit. Started by mpirun or srun, a
 // rank prefixes its errors with "rank R: " and aborts every rank of the job,
@@ -8,6 +8,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "moetron/ckpt/export.h"
 #include "moetron/cli/memory_cmd.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
@@ -139,6 +140,11 @@ int main(int argc, char** argv) {
   launch->add_option("command", lopts.command, "after `--`: the moetron command, e.g. train --config C --out RUN")
       ->required();
 
+  auto* exp = app.add_subcommand("export", "write a checkpoint of any layout as one Hugging Face Mixtral directory");
+  std::string export_out;
+  exp->add_option("--checkpoint", ckpt_dir, "checkpoint directory (RUN/checkpoints/step-N)")->required();
+  exp->add_option("--out", export_out, "output directory (must not exist)")->required();
+
   CLI11_PARSE(app, argc, argv);
   const comm::LaunchEnv env = comm::detect_launch_env();
   try {
@@ -147,6 +153,11 @@ int main(int argc, char** argv) {
     if (*gen) return cmd_generate(ckpt_dir, prompt, tok_path, max_new, temperature, top_k, seed);
     if (*ev) return cmd_eval(ckpt_dir, tokens, eval_batch);
     if (*prep) return cmd_prepare(popts);
+    if (*exp) {
+      const int64_t n = ckpt::export_hf(ckpt_dir, export_out);
+      std::cout << "wrote " << n << " tensors to " << export_out << "/model.safetensors\n";
+      return 0;
+    }
     if (*memory) return cli::run_memory_command(memory_opts);
   } catch (const std::exception& e) {  // moetron::Error and the standard library's
     const std::string who = env.under_mpi ? "rank " + std::to_string(env.rank) + ": " : "";
