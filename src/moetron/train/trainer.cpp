@@ -272,6 +272,13 @@ bool Trainer::writes_checkpoint_tensor(const std::string& name) const {
   return expert ? world_->rank() < ep_ : world_->rank() == 0;
 }
 
+int64_t Trainer::gradient_bytes_sent() const {
+  int64_t n = 0;
+  if (grad_comm_) n += grad_comm_->total_stats().bytes_sent;
+  if (expert_grad_comm_) n += expert_grad_comm_->total_stats().bytes_sent;
+  return n;
+}
+
 void Trainer::for_each_reducer(const std::function<void(parallel::GradReducer&)>& fn) {
   if (reducer_) fn(*reducer_);
   if (expert_reducer_) fn(*expert_reducer_);
@@ -354,12 +361,20 @@ TrainResult Trainer::run() {
     planner::Layout layout;
     layout.dp = world_->size();
     layout.zero1 = cfg_.parallel.zero;
-    std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank(), layout) << std::flush;
+    if (ep_ > 1) {
+      // The model replays one rank's allocations exactly; under ep the
+      // exchanged rows depend on the routing, so it is not applied.
+      std::cout << "memory: not predicted for parallel.ep = " << ep_
+                << " (the memory model covers dp and ZeRO-1 layouts); measured peaks follow step 1\n";
+    } else {
+      std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank(), layout) << std::flush;
+    }
   }
   cpu_allocator().reset_peaks();
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
     maybe_inject_failure(world_->rank(), step);
     const auto t0 = clock_type::now();
+    const int64_t grad_bytes_before = gradient_bytes_sent();
     std::vector<int64_t> mb_tokens(static_cast<size_t>(acc), 0);
     fill_batches(step, inputs, targets, mb_tokens);
     int64_t step_tokens = 0;
@@ -423,7 +438,10 @@ TrainResult Trainer::run() {
                            {"mfu", rec.mfu},       {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
                            {"skipped", rec.skipped}, {"tokens", step_tokens},
                            {"dropped_slots", rec.dropped}, {"step_s", secs}};
-    if (reducer_) line["comm_wait_s"] = rec.comm_wait_s;
+    if (reducer_) {
+      line["comm_wait_s"] = rec.comm_wait_s;
+      line["grad_bytes_sent"] = gradient_bytes_sent() - grad_bytes_before;  // this rank, this step
+    }
     rec.loss_scale = loss_scale;
     if (fp16_) line["loss_scale"] = loss_scale;
     nlohmann::json loads = nlohmann::json::array();

@@ -88,6 +88,8 @@ class Trainer {
   // gradients' squares are summed over the ep group (each expert counted once).
   double grad_norm(double grad_scale);
   bool writes_checkpoint_tensor(const std::string& name) const;
+  // Bytes this rank put on the wire for gradients and ZeRO-1 gathers so far.
+  int64_t gradient_bytes_sent() const;
   void for_each_reducer(const std::function<void(parallel::GradReducer&)>& fn);
   std::vector<optim::StateSlice> feedback_slices();
   bool is_root() const { return world_->rank() == 0; }
