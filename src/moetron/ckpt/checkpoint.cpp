@@ -271,6 +271,10 @@ nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
     MOETRON_CHECK(weights, "checkpoint '", dir, "' has no tensor '", p->name, "'");
     if (opt) {
       opt->load_master(p->name, weights->view(p->name));
+    } else if (p->sharded()) {  // a tp shard: its block of the full tensor
+      Tensor full = Tensor::empty(p->shard.full, p->value.dtype(), MemTag::workspace);
+      weights->read_into(p->name, full);
+      nn::copy_shard(*p, full, p->value);
     } else {
       weights->read_into(p->name, p->value);
     }
@@ -279,6 +283,7 @@ nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
     std::vector<optim::StateSlice> slices = opt->state_slices();
     slices.insert(slices.end(), extra.begin(), extra.end());
     load_optimizer_slices(dir, manifest.value("optimizer_ranks", int64_t{1}), std::move(slices));
+    opt->finish_state_load();
   }
   SafetensorsReader state(dir + "/" + kStateFile);
   for (nn::MoeLayer* layer : model.moe_layers()) {

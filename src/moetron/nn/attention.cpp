@@ -1,17 +1,21 @@
 #include "moetron/nn/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
+#include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/rope.h"
 #include "moetron/nn/linear.h"
 
 namespace moetron::nn {
 
 SelfAttention::SelfAttention(const ModelConfig& cfg, const std::string& prefix, Precision prec,
-                             ParameterSet& params)
-    : d_(cfg.d_model),
-      h_(cfg.n_heads),
-      hkv_(cfg.n_kv_heads),
+                             ParameterSet& params, const TensorParallel* tp)
+    : tp_(tp ? tp : &no_tensor_parallel()),
+      d_(cfg.d_model),
+      h_(cfg.n_heads / tp_->size),
+      hkv_(std::max<int64_t>(cfg.n_kv_heads / tp_->size, 1)),
       hd_(cfg.resolved_head_dim()),
       theta_(static_cast<float>(cfg.rope_theta)),
       prec_(prec) {
@@ -23,16 +27,30 @@ SelfAttention::SelfAttention(const ModelConfig& cfg, const std::string& prefix, 
     return &params.add(prefix + name, {out, in}, prec.compute, prec.accum, kind, InitKind::normal, s,
                        true);
   };
+  const int64_t n = tp_->size, r = tp_->rank;
+  MOETRON_CHECK(cfg.n_heads % n == 0, "model.n_heads = ", cfg.n_heads, " does not divide over parallel.tp = ", n);
+  MOETRON_CHECK(cfg.n_kv_heads % n == 0 || n % cfg.n_kv_heads == 0, "model.n_kv_heads = ", cfg.n_kv_heads,
+                " and parallel.tp = ", n, ": one must divide the other");
+  kv_replicated_ = n > cfg.n_kv_heads;
+  const int64_t kv_head0 = kv_replicated_ ? r / (n / cfg.n_kv_heads) : r * hkv_;
   wq_ = add("q_proj.weight", h_ * hd_, d_, ParallelKind::column, std);
   wk_ = add("k_proj.weight", hkv_ * hd_, d_, ParallelKind::column, std);
   wv_ = add("v_proj.weight", hkv_ * hd_, d_, ParallelKind::column, std);
   wo_ = add("o_proj.weight", d_, h_ * hd_, ParallelKind::row, out_std);
+  if (tp_->on()) {
+    ParameterSet::set_shard(*wq_, {cfg.n_heads * hd_, d_}, r * h_ * hd_, 0);
+    ParameterSet::set_shard(*wk_, {cfg.n_kv_heads * hd_, d_}, kv_head0 * hd_, 0);
+    ParameterSet::set_shard(*wv_, {cfg.n_kv_heads * hd_, d_}, kv_head0 * hd_, 0);
+    ParameterSet::set_shard(*wo_, {d_, cfg.n_heads * hd_}, 0, r * h_ * hd_);
+    wk_->shard.primary = wv_->shard.primary = !kv_replicated_ || r % (n / cfg.n_kv_heads) == 0;
+  }
   mask_.causal = true;
 }
 
-void SelfAttention::forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
+void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const Tensor& positions,
                             int64_t batch, int64_t seq, const Tensor& y) {
   const int64_t t = batch * seq;
+  const Tensor x = column_parallel_input(*tp_, x_given);
   check_shape(x, "attention input", {t, d_});
   Saved s;
   s.x = x;
@@ -52,12 +70,19 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x, const Tensor
   s.lse = Tensor::empty({batch, h_, seq}, prec_.accum);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
   kernels::attention_forward(ctx, s.q, s.k, s.v, mask_, scale, s.out, s.lse);
-  linear_forward(ctx, as_matrix(s.out, h_ * hd_), wo_->value, y);
+  // Row-parallel o_proj: each rank's heads give a partial sum of y.
+  const Tensor partial = tp_->sequence_parallel ? Tensor::empty({t, d_}, prec_.compute) : y;
+  linear_forward(ctx, as_matrix(s.out, h_ * hd_), wo_->value, partial);
+  if (tp_->on()) {
+    const Tensor done = finish_row_parallel(*tp_, partial);
+    if (done.raw() != y.raw()) y.copy_from(done);
+  }
   if (drop_core_) s.out = Tensor();
   saved_ = std::move(s);
 }
 
-void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx) {
+void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, const Tensor& dx) {
+  const Tensor dy = column_parallel_input(*tp_, dy_given);
   Saved& s = saved_;
   MOETRON_CHECK(s.q.defined() && s.x.defined(), "attention backward without a saved forward");
   const int64_t t = s.batch * s.seq;
@@ -77,9 +102,26 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy, const Tens
   const Tensor dq3 = dq.reshape({t, h_, hd_}), dk3 = dk.reshape({t, hkv_, hd_});
   kernels::rope_backward(ctx, dq3, s.positions, theta_, dq3);
   kernels::rope_backward(ctx, dk3, s.positions, theta_, dk3);
-  linear_backward(ctx, as_matrix(dq, h_ * hd_), s.x, wq_->value, wq_->grad, dx, 0.0f);
-  linear_backward(ctx, as_matrix(dk, hkv_ * hd_), s.x, wk_->value, wk_->grad, dx, 1.0f);
-  linear_backward(ctx, as_matrix(dv, hkv_ * hd_), s.x, wv_->value, wv_->grad, dx, 1.0f);
+  // Column-parallel q/k/v: each rank's heads give a partial sum of dx.
+  const Tensor dx_partial = tp_->sequence_parallel ? Tensor::empty({t, d_}, prec_.compute) : dx;
+  linear_backward(ctx, as_matrix(dq, h_ * hd_), s.x, wq_->value, wq_->grad, dx_partial, 0.0f);
+  if (kv_replicated_ && tp_->kv_group && tp_->kv_group->size() > 1) {
+    // The ranks sharing this kv head each saw only their query heads'
+    // share of dk, dv: sum this micro-batch's weight gradients over them.
+    for (auto [d, w] : {std::pair{&dk, wk_}, std::pair{&dv, wv_}}) {
+      Tensor dw = Tensor::zeros(w->grad.shape(), w->grad.dtype(), MemTag::workspace);
+      linear_backward(ctx, as_matrix(*d, hkv_ * hd_), s.x, w->value, dw, dx_partial, 1.0f);
+      tp_->kv_group->allreduce(dw, comm::ReduceOp::sum);
+      kernels::add(ctx, w->grad, dw, w->grad);
+    }
+  } else {
+    linear_backward(ctx, as_matrix(dk, hkv_ * hd_), s.x, wk_->value, wk_->grad, dx_partial, 1.0f);
+    linear_backward(ctx, as_matrix(dv, hkv_ * hd_), s.x, wv_->value, wv_->grad, dx_partial, 1.0f);
+  }
+  if (tp_->on()) {
+    const Tensor done = finish_row_parallel(*tp_, dx_partial);
+    if (done.raw() != dx.raw()) dx.copy_from(done);
+  }
   release();
 }
 

@@ -6,6 +6,12 @@
 // Recomputation (nn/recompute.h): attn_core drops the attention output and
 // backward rebuilds it from q, k, v; norm drops x, which the block rebuilds
 // and hands back through restore_input before backward.
+//
+// Tensor parallelism (nn/tensor_parallel.h): each tp rank holds n_heads / tp
+// query heads and their kv heads, n_kv_heads / tp of them, or, when tp
+// exceeds n_kv_heads, the one kv head its query heads share (replicated over
+// the tp / n_kv_heads ranks of tp.kv_group, whose partial k/v weight
+// gradients are summed there each backward).
 #pragma once
 
 #include <string>
@@ -14,15 +20,18 @@
 #include "moetron/kernels/context.h"
 #include "moetron/nn/model_config.h"
 #include "moetron/nn/parameter.h"
+#include "moetron/nn/tensor_parallel.h"
 
 namespace moetron::nn {
 
 class SelfAttention {
  public:
   SelfAttention(const ModelConfig& cfg, const std::string& prefix, Precision prec,
-                ParameterSet& params);
+                ParameterSet& params, const TensorParallel* tp = nullptr);
 
   // x: [B * S, D] (rows batch-major), positions: i32 [B * S]; y: [B * S, D] overwritten.
+  // Under sequence parallelism x and y (and dy, dx) are this rank's token
+  // slice [B * S / tp, D]; positions stay those of all B * S tokens.
   void forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions, int64_t batch,
                int64_t seq, const Tensor& y);
   // dx: [B * S, D] overwritten with the gradient wrt x; weight grads accumulate.
@@ -30,10 +39,12 @@ class SelfAttention {
   void release();  // drops what forward saved
   void set_drop_core(bool drop) { drop_core_ = drop; }
   void drop_input() { saved_.x = Tensor(); }
-  void restore_input(const Tensor& x) { saved_.x = x; }
+  void restore_input(const Tensor& x) { saved_.x = column_parallel_input(*tp_, x); }
 
  private:
-  int64_t d_, h_, hkv_, hd_;
+  const TensorParallel* tp_;
+  int64_t d_, h_, hkv_, hd_;  // h_, hkv_: this rank's heads
+  bool kv_replicated_ = false;
   float theta_;
   kernels::AttentionMask mask_;
   Parameter *wq_, *wk_, *wv_, *wo_;

@@ -13,22 +13,30 @@ std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i)
 }  // namespace
 
 Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
-             ParameterSet& params, ExpertParallel ep)
-    : d_(model.d_model),
+             ParameterSet& params, ExpertParallel ep, const TensorParallel* tp)
+    : tp_(tp ? tp : &no_tensor_parallel()),
+      d_(model.d_model),
       eps_(static_cast<float>(model.norm_eps)),
       prec_(prec),
       norm1_(&params.add(layer_prefix(index) + "input_layernorm.weight", {model.d_model}, prec.accum,
                          prec.accum, ParallelKind::replicated, InitKind::ones, 0, false)),
       norm2_(&params.add(layer_prefix(index) + "post_attention_layernorm.weight", {model.d_model},
                          prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0, false)),
-      attn_(model, layer_prefix(index) + "self_attn.", prec, params) {
+      attn_(model, layer_prefix(index) + "self_attn.", prec, params, tp_) {
+  // Under sequence parallelism each rank's norms see its token slice only.
+  norm1_->grad_partial_over_tp = norm2_->grad_partial_over_tp = tp_->sequence_parallel;
   if (layer_is_moe(moe, index)) {
+    const size_t first = params.all().size();
     moe_ = std::make_unique<MoeLayer>(model, moe, layer_prefix(index), prec, params, ep);
+    for (size_t i = first; i < params.all().size(); ++i) {
+      Parameter& p = *params.all()[i];
+      p.grad_partial_over_tp = tp_->on();  // router, shared and routed experts (unless ep places them)
+    }
   } else {
     const auto std = static_cast<float>(model.init_std);
     const auto out_std = static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));
     mlp_ = std::make_unique<SwiGluMlp>(model.d_model, model.ffn_hidden, layer_prefix(index) + "mlp.",
-                                       std, out_std, prec, params);
+                                       std, out_std, prec, params, tp_);
   }
 }
 
@@ -49,7 +57,10 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& posi
   kernels::rmsnorm_forward(ctx, s.h, norm2_->value, eps_, n2, s.rstd2);
   Tensor out = Tensor::empty({t, d_}, prec_.compute);
   if (moe_) {
-    const MoeStats st = moe_->forward(ctx, n2, out, loss_weight);
+    const bool sliced = moe_slices_tokens();
+    const Tensor moe_out = sliced ? Tensor::empty({tp_->slice_rows(t), d_}, prec_.compute) : out;
+    const MoeStats st = moe_->forward(ctx, sliced ? token_slice(*tp_, n2) : n2, moe_out, loss_weight);
+    if (sliced) tp_->group->allgather(moe_out, out);
     moe_stats.aux_loss += st.aux_loss;
     moe_stats.z_loss += st.z_loss;
     moe_stats.dropped += st.dropped;
@@ -70,10 +81,15 @@ Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out) {
   Tensor d_n2 = Tensor::empty({t, d_}, prec_.compute);
   if (drop_norm_) {
     const Tensor n2 = rebuild_norm(ctx, s.h, *norm2_);
-    if (moe_) moe_->restore_input(n2);
+    if (moe_) moe_->restore_input(moe_slices_tokens() ? token_slice(*tp_, n2) : n2);
     if (mlp_) mlp_->restore_input(n2);
   }
-  if (moe_) {
+  if (moe_slices_tokens()) {
+    // Each rank's slice of the replicated input got its gradient here only.
+    Tensor d_slice = Tensor::empty({tp_->slice_rows(t), d_}, prec_.compute);
+    moe_->backward(ctx, token_slice(*tp_, d_out), d_slice);
+    tp_->group->allgather(d_slice, d_n2);
+  } else if (moe_) {
     moe_->backward(ctx, d_out, d_n2);
   } else {
     mlp_->backward(ctx, d_out, d_n2);

@@ -6,6 +6,11 @@
 // modules do not keep the norm outputs and backward rebuilds them from x and
 // h; a checkpointed block is released after forward and rebuilt by
 // recompute_forward (from the same x) before its backward.
+//
+// Tensor parallelism (nn/tensor_parallel.h): attention and a dense FFN are
+// tp-sharded; a MoE FFN runs on this rank's token slice (taken from the
+// full activations, or already held under sequence parallelism) and, without
+// sequence parallelism, its output slices are all-gathered.
 #pragma once
 
 #include <memory>
@@ -20,9 +25,9 @@ namespace moetron::nn {
 class Block {
  public:
   Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
-        ParameterSet& params, ExpertParallel ep = {});
+        ParameterSet& params, ExpertParallel ep = {}, const TensorParallel* tp = nullptr);
 
-  // x: [B*S, D]; returns the block's output [B*S, D] (a new tensor).
+  // x: [B*S, D] (a token slice [B*S/tp, D] under sequence parallelism); returns the block's output [B*S, D] (a new tensor).
   Tensor forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions, int64_t batch,
                  int64_t seq, double loss_weight, MoeStats& moe_stats);
   // Returns the gradient wrt x.
@@ -41,6 +46,7 @@ class Block {
                            int64_t batch, int64_t seq, double loss_weight);
 
  private:
+  const TensorParallel* tp_;
   int64_t d_;
   float eps_;
   Precision prec_;
@@ -50,6 +56,8 @@ class Block {
   std::unique_ptr<MoeLayer> moe_;
   bool drop_norm_ = false;
   Tensor rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const;
+  // The MoE works on a token slice of the full activations without sequence parallelism.
+  bool moe_slices_tokens() const { return moe_ && tp_->on() && !tp_->sequence_parallel; }
   struct Saved {
     Tensor x, h, rstd1, rstd2;
   } saved_;

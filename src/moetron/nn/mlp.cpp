@@ -6,20 +6,29 @@
 namespace moetron::nn {
 
 SwiGluMlp::SwiGluMlp(int64_t d_model, int64_t hidden, const std::string& prefix, float init_std,
-                     float out_std, Precision prec, ParameterSet& params)
-    : d_(d_model), f_(hidden), prec_(prec) {
+                     float out_std, Precision prec, ParameterSet& params, const TensorParallel* tp)
+    : tp_(tp ? tp : &no_tensor_parallel()), d_(d_model), f_(hidden / tp_->size), prec_(prec) {
+  MOETRON_CHECK(hidden % tp_->size == 0, prefix, ": ", hidden, " hidden units do not divide over parallel.tp = ",
+                tp_->size);
   w13_ = Tensor::empty({2 * f_, d_}, prec.compute, MemTag::params);
   w13_grad_ = Tensor::zeros({2 * f_, d_}, prec.accum, MemTag::grads);
-  params.add_view(prefix + "gate_proj.weight", w13_.slice(0, f_), w13_grad_.slice(0, f_),
-                           ParallelKind::column, InitKind::normal, init_std, true);
-  params.add_view(prefix + "up_proj.weight", w13_.slice(f_, 2 * f_),
-                         w13_grad_.slice(f_, 2 * f_), ParallelKind::column, InitKind::normal,
-                         init_std, true);
+  Parameter& gate = params.add_view(prefix + "gate_proj.weight", w13_.slice(0, f_), w13_grad_.slice(0, f_),
+                                    ParallelKind::column, InitKind::normal, init_std, true);
+  Parameter& up = params.add_view(prefix + "up_proj.weight", w13_.slice(f_, 2 * f_), w13_grad_.slice(f_, 2 * f_),
+                                  ParallelKind::column, InitKind::normal, init_std, true);
   down_ = &params.add(prefix + "down_proj.weight", {d_, f_}, prec.compute, prec.accum,
                       ParallelKind::row, InitKind::normal, out_std, true);
+  if (tp_->on()) {
+    const int64_t first = tp_->rank * f_;
+    ParameterSet::set_shard(gate, {hidden, d_}, first, 0);
+    ParameterSet::set_shard(up, {hidden, d_}, first, 0);
+    ParameterSet::set_shard(*down_, {d_, hidden}, 0, first);
+  }
 }
 
-void SwiGluMlp::forward(kernels::Context& ctx, const Tensor& x, const Tensor& y, float beta) {
+void SwiGluMlp::forward(kernels::Context& ctx, const Tensor& x_given, const Tensor& y, float beta) {
+  MOETRON_CHECK(beta == 0.0f || !tp_->on(), "a tensor-parallel MLP overwrites its output (beta = 0)");
+  const Tensor x = column_parallel_input(*tp_, x_given);
   const int64_t t = x.dim(0);
   Saved s;
   s.x = x;
@@ -27,12 +36,19 @@ void SwiGluMlp::forward(kernels::Context& ctx, const Tensor& x, const Tensor& y,
   linear_forward(ctx, x, w13_, s.gate_up);
   s.act = Tensor::empty({t, f_}, prec_.compute);
   kernels::swiglu_forward(ctx, s.gate_up, s.act);
-  linear_forward(ctx, s.act, down_->value, y, beta);
+  const Tensor partial = tp_->sequence_parallel ? Tensor::empty({t, d_}, prec_.compute) : y;
+  linear_forward(ctx, s.act, down_->value, partial, beta);
+  if (tp_->on()) {
+    const Tensor done = finish_row_parallel(*tp_, partial);
+    if (done.raw() != y.raw()) y.copy_from(done);
+  }
   if (drop_act_) s.act = Tensor();
   saved_ = std::move(s);
 }
 
-void SwiGluMlp::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx, float dx_beta) {
+void SwiGluMlp::backward(kernels::Context& ctx, const Tensor& dy_given, const Tensor& dx, float dx_beta) {
+  MOETRON_CHECK(dx_beta == 0.0f || !tp_->on(), "a tensor-parallel MLP overwrites its input gradient");
+  const Tensor dy = column_parallel_input(*tp_, dy_given);
   Saved& s = saved_;
   MOETRON_CHECK(s.x.defined() && s.gate_up.defined(), "MLP backward without a saved forward");
   const int64_t t = s.x.dim(0);
@@ -44,7 +60,12 @@ void SwiGluMlp::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& 
   linear_backward(ctx, dy, s.act, down_->value, down_->grad, d_act);
   Tensor d_gate_up = Tensor::empty({t, 2 * f_}, prec_.compute);
   kernels::swiglu_backward(ctx, d_act, s.gate_up, d_gate_up);
-  linear_backward(ctx, d_gate_up, s.x, w13_, w13_grad_, dx, dx_beta);
+  const Tensor dx_partial = tp_->sequence_parallel ? Tensor::empty({t, d_}, prec_.compute) : dx;
+  linear_backward(ctx, d_gate_up, s.x, w13_, w13_grad_, dx_partial, dx_beta);
+  if (tp_->on()) {
+    const Tensor done = finish_row_parallel(*tp_, dx_partial);
+    if (done.raw() != dx.raw()) dx.copy_from(done);
+  }
   release();
 }
 

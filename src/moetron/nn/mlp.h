@@ -6,12 +6,17 @@
 // SwiGLU output [T, F]. Recomputation (nn/recompute.h): moe_act drops the
 // SwiGLU output (rebuilt from the gate-up product in backward); norm drops
 // x, which the caller hands back through restore_input before backward.
+//
+// Tensor parallelism (nn/tensor_parallel.h): gate and up column-parallel,
+// down row-parallel, F / tp hidden units per rank; x, y are token slices
+// under sequence parallelism.
 #pragma once
 
 #include <string>
 
 #include "moetron/kernels/context.h"
 #include "moetron/nn/parameter.h"
+#include "moetron/nn/tensor_parallel.h"
 
 namespace moetron::nn {
 
@@ -19,19 +24,20 @@ class SwiGluMlp {
  public:
   // Parameters `prefix` + gate_proj.weight, up_proj.weight, down_proj.weight.
   SwiGluMlp(int64_t d_model, int64_t hidden, const std::string& prefix, float init_std,
-            float out_std, Precision prec, ParameterSet& params);
+            float out_std, Precision prec, ParameterSet& params, const TensorParallel* tp = nullptr);
 
-  // x: [T, D]; y: [T, D] = mlp(x) + beta * y.
+  // x: [T, D]; y: [T, D] = mlp(x) + beta * y (beta = 0 under tensor parallelism).
   void forward(kernels::Context& ctx, const Tensor& x, const Tensor& y, float beta = 0.0f);
   // dx = grad wrt x + dx_beta * dx.
   void backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx, float dx_beta = 0.0f);
   void release() { saved_ = Saved{}; }
   void set_drop_act(bool drop) { drop_act_ = drop; }
   void drop_input() { saved_.x = Tensor(); }
-  void restore_input(const Tensor& x) { saved_.x = x; }
+  void restore_input(const Tensor& x) { saved_.x = column_parallel_input(*tp_, x); }
 
  private:
-  int64_t d_, f_;
+  const TensorParallel* tp_;
+  int64_t d_, f_;  // f_: this rank's hidden units
   Precision prec_;
   Tensor w13_, w13_grad_;  // [2F, D]: rows [0, F) gate, [F, 2F) up
   Parameter* down_;

@@ -48,6 +48,22 @@ struct Parameter {
   // orthogonalises. Embeddings, head, norms and router are not.
   bool hidden_matrix = false;
   int64_t expert = -1;  // the routed expert this matrix belongs to (expert parallelism shards whole experts)
+  // Tensor parallelism (nn/tensor_parallel.h): this rank holds the block
+  // [row0, row0 + rows) x [col0, col0 + cols) of a tensor of shape `full`
+  // (rank 0: the whole tensor). Initialisation, checkpoints and Muon's
+  // orthogonalisation work on the full tensor.
+  struct Shard {
+    Shape full;
+    int64_t row0 = 0, col0 = 0;
+    // Whether this rank is the first of the tp ranks holding this same block
+    // (several do for kv heads replicated over tp): sums over tp count it once.
+    bool primary = true;
+  } shard;
+  bool sharded() const { return shard.full.rank() > 0; }
+  // The tp ranks computed this gradient from different tokens (the MoE's
+  // router and shared experts; norms under sequence parallelism), so it is
+  // reduced over dp x tp rather than dp alone.
+  bool grad_partial_over_tp = false;
 };
 
 class ParameterSet {
@@ -62,6 +78,8 @@ class ParameterSet {
                       InitKind init, float init_std, bool hidden_matrix);
   void initialize(uint64_t seed);
   void zero_grads();
+  // Marks `p` as the block [row0, ...) x [col0, ...) of a tensor of shape `full`.
+  static void set_shard(Parameter& p, const Shape& full, int64_t row0, int64_t col0);
   Parameter& get(const std::string& name);
   const std::vector<std::unique_ptr<Parameter>>& all() const { return params_; }
   int64_t numel() const;

@@ -4,25 +4,52 @@
 #include "moetron/kernels/embedding.h"
 #include "moetron/kernels/matmul.h"
 #include "moetron/kernels/norm.h"
+#include "moetron/nn/vocab_parallel_ce.h"
 
 namespace moetron::nn {
 
-Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep)
-    : model_(model), moe_(moe), prec_(prec) {
+Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep,
+                         TensorParallel tp)
+    : model_(model), moe_(moe), prec_(prec), tp_(tp) {
   const auto std = static_cast<float>(model.init_std);
-  embed_ = &params_.add("model.embed_tokens.weight", {model.vocab_size, model.d_model}, prec.compute,
-                        prec.accum, ParallelKind::vocab, InitKind::normal, std, false);
+  MOETRON_CHECK(tp_.size >= 1 && tp_.rank >= 0 && tp_.rank < tp_.size, "tensor-parallel rank ", tp_.rank, " of ",
+                tp_.size);
+  MOETRON_CHECK(model.vocab_size % tp_.size == 0, "model.vocab_size = ", model.vocab_size,
+                " does not divide over parallel.tp = ", tp_.size, " (the vocab-parallel embedding and head)");
+  MOETRON_CHECK(!tp_.on() || prec.accum == DType::f32, "tensor parallelism needs fp32 statistics (accum f32)");
+  tp_.group = nullptr;
+  tp_.kv_group = nullptr;
+  const int64_t v_local = model.vocab_size / tp_.size;
+  const auto add_vocab = [&](const char* name) {
+    Parameter& p = params_.add(name, {v_local, model.d_model}, prec.compute, prec.accum, ParallelKind::vocab,
+                               InitKind::normal, std, false);
+    if (tp_.on()) ParameterSet::set_shard(p, {model.vocab_size, model.d_model}, tp_.rank * v_local, 0);
+    return &p;
+  };
+  embed_ = add_vocab("model.embed_tokens.weight");
   for (int64_t i = 0; i < model.n_layers; ++i) {
     const size_t begin = params_.all().size();
-    blocks_.push_back(std::make_unique<Block>(model, moe, i, prec, params_, ep));
+    blocks_.push_back(std::make_unique<Block>(model, moe, i, prec, params_, ep, &tp_));
     block_params_.emplace_back(begin, params_.all().size());
   }
   final_norm_ = &params_.add("model.norm.weight", {model.d_model}, prec.accum, prec.accum,
                              ParallelKind::replicated, InitKind::ones, 0, false);
-  head_ = model.tie_embeddings
-              ? embed_
-              : &params_.add("lm_head.weight", {model.vocab_size, model.d_model}, prec.compute,
-                             prec.accum, ParallelKind::vocab, InitKind::normal, std, false);
+  final_norm_->grad_partial_over_tp = tp_.sequence_parallel;
+  head_ = model.tie_embeddings ? embed_ : add_vocab("lm_head.weight");
+}
+
+void Transformer::set_tensor_group(comm::Communicator* group) {
+  if (!tp_.on()) return;
+  MOETRON_CHECK(group && group->size() == tp_.size && group->rank() == tp_.rank, "built for tensor-parallel rank ",
+                tp_.rank, " of ", tp_.size, " but given rank ", group ? group->rank() : -1, " of ",
+                group ? group->size() : 0);
+  tp_.group = group;
+  if (tp_.size > model_.n_kv_heads) {
+    // Ranks whose query heads share one kv head (attention.h).
+    const int64_t share = tp_.size / model_.n_kv_heads;
+    kv_group_ = group->split(static_cast<int>(tp_.rank / share), static_cast<int>(tp_.rank));
+    tp_.kv_group = kv_group_.get();
+  }
 }
 
 void Transformer::grad_ready(Parameter* p) {
@@ -58,15 +85,18 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
   sv.positions = Tensor::empty({t}, DType::i32);
   for (int64_t i = 0; i < t; ++i) sv.positions.data<int32_t>()[i] = static_cast<int32_t>(i % s);
   Tensor x = Tensor::empty({t, model_.d_model}, prec_.compute);
-  kernels::embedding_forward(ctx, sv.ids, embed_->value, x, 0);
+  // Vocab-parallel: rows of other shards come out zero; the sum over tp is the embedding.
+  kernels::embedding_forward(ctx, sv.ids, embed_->value, x, embed_->shard.row0);
+  x = finish_row_parallel(tp_, x);
   MoeStats ms;
   x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms);
   stats.aux_loss += ms.aux_loss;
   stats.z_loss += ms.z_loss;
   stats.dropped += ms.dropped;
   sv.x_final = x;
-  sv.rstd = Tensor::empty({t}, prec_.accum);
-  Tensor h = Tensor::empty({t, model_.d_model}, prec_.compute);
+  const int64_t rows = x.dim(0);  // t / tp under sequence parallelism
+  sv.rstd = Tensor::empty({rows}, prec_.accum);
+  Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
   kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h, sv.rstd);
   saved_ = std::move(sv);
   return h;
@@ -78,13 +108,20 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   check_shape(targets, "targets", inputs.shape());
   LossStats stats;
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
-  const Tensor h = hidden_states(ctx, inputs, loss_weight, stats);
+  const Tensor h_given = hidden_states(ctx, inputs, loss_weight, stats);
+  const Tensor h = column_parallel_input(tp_, h_given);
   const int64_t t = h.dim(0);
   const Tensor tgt = targets.reshape({t});
   Tensor losses = Tensor::empty({t}, prec_.accum);
   Tensor d_h = backward ? Tensor::empty({t, model_.d_model}, prec_.compute) : Tensor();
-  kernels::cross_entropy_fused(ctx, h, head_->value, tgt, static_cast<float>(grad_scale),
-                               ce_chunk_tokens, losses, d_h, backward ? head_->grad : Tensor());
+  if (tp_.on()) {
+    vocab_parallel_cross_entropy(ctx, tp_, h, head_->value, tgt, static_cast<float>(grad_scale), ce_chunk_tokens,
+                                 losses, d_h, backward ? head_->grad : Tensor());
+    if (backward) d_h = finish_row_parallel(tp_, d_h);
+  } else {
+    kernels::cross_entropy_fused(ctx, h, head_->value, tgt, static_cast<float>(grad_scale), ce_chunk_tokens, losses,
+                                 d_h, backward ? head_->grad : Tensor());
+  }
   const int32_t* tp = tgt.data<int32_t>();
   for (int64_t i = 0; i < t; ++i) {
     if (tp[i] < 0) continue;
@@ -97,21 +134,22 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
     saved_ = Saved{};
     return stats;
   }
-  Tensor d_x = Tensor::empty({t, model_.d_model}, prec_.compute);
+  Tensor d_x = Tensor::empty({d_h.dim(0), model_.d_model}, prec_.compute);
   kernels::rmsnorm_backward(ctx, d_h, saved_.x_final, final_norm_->value, saved_.rstd, d_x,
                             final_norm_->grad);
   d_h = Tensor();
   saved_.x_final = Tensor();
   grad_ready(final_norm_);
   if (head_ != embed_) grad_ready(head_);
-  d_x = backward_blocks(ctx, std::move(d_x));
-  kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, 0);
+  d_x = column_parallel_input(tp_, backward_blocks(ctx, std::move(d_x)));
+  kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, embed_->shard.row0);
   grad_ready(embed_);
   saved_ = Saved{};
   return stats;
 }
 
 Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs) {
+  MOETRON_CHECK(!tp_.on(), "sampling runs on one rank (a tensor-parallel model's checkpoint loads there)");
   LossStats unused;
   for (MoeLayer* l : moe_layers()) l->set_balance_group(nullptr);
   const Tensor h = hidden_states(ctx, inputs, 0.0, unused);

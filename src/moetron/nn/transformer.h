@@ -1,5 +1,7 @@
 // The decoder-only MoE language model: embedding, L blocks, final RMSNorm,
 // LM head fused with the cross-entropy (processed in token chunks).
+// Under tensor parallelism (nn/tensor_parallel.h) the embedding and head are
+// vocab-parallel and the cross-entropy is nn/vocab_parallel_ce.h.
 #pragma once
 
 #include <functional>
@@ -21,7 +23,8 @@ struct LossStats {
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep = {});
+  Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep = {},
+              TensorParallel tp = {});
 
   ParameterSet& params() { return params_; }
   const ModelConfig& config() const { return model_; }
@@ -54,6 +57,10 @@ class Transformer {
   // The ep ranks that share one copy of the experts (nn/moe_dispatch.cpp);
   // required when built with ExpertParallel::size > 1.
   void set_expert_group(comm::Communicator* group);
+  // The tp ranks (ordered by tp rank) sharing each micro-batch; required
+  // when built with TensorParallel::size > 1. Collective over `group`.
+  void set_tensor_group(comm::Communicator* group);
+  const TensorParallel& tensor_parallel() const { return tp_; }
   // Activation recomputation (nn/recompute.h, transformer_recompute.cpp);
   // none by default. Gradients are the same under every policy.
   void set_recompute(const RecomputePolicy& policy);
@@ -65,6 +72,8 @@ class Transformer {
   ModelConfig model_;
   MoeConfig moe_;
   Precision prec_;
+  TensorParallel tp_;  // the blocks hold a pointer to it
+  std::unique_ptr<comm::Communicator> kv_group_;
   ParameterSet params_;
   Parameter* embed_;
   Parameter* final_norm_;

@@ -120,10 +120,19 @@ void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double gr
     u.copy_from(s.m);
   }
   Tensor o = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
-  newton_schulz(ctx, u, o, opts_.muon_ns_steps);
+  const bool whole = tp_on() && s.param->sharded();
+  if (whole) {
+    const Tensor u_full = nn::gather_shards(*tp_, *s.param, u);
+    Tensor o_full = Tensor::empty(u_full.shape(), u_full.dtype(), MemTag::workspace);
+    newton_schulz(ctx, u_full, o_full, opts_.muon_ns_steps);
+    nn::copy_shard(*s.param, o_full, o);
+  } else {
+    newton_schulz(ctx, u, o, opts_.muon_ns_steps);
+  }
   // Moonlight: W -= lr * (0.2 sqrt(max(rows, cols)) O + wd W), so Muon reuses
   // AdamW's learning rate and weight decay (update RMS ~ 0.2).
-  const double rms_scale = muon_rms_scale(g.dim(0), g.dim(1));
+  const Shape& full = whole ? s.param->shard.full : g.shape();
+  const double rms_scale = muon_rms_scale(full[0], full[1]);
   if (s.decay && opts_.weight_decay > 0) {
     kernels::scale(ctx, s.master, static_cast<float>(1.0 - lr * opts_.weight_decay), s.master);
   }
@@ -143,16 +152,35 @@ std::vector<StateTensor> Optimizer::state() {
 
 std::vector<StateSlice> Optimizer::state_slices() {
   std::vector<StateSlice> out;
-  for (auto& st : state()) {
-    const int64_t n = st.tensor.numel();
-    out.push_back({st.name, st.tensor.reshape({n}), 0, n});
+  staged_state_.clear();
+  for (auto& s : slots_) {
+    const std::string& n = s.param->name;
+    std::vector<std::pair<std::string, Tensor>> parts = {{n + (s.muon ? ".momentum" : ".exp_avg"), s.m}};
+    if (s.v.defined()) parts.emplace_back(n + ".exp_avg_sq", s.v);
+    for (auto& [name, live] : parts) {
+      Tensor t = live;
+      if (tp_on() && s.param->sharded()) {
+        // Full tensors in checkpoints, whatever the tp: gathered here, cut on load.
+        t = nn::gather_shards(*tp_, *s.param, live);
+        staged_state_.emplace_back(s.param, live, t);
+      }
+      const int64_t numel = t.numel();
+      out.push_back({name, t.reshape({numel}), 0, numel});
+    }
   }
   return out;
 }
 
+void Optimizer::finish_state_load() {
+  for (auto& [param, live, staged] : staged_state_) nn::copy_shard(*param, staged, live);
+  staged_state_.clear();
+}
+
 std::vector<StateTensor> Optimizer::full_masters() {
   std::vector<StateTensor> out;
-  for (auto& s : slots_) out.push_back({s.param->name, s.master});
+  for (auto& s : slots_) {
+    out.push_back({s.param->name, tp_on() ? nn::gather_shards(*tp_, *s.param, s.master) : s.master});
+  }
   return out;
 }
 
@@ -165,9 +193,16 @@ Optimizer::Slot& Optimizer::slot(const std::string& param_name) {
 
 void Optimizer::load_master(const std::string& param_name, const Tensor& full) {
   Slot& s = slot(param_name);
-  check_shape(full, param_name.c_str(), s.master.shape());
   kernels::Context conv(kernels::Backend::reference);
-  kernels::convert(conv, full, s.master);
+  if (s.param->sharded()) {
+    check_shape(full, param_name.c_str(), s.param->shard.full);
+    Tensor whole = Tensor::empty(full.shape(), s.master.dtype(), MemTag::workspace);
+    kernels::convert(conv, full, whole);
+    nn::copy_shard(*s.param, whole, s.master);
+  } else {
+    check_shape(full, param_name.c_str(), s.master.shape());
+    kernels::convert(conv, full, s.master);
+  }
   if (s.master.raw() != s.param->value.raw()) kernels::convert(conv, s.master, s.param->value);
 }
 

@@ -7,11 +7,13 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moetron/core/tensor.h"
 #include "moetron/kernels/context.h"
 #include "moetron/nn/parameter.h"
+#include "moetron/nn/tensor_parallel.h"
 #include "moetron/optim/lr_schedule.h"
 
 namespace moetron::optim {
@@ -92,6 +94,9 @@ class ParamOptimizer {
   virtual std::vector<StateTensor> full_masters() = 0;
   // Sets the master (and working copy) of one parameter from its full value.
   virtual void load_master(const std::string& param_name, const Tensor& full) = 0;
+  // After a checkpoint filled the views state_slices() returned: moves what
+  // was loaded into staging buffers (tp-sharded state) into the live state.
+  virtual void finish_state_load() {}
 };
 
 class Optimizer final : public ParamOptimizer {
@@ -113,6 +118,13 @@ class Optimizer final : public ParamOptimizer {
   // already in the master dtype).
   Tensor master(const std::string& param_name) const;
   const OptimizerOptions& options() const override { return opts_; }
+  void finish_state_load() override;
+  // Tensor parallelism: tp-sharded matrices are orthogonalised whole (the
+  // update gathered over tp, Newton-Schulz run on the full matrix by every
+  // tp rank, each keeping its block: exactly one rank's update), and
+  // checkpoints see full tensors (masters and state gathered over tp, each
+  // rank cutting its block on load). Collective over tp.group from then on.
+  void set_tensor_parallel(const nn::TensorParallel* tp) { tp_ = tp; }
 
  private:
   struct Slot {
@@ -127,6 +139,10 @@ class Optimizer final : public ParamOptimizer {
 
   OptimizerOptions opts_;
   std::vector<Slot> slots_;
+  const nn::TensorParallel* tp_ = nullptr;
+  bool tp_on() const { return tp_ && tp_->on(); }
+  // Full-size state of sharded parameters handed to a checkpoint load: (slot, live, staged).
+  std::vector<std::tuple<nn::Parameter*, Tensor, Tensor>> staged_state_;
 };
 
 }  // namespace moetron::optim

@@ -101,6 +101,8 @@ const std::vector<Field>& fields() {
       field("parallel.topk_ratio", &Config::parallel, &ParallelConfig::topk_ratio),
       field("parallel.compression_warmup", &Config::parallel, &ParallelConfig::compression_warmup),
       field("parallel.ep", &Config::parallel, &ParallelConfig::ep),
+      field("parallel.tp", &Config::parallel, &ParallelConfig::tp),
+      field("parallel.sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
   };
   return table;
 }
@@ -360,6 +362,21 @@ void validate(const Config& c) {
     check_rule(!c.parallel.zero, "parallel.ep",
                "> 1 with parallel.zero = true is not supported yet (ZeRO-1 shards assume identical parameters on every dp rank)");
   }
+  const int64_t tp = c.parallel.tp;
+  check_rule(tp >= 1, "parallel.tp", "must be >= 1");
+  if (tp > 1) {
+    check_rule(m.n_heads % tp == 0, "parallel.tp", str_cat("must divide model.n_heads = ", m.n_heads));
+    check_rule(m.n_kv_heads % tp == 0 || tp % m.n_kv_heads == 0, "parallel.tp",
+               str_cat("must divide model.n_kv_heads = ", m.n_kv_heads, " or be a multiple of it (kv heads replicated)"));
+    check_rule(m.vocab_size % tp == 0, "parallel.tp", str_cat("must divide model.vocab_size = ", m.vocab_size));
+    check_rule(m.ffn_hidden % tp == 0, "parallel.tp", str_cat("must divide model.ffn_hidden = ", m.ffn_hidden));
+    check_rule(t.micro_batch * t.seq_len % tp == 0, "parallel.tp",
+               str_cat("must divide the micro-batch's train.micro_batch * train.seq_len = ", t.micro_batch * t.seq_len,
+                       " tokens (the MoE layers split them over tp)"));
+    check_rule(!c.parallel.zero, "parallel.tp",
+               "> 1 with parallel.zero = true is not supported yet (ZeRO-1 is built over identical dp replicas)");
+  }
+  check_rule(!c.parallel.sequence_parallel || tp > 1, "parallel.sequence_parallel", "needs parallel.tp > 1");
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
              "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));

@@ -93,6 +93,12 @@ struct ParallelConfig {
   // once; expert gradients are reduced over the dp / ep ranks holding the
   // same experts. 1: every rank holds every expert.
   int64_t ep = 1;
+  // Tensor parallelism (nn/tensor_parallel.h): tp consecutive ranks share each
+  // micro-batch, attention heads, the dense FFN and the vocabulary split
+  // over them; dp = ranks / tp. The MoE layers fold tp into their token
+  // shards, so ep divides dp * tp (the number of ranks).
+  int64_t tp = 1;
+  bool sequence_parallel = false;  // norms and residuals on token slices (needs tp > 1)
 };
 
 struct CheckpointConfig {

@@ -63,10 +63,19 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   sampler_ = std::make_unique<data::WindowSampler>(*train_tokens_, cfg_.train.seq_len + 1, cfg_.train.seed);
 
   ep_ = cfg_.parallel.ep;
+  tp_ = cfg_.parallel.tp;
+  MOETRON_CHECK(world_->size() % tp_ == 0, "parallel.tp = ", tp_, " does not divide the ", world_->size(),
+                " ranks of this job");
+  dp_ = world_->size() / tp_;
   MOETRON_CHECK(world_->size() % ep_ == 0, "parallel.ep = ", ep_, " does not divide the ", world_->size(),
-                " ranks of this job (ep groups are cut out of the data-parallel ranks)");
-  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_,
-                                             nn::ExpertParallel{ep_, world_->rank() % ep_});
+                " ranks of this job (ep groups are cut out of the dp x tp ranks)");
+  model_ = std::make_unique<nn::Transformer>(
+      cfg_.model, cfg_.moe, prec_, nn::ExpertParallel{ep_, world_->rank() % ep_},
+      nn::TensorParallel{tp_, tp_rank(), cfg_.parallel.sequence_parallel, nullptr, nullptr});
+  if (tp_ > 1) {
+    tp_comm_ = world_->split(static_cast<int>(dp_rank()), world_->rank());
+    model_->set_tensor_group(tp_comm_.get());
+  }
   model_->initialize(cfg_.train.seed);
   model_->set_recompute(recompute_policy(cfg_));
   optim::OptimizerOptions oo;
@@ -82,19 +91,26 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   oo.adamw_patterns = optim::split_patterns(cfg_.optim.adamw_params);
   oo.no_decay_patterns = optim::split_patterns(cfg_.optim.no_decay_params);
   oo.schedule = {cfg_.optim.lr, cfg_.optim.min_lr_ratio, cfg_.optim.warmup_steps, cfg_.train.steps};
-  const int64_t dp = world_->size();
+  const int64_t dp = dp_, ranks = world_->size();
   acc_ = accumulation_steps(cfg_, dp);
-  if (dp > 1) {
+  if (ranks > 1) {
+    // Every rank holds a distinct token shard for the MoE layers (tp folded in).
     balance_comm_ = world_->split(0, world_->rank());
     model_->set_balance_group(balance_comm_.get());
   }
   if (ep_ > 1) {
     ep_comm_ = world_->split(world_->rank() / static_cast<int>(ep_), world_->rank());
     model_->set_expert_group(ep_comm_.get());
-    if (dp / ep_ > 1) expert_grad_comm_ = world_->split(world_->rank() % static_cast<int>(ep_), world_->rank());
+    if (ranks / ep_ > 1) expert_grad_comm_ = world_->split(world_->rank() % static_cast<int>(ep_), world_->rank());
   }
-  const auto is_expert = [](const nn::Parameter& p) { return p.kind == nn::ParallelKind::expert; };
-  if (dp > 1 || cfg_.parallel.zero) {
+  // Which reducer carries a gradient: expert matrices over the ranks holding
+  // the same experts (none when ep = ranks: the all-to-all brought every
+  // token to its expert); gradients partial over tp over all ranks; the rest
+  // (tp shards, and tensors every tp rank computed whole) over dp.
+  const auto is_expert = [this](const nn::Parameter& p) { return ep_ > 1 && p.kind == nn::ParallelKind::expert; };
+  const auto is_partial = [is_expert](const nn::Parameter& p) { return p.grad_partial_over_tp && !is_expert(p); };
+  const auto is_dense = [is_expert, is_partial](const nn::Parameter& p) { return !is_expert(p) && !is_partial(p); };
+  if (ranks > 1 || cfg_.parallel.zero) {
     parallel::ReducerOptions ro;
     ro.bucket_bytes = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0);
     ro.overlap = cfg_.parallel.overlap;
@@ -103,37 +119,39 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     ro.compress.block = cfg_.parallel.compression_block;
     ro.compress.topk_ratio = cfg_.parallel.topk_ratio;
     ro.warmup_steps = cfg_.parallel.compression_warmup;
-    grad_comm_ = world_->split(0, world_->rank());
     std::vector<parallel::BucketSpec> plan;  // empty: flat
     if (cfg_.parallel.zero && oo.name == "muon" && cfg_.optim.muon_distribution == "owner") {
       plan = parallel::owner_bucket_plan(model_->params(), static_cast<int>(dp), ro.bucket_bytes,
                                          [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); });
     }
-    std::function<bool(const nn::Parameter&)> carries;  // empty: every parameter
-    if (ep_ > 1) {
-      // Dense gradients over every rank, expert gradients over the ranks
-      // holding the same experts (none when ep = dp: the all-to-all already
-      // brought every rank's tokens to the expert).
-      carries = [is_expert](const nn::Parameter& p) { return !is_expert(p); };
-      if (expert_grad_comm_) {
-        expert_reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *expert_grad_comm_, ro,
-                                                                  std::vector<parallel::BucketSpec>{}, is_expert);
-      }
+    if (expert_grad_comm_) {
+      expert_reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *expert_grad_comm_, ro,
+                                                                std::vector<parallel::BucketSpec>{}, is_expert);
     }
-    reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *grad_comm_, ro, std::move(plan), carries);
-    model_->on_grad_ready = [this](nn::Parameter& p) {
-      if (p.kind != nn::ParallelKind::expert || ep_ == 1) {
-        reducer_->grad_ready(*ctx_, p);
-      } else if (expert_reducer_) {
-        expert_reducer_->grad_ready(*ctx_, p);
-      }
+    if (tp_ > 1) {
+      partial_grad_comm_ = world_->split(0, world_->rank());
+      partial_reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *partial_grad_comm_, ro,
+                                                                 std::vector<parallel::BucketSpec>{}, is_partial);
+    }
+    if (dp > 1 || cfg_.parallel.zero) {
+      grad_comm_ = world_->split(static_cast<int>(tp_rank()), world_->rank());
+      reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *grad_comm_, ro, std::move(plan),
+                                                         is_dense);
+    }
+    model_->on_grad_ready = [this, is_expert, is_partial](nn::Parameter& p) {
+      parallel::GradReducer* r = is_expert(p) ? expert_reducer_.get()
+                                 : is_partial(p) ? partial_reducer_.get()
+                                                 : reducer_.get();
+      if (r) r->grad_ready(*ctx_, p);
     };
   }
   if (cfg_.parallel.zero) {
     opt_ = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *reducer_,
                                                   cfg_.optim.muon_distribution == "replicated");
   } else {
-    opt_ = std::make_unique<optim::Optimizer>(model_->params(), oo);
+    auto opt = std::make_unique<optim::Optimizer>(model_->params(), oo);
+    opt->set_tensor_parallel(&model_->tensor_parallel());
+    opt_ = std::move(opt);
   }
 
   fs::create_directories(run_dir_);
@@ -201,16 +219,17 @@ double Trainer::evaluate() {
   // forwards (the expert-parallel exchange is collective).
   Tensor sums = Tensor::zeros({2}, DType::f64, MemTag::comm);
   Tensor inputs = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b, s}, DType::i32);
-  const int64_t dp = world_->size();
+  const int64_t dp = dp_;
   for (int64_t batch = 0; batch < cfg_.train.eval_batches; ++batch) {
     for (int64_t r = 0; r < b; ++r) {
-      const int64_t j = (batch * dp + world_->rank()) * b + r;
+      const int64_t j = (batch * dp + dp_rank()) * b + r;
       const int64_t start = span > 0 ? (j * (s + 1)) % span : 0;
       const int32_t* w = val_tokens_->data() + start;
       std::copy(w, w + s, inputs.data<int32_t>() + r * s);
       std::copy(w + 1, w + s + 1, targets.data<int32_t>() + r * s);
     }
     const nn::LossStats st = model_->forward_backward(*ctx_, inputs, targets, 0, 0, false);
+    if (tp_rank() > 0) continue;  // the tp ranks computed the same losses
     sums.data<double>()[0] += st.ce_sum;
     sums.data<double>()[1] += static_cast<double>(st.tokens);
   }
@@ -237,7 +256,7 @@ std::vector<optim::StateSlice> Trainer::feedback_slices() {
 void Trainer::log_line(const StepRecord& r) {
   const double remaining = static_cast<double>(cfg_.train.steps - r.step);
   const double tokens_per_step =
-      static_cast<double>(cfg_.train.micro_batch * acc_ * world_->size() * cfg_.train.seq_len);
+      static_cast<double>(cfg_.train.micro_batch * acc_ * dp_ * cfg_.train.seq_len);
   const double eta = r.tokens_per_s > 0 ? remaining * tokens_per_step / r.tokens_per_s : 0;
   char buf[256];
   std::snprintf(buf, sizeof(buf),
@@ -254,8 +273,10 @@ void Trainer::log_line(const StepRecord& r) {
 
 void Trainer::save_checkpoint(int64_t step) {
   const nlohmann::json state = {{"step", step},
-                                {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * acc_ * world_->size())},
-                                {"dp", world_->size()},
+                                {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * acc_ * dp_)},
+                                {"dp", dp_},
+                                {"tp", tp_},
+                                {"ep", ep_},
                                 {"skipped_steps", skipped_},
                                 {"loss_scale", scaler_.scale()},
                                 {"loss_scale_clean_steps", scaler_.clean_steps()},
@@ -276,28 +297,37 @@ int64_t Trainer::gradient_bytes_sent() const {
   int64_t n = 0;
   if (grad_comm_) n += grad_comm_->total_stats().bytes_sent;
   if (expert_grad_comm_) n += expert_grad_comm_->total_stats().bytes_sent;
+  if (partial_grad_comm_) n += partial_grad_comm_->total_stats().bytes_sent;
   return n;
 }
 
 void Trainer::for_each_reducer(const std::function<void(parallel::GradReducer&)>& fn) {
   if (reducer_) fn(*reducer_);
   if (expert_reducer_) fn(*expert_reducer_);
+  if (partial_reducer_) fn(*partial_reducer_);
 }
 
 double Trainer::grad_norm(double grad_scale) {
-  if (ep_ == 1) return opt_->grad_norm(*ctx_, grad_scale);
-  double dense = 0;
+  if (ep_ == 1 && tp_ == 1) return opt_->grad_norm(*ctx_, grad_scale);
+  // After reduction a gradient is the same on every rank holding it: count
+  // each expert once over its ep group, each tp block once over tp, the
+  // replicated rest locally.
+  double replicated = 0;
   Tensor expert = Tensor::zeros({1}, DType::f64, MemTag::comm);
+  Tensor sharded = Tensor::zeros({1}, DType::f64, MemTag::comm);
   for (const auto& p : model_->params().all()) {
     const double sq = kernels::sum_squares(*ctx_, p->grad);
-    if (p->kind == nn::ParallelKind::expert) {
+    if (ep_ > 1 && p->kind == nn::ParallelKind::expert) {
       expert.data<double>()[0] += sq;
+    } else if (p->sharded()) {
+      if (p->shard.primary) sharded.data<double>()[0] += sq;
     } else {
-      dense += sq;
+      replicated += sq;
     }
   }
-  ep_comm_->allreduce(expert, comm::ReduceOp::sum);
-  return std::sqrt(dense + expert.data<double>()[0]) * std::fabs(grad_scale);
+  if (ep_comm_) ep_comm_->allreduce(expert, comm::ReduceOp::sum);
+  if (tp_comm_) tp_comm_->allreduce(sharded, comm::ReduceOp::sum);
+  return std::sqrt(replicated + expert.data<double>()[0] + sharded.data<double>()[0]) * std::fabs(grad_scale);
 }
 
 void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
@@ -305,23 +335,25 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
   // Rows of the global batch, in order: micro-batch m of the step is rows
   // [m * mb * dp, (m + 1) * mb * dp), rank r taking mb of them. dp = 1 with
   // micro_batch = mb * dp reads exactly the same micro-batches.
-  const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, dp = world_->size();
+  const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, dp = dp_;
   std::vector<int32_t> window(static_cast<size_t>(s + 1));
   Tensor counts = Tensor::zeros({acc_}, DType::i64, MemTag::comm);
   for (int64_t m = 0; m < acc_; ++m) {
     const auto mi = static_cast<size_t>(m);
     for (int64_t r = 0; r < mb; ++r) {
-      const auto index = static_cast<uint64_t>((step - 1) * mb * acc_ * dp + m * mb * dp + world_->rank() * mb + r);
+      const auto index = static_cast<uint64_t>((step - 1) * mb * acc_ * dp + m * mb * dp + dp_rank() * mb + r);
       sampler_->fill(index, window.data());
       std::copy(window.begin(), window.end() - 1, inputs[mi].data<int32_t>() + r * s);
       std::copy(window.begin() + 1, window.end(), targets[mi].data<int32_t>() + r * s);
     }
     const int32_t* tp = targets[mi].data<int32_t>();
-    for (int64_t i = 0; i < mb * s; ++i) counts.data<int64_t>()[m] += tp[i] >= 0;
+    if (tp_rank() == 0) {  // the tp ranks hold the same rows
+      for (int64_t i = 0; i < mb * s; ++i) counts.data<int64_t>()[m] += tp[i] >= 0;
+    }
   }
   // Normalisation is by the global batch's tokens: each micro-batch's count
   // summed over the dp ranks.
-  if (dp > 1) world_->allreduce(counts, comm::ReduceOp::sum);
+  if (world_->size() > 1) world_->allreduce(counts, comm::ReduceOp::sum);
   for (int64_t m = 0; m < acc_; ++m) mb_tokens[static_cast<size_t>(m)] = counts.data<int64_t>()[m];
 }
 
@@ -359,12 +391,12 @@ TrainResult Trainer::run() {
   const double job_peak = peak_flops_ * static_cast<double>(world_->size());
   if (world_->rank() == 0) {
     planner::Layout layout;
-    layout.dp = world_->size();
+    layout.dp = dp_;
     layout.zero1 = cfg_.parallel.zero;
-    if (ep_ > 1) {
+    if (ep_ > 1 || tp_ > 1) {
       // The model replays one rank's allocations exactly; under ep the
-      // exchanged rows depend on the routing, so it is not applied.
-      std::cout << "memory: not predicted for parallel.ep = " << ep_
+      // exchanged rows depend on the routing, and tp is not modelled yet.
+      std::cout << "memory: not predicted for parallel.ep = " << ep_ << ", parallel.tp = " << tp_
                 << " (the memory model covers dp and ZeRO-1 layouts); measured peaks follow step 1\n";
     } else {
       std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank(), layout) << std::flush;
@@ -393,8 +425,8 @@ TrainResult Trainer::run() {
                                                         targets[static_cast<size_t>(m)],
                                                         loss_scale / static_cast<double>(step_tokens),
                                                         share * loss_scale, true);
-      sums.data<double>()[0] += st.ce_sum;
-      sums.data<double>()[1] += static_cast<double>(st.dropped);
+      if (tp_rank() == 0) sums.data<double>()[0] += st.ce_sum;  // the same on every tp rank
+      sums.data<double>()[1] += static_cast<double>(st.dropped);    // the tp ranks' token slices
       // Balancing losses are computed over the global micro-batch: equal on every rank.
       rec.aux_loss += st.aux_loss * share;
       rec.z_loss += st.z_loss * share;

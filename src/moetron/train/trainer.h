@@ -71,6 +71,7 @@ class Trainer {
   // The expert-parallel group (nullptr when parallel.ep = 1): it carries
   // exactly the MoE token exchange (and the per-expert count all-gather).
   comm::Communicator* expert_comm() { return ep_comm_.get(); }
+  comm::Communicator* tensor_comm() { return tp_comm_.get(); }
   // Micro-batches per step on this rank (train.grad_accum or derived from train.global_batch).
   int64_t accumulation() const { return acc_; }
   // Writes RUN_DIR/checkpoints/step-N now (atomically; keeps checkpoint.keep).
@@ -110,6 +111,14 @@ class Trainer {
   std::unique_ptr<comm::Communicator> ep_comm_;            // the ep ranks sharing one copy of the experts
   std::unique_ptr<comm::Communicator> expert_grad_comm_;   // the dp / ep ranks holding the same experts
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // expert gradients over expert_grad_comm_
+  // Tensor parallelism: rank = dp_rank * tp + tp_rank.
+  int64_t tp_ = 1;
+  int64_t dp_ = 1;
+  std::unique_ptr<comm::Communicator> tp_comm_;              // the tp ranks sharing a micro-batch
+  std::unique_ptr<comm::Communicator> partial_grad_comm_;    // every rank: gradients partial over tp
+  std::unique_ptr<parallel::GradReducer> partial_reducer_;   // router, shared experts, norms under sp
+  int64_t dp_rank() const { return world_->rank() / tp_; }
+  int64_t tp_rank() const { return world_->rank() % tp_; }
   std::unique_ptr<optim::ParamOptimizer> opt_;
   int64_t acc_ = 1;
   bool fp16_ = false;
