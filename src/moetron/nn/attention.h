@@ -15,6 +15,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "moetron/kernels/attention.h"
 #include "moetron/kernels/context.h"
@@ -50,10 +51,17 @@ class SelfAttention {
   Parameter *wq_, *wk_, *wv_, *wo_;
   Precision prec_;
   bool drop_core_ = false;
+ public:
+  // What forward saved for backward. Pipeline parallelism keeps several
+  // micro-batches in flight and swaps each one's in and out.
   struct Saved {
     Tensor x, positions, q, k, v, out, lse;
     int64_t batch = 0, seq = 0;
-  } saved_;
+  };
+  void swap_saved(Saved& other) { std::swap(saved_, other); }
+
+ private:
+  Saved saved_;
 };
 
 }  // namespace moetron::nn

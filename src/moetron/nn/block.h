@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "moetron/nn/attention.h"
 #include "moetron/nn/mlp.h"
@@ -58,9 +59,29 @@ class Block {
   Tensor rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const;
   // The MoE works on a token slice of the full activations without sequence parallelism.
   bool moe_slices_tokens() const { return moe_ && tp_->on() && !tp_->sequence_parallel; }
+ public:
+  // What forward saved for backward. Pipeline parallelism keeps several
+  // micro-batches in flight and swaps each one's in and out.
   struct Saved {
     Tensor x, h, rstd1, rstd2;
-  } saved_;
+  };
+  void swap_saved(Saved& other) { std::swap(saved_, other); }
+  // Everything the block and its modules saved for one micro-batch.
+  struct State {
+    Saved block;
+    SelfAttention::Saved attn;
+    SwiGluMlp::Saved mlp;
+    MoeLayer::Saved moe;
+  };
+  void swap_state(State& s) {
+    std::swap(saved_, s.block);
+    attn_.swap_saved(s.attn);
+    if (mlp_) mlp_->swap_saved(s.mlp);
+    if (moe_) moe_->swap_saved(s.moe);
+  }
+
+ private:
+  Saved saved_;
 };
 
 }  // namespace moetron::nn

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "moetron/kernels/context.h"
 #include "moetron/nn/parameter.h"
@@ -42,9 +43,16 @@ class SwiGluMlp {
   Tensor w13_, w13_grad_;  // [2F, D]: rows [0, F) gate, [F, 2F) up
   Parameter* down_;
   bool drop_act_ = false;
+ public:
+  // What forward saved for backward. Pipeline parallelism keeps several
+  // micro-batches in flight and swaps each one's in and out.
   struct Saved {
     Tensor x, gate_up, act;
-  } saved_;
+  };
+  void swap_saved(Saved& other) { std::swap(saved_, other); }
+
+ private:
+  Saved saved_;
 };
 
 }  // namespace moetron::nn

@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moetron/comm/communicator.h"
@@ -111,6 +112,9 @@ class MoeLayer {
   Tensor from_experts(kernels::Context& ctx, const Tensor& expert_rows);
   Tensor dispatch(kernels::Context& ctx, const Tensor& x);
   const std::vector<int64_t>& expert_offsets() const;
+ public:
+  // What forward saved for backward. Pipeline parallelism keeps several
+  // micro-batches in flight and swaps each one's in and out.
   struct Saved {
     Tensor x, x_router, scores, topk_idx, topk_weight, logits;
     // plan: this rank's slots (over all E experts). Under expert
@@ -123,7 +127,11 @@ class MoeLayer {
     Tensor permuted, gate_up, act, expert_out;
     double loss_weight = 0;
     std::shared_ptr<const BalanceSums> balance;  // global sums of this forward
-  } saved_;
+  };
+  void swap_saved(Saved& other) { std::swap(saved_, other); }
+
+ private:
+  Saved saved_;
 };
 
 }  // namespace moetron::nn

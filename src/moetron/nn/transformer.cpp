@@ -9,8 +9,9 @@
 namespace moetron::nn {
 
 Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep,
-                         TensorParallel tp)
+                         TensorParallel tp, PipelinePlace place)
     : model_(model), moe_(moe), prec_(prec), tp_(tp) {
+  if (place.chunks.empty()) place.chunks = {{0, model.n_layers}};
   const auto std = static_cast<float>(model.init_std);
   MOETRON_CHECK(tp_.size >= 1 && tp_.rank >= 0 && tp_.rank < tp_.size, "tensor-parallel rank ", tp_.rank, " of ",
                 tp_.size);
@@ -26,16 +27,30 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
     if (tp_.on()) ParameterSet::set_shard(p, {model.vocab_size, model.d_model}, tp_.rank * v_local, 0);
     return &p;
   };
-  embed_ = add_vocab("model.embed_tokens.weight");
-  for (int64_t i = 0; i < model.n_layers; ++i) {
-    const size_t begin = params_.all().size();
-    blocks_.push_back(std::make_unique<Block>(model, moe, i, prec, params_, ep, &tp_));
-    block_params_.emplace_back(begin, params_.all().size());
+  MOETRON_CHECK(!model.tie_embeddings || (place.embedding && place.head),
+                "tied embeddings need the embedding and the head on one pipeline stage");
+  embed_ = place.embedding ? add_vocab("model.embed_tokens.weight") : nullptr;
+  int64_t previous_end = 0;
+  for (const auto& [first, end] : place.chunks) {
+    MOETRON_CHECK(first >= previous_end && first < end && end <= model.n_layers, "pipeline chunk of layers [", first,
+                  ", ", end, ") out of order or outside the model's ", model.n_layers);
+    previous_end = end;
+    const size_t chunk_begin = blocks_.size();
+    for (int64_t i = first; i < end; ++i) {
+      const size_t begin = params_.all().size();
+      blocks_.push_back(std::make_unique<Block>(model, moe, i, prec, params_, ep, &tp_));
+      block_params_.emplace_back(begin, params_.all().size());
+    }
+    chunks_.emplace_back(chunk_begin, blocks_.size());
   }
-  final_norm_ = &params_.add("model.norm.weight", {model.d_model}, prec.accum, prec.accum,
-                             ParallelKind::replicated, InitKind::ones, 0, false);
-  final_norm_->grad_partial_over_tp = tp_.sequence_parallel;
-  head_ = model.tie_embeddings ? embed_ : add_vocab("lm_head.weight");
+  final_norm_ = nullptr;
+  head_ = nullptr;
+  if (place.head) {
+    final_norm_ = &params_.add("model.norm.weight", {model.d_model}, prec.accum, prec.accum,
+                               ParallelKind::replicated, InitKind::ones, 0, false);
+    final_norm_->grad_partial_over_tp = tp_.sequence_parallel;
+    head_ = model.tie_embeddings ? embed_ : add_vocab("lm_head.weight");
+  }
 }
 
 void Transformer::set_tensor_group(comm::Communicator* group) {
@@ -73,21 +88,32 @@ std::vector<MoeLayer*> Transformer::moe_layers() {
   return v;
 }
 
+Tensor Transformer::positions_of(int64_t batch, int64_t seq) const {
+  Tensor positions = Tensor::empty({batch * seq}, DType::i32);
+  for (int64_t i = 0; i < batch * seq; ++i) positions.data<int32_t>()[i] = static_cast<int32_t>(i % seq);
+  return positions;
+}
+
+Tensor Transformer::embed(kernels::Context& ctx, const Tensor& ids) {
+  Tensor x = Tensor::empty({ids.numel(), model_.d_model}, prec_.compute);
+  // Vocab-parallel: rows of other shards come out zero; the sum over tp is the embedding.
+  kernels::embedding_forward(ctx, ids, embed_->value, x, embed_->shard.row0);
+  return finish_row_parallel(tp_, x);
+}
+
 Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
                                   LossStats& stats) {
   MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "inputs must be i32 [B, S], got ",
                 inputs.str());
+  MOETRON_CHECK(embed_ && head_ && chunks_.size() == 1,
+                "this rank holds one pipeline stage: run it through chunk_forward / chunk_backward");
   const int64_t b = inputs.dim(0), s = inputs.dim(1), t = b * s;
   MOETRON_CHECK(s <= model_.max_seq_len, "sequence of ", s, " tokens exceeds model.max_seq_len = ",
                 model_.max_seq_len);
   Saved sv;
   sv.ids = inputs.reshape({t});
-  sv.positions = Tensor::empty({t}, DType::i32);
-  for (int64_t i = 0; i < t; ++i) sv.positions.data<int32_t>()[i] = static_cast<int32_t>(i % s);
-  Tensor x = Tensor::empty({t, model_.d_model}, prec_.compute);
-  // Vocab-parallel: rows of other shards come out zero; the sum over tp is the embedding.
-  kernels::embedding_forward(ctx, sv.ids, embed_->value, x, embed_->shard.row0);
-  x = finish_row_parallel(tp_, x);
+  sv.positions = positions_of(b, s);
+  Tensor x = embed(ctx, sv.ids);
   MoeStats ms;
   x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms);
   stats.aux_loss += ms.aux_loss;
@@ -102,13 +128,8 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
   return h;
 }
 
-LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inputs,
-                                        const Tensor& targets, double grad_scale,
-                                        double loss_weight, bool backward) {
-  check_shape(targets, "targets", inputs.shape());
-  LossStats stats;
-  for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
-  const Tensor h_given = hidden_states(ctx, inputs, loss_weight, stats);
+Tensor Transformer::head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets,
+                              double grad_scale, bool backward, LossStats& stats) {
   const Tensor h = column_parallel_input(tp_, h_given);
   const int64_t t = h.dim(0);
   const Tensor tgt = targets.reshape({t});
@@ -128,6 +149,17 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
     ++stats.tokens;
     stats.ce_sum += prec_.accum == DType::f64 ? losses.data<double>()[i] : losses.data<float>()[i];
   }
+  return d_h;
+}
+
+LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inputs,
+                                        const Tensor& targets, double grad_scale,
+                                        double loss_weight, bool backward) {
+  check_shape(targets, "targets", inputs.shape());
+  LossStats stats;
+  for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
+  const Tensor h = hidden_states(ctx, inputs, loss_weight, stats);
+  Tensor d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);
   if (!backward) {
     for (auto& blk : blocks_) blk->release();
     release_checkpoints();
@@ -150,6 +182,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
 
 Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs) {
   MOETRON_CHECK(!tp_.on(), "sampling runs on one rank (a tensor-parallel model's checkpoint loads there)");
+  MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "inputs must be i32 [B, S], got ", inputs.str());
   LossStats unused;
   for (MoeLayer* l : moe_layers()) l->set_balance_group(nullptr);
   const Tensor h = hidden_states(ctx, inputs, 0.0, unused);

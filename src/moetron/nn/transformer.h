@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -21,10 +22,18 @@ struct LossStats {
   int64_t dropped = 0;   // capacity drops over MoE layers
 };
 
+// Pipeline parallelism: the layers this rank holds, as chunks (virtual
+// stages) in model order; the rank holding virtual stage 0 also holds the
+// embedding, the one holding the last virtual stage the final norm and head.
+struct PipelinePlace {
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // [first, end) layers; empty: every layer, one chunk
+  bool embedding = true, head = true;
+};
+
 class Transformer {
  public:
   Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep = {},
-              TensorParallel tp = {});
+              TensorParallel tp = {}, PipelinePlace place = {});
 
   ParameterSet& params() { return params_; }
   const ModelConfig& config() const { return model_; }
@@ -39,6 +48,26 @@ class Transformer {
   // micro-batch's share of them), so micro-batches add up to one batch.
   LossStats forward_backward(kernels::Context& ctx, const Tensor& inputs, const Tensor& targets,
                              double grad_scale, double loss_weight, bool backward);
+  // Pipeline parallelism (train/pipeline_schedule.cpp drives these):
+  // forward of this rank's chunk `chunk` on micro-batch `mb`. `in` is the
+  // token ids (i32 [B, S]) on the chunk with the embedding, else the
+  // previous stage's activations [B * S (/ tp under sp), D]; `targets` are
+  // read on the chunk with the head. Returns the activations for the next
+  // stage (undefined after the head). With backward = true, what backward
+  // needs is kept per (chunk, mb) until chunk_backward; the head's loss
+  // gradient is computed here (like forward_backward).
+  Tensor chunk_forward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& in, const Tensor& targets,
+                       int64_t batch, int64_t seq, double grad_scale, double loss_weight, bool backward,
+                       LossStats& stats);
+  // Backward of a kept (chunk, mb): d_out is the next stage's gradient
+  // (ignored after the head); returns the gradient for the previous stage
+  // (undefined before the embedding). on_grad_ready fires only with
+  // final_grads (the step's last micro-batch through this chunk).
+  Tensor chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& d_out, bool final_grads);
+  int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  bool holds_embedding() const { return embed_ != nullptr; }
+  bool holds_head() const { return head_ != nullptr; }
+
   // Logits of the last position of every row, [B, V] in fp32/f64, for sampling.
   Tensor last_logits(kernels::Context& ctx, const Tensor& inputs);
 
@@ -69,6 +98,12 @@ class Transformer {
  private:
   Tensor hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
                        LossStats& stats);
+  // Final-norm output h -> losses (counted into stats) and, with backward,
+  // the gradient wrt h (this rank's rows).
+  Tensor head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets, double grad_scale,
+                   bool backward, LossStats& stats);
+  Tensor embed(kernels::Context& ctx, const Tensor& ids);
+  Tensor positions_of(int64_t batch, int64_t seq) const;
   ModelConfig model_;
   MoeConfig moe_;
   Precision prec_;
@@ -80,6 +115,12 @@ class Transformer {
   Parameter* head_;  // == embed_ when tied
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<std::pair<size_t, size_t>> block_params_;  // [begin, end) in params_.all() per block
+  std::vector<std::pair<size_t, size_t>> chunks_;        // [begin, end) in blocks_ per chunk
+  struct ChunkStash {
+    std::vector<Block::State> blocks;
+    Tensor ids, x_final, rstd, d_h;
+  };
+  std::map<std::pair<int64_t, int64_t>, ChunkStash> stash_;  // by (chunk, micro-batch)
   comm::Communicator* balance_group_ = nullptr;
   void grads_ready(size_t begin, size_t end);
   void grad_ready(Parameter* p);

@@ -103,6 +103,10 @@ const std::vector<Field>& fields() {
       field("parallel.ep", &Config::parallel, &ParallelConfig::ep),
       field("parallel.tp", &Config::parallel, &ParallelConfig::tp),
       field("parallel.sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
+      field("parallel.pp", &Config::parallel, &ParallelConfig::pp),
+      field("parallel.vpp", &Config::parallel, &ParallelConfig::vpp),
+      field("parallel.schedule", &Config::parallel, &ParallelConfig::schedule),
+      field("parallel.microbatches", &Config::parallel, &ParallelConfig::microbatches),
   };
   return table;
 }
@@ -377,6 +381,23 @@ void validate(const Config& c) {
                "> 1 with parallel.zero = true is not supported yet (ZeRO-1 is built over identical dp replicas)");
   }
   check_rule(!c.parallel.sequence_parallel || tp > 1, "parallel.sequence_parallel", "needs parallel.tp > 1");
+  const auto& pl = c.parallel;
+  check_rule(pl.pp >= 1, "parallel.pp", "must be >= 1");
+  check_rule(pl.vpp >= 1, "parallel.vpp", "must be >= 1");
+  check_rule(pl.schedule == "1f1b" || pl.schedule == "gpipe", "parallel.schedule",
+             str_cat("must be 1f1b or gpipe, got \"", pl.schedule, "\" (vpp > 1 with 1f1b is interleaved 1F1B)"));
+  check_rule(pl.microbatches >= 0, "parallel.microbatches", "must be >= 0 (0: derived from the batch)");
+  check_rule(pl.vpp == 1 || pl.pp > 1, "parallel.vpp", "needs parallel.pp > 1");
+  if (pl.pp > 1) {
+    check_rule(m.n_layers % (pl.pp * pl.vpp) == 0, "parallel.pp",
+               str_cat("parallel.pp * parallel.vpp = ", pl.pp * pl.vpp, " must divide model.n_layers = ", m.n_layers));
+    check_rule(!m.tie_embeddings, "parallel.pp",
+               "> 1 with model.tie_embeddings = true is not supported (embedding and head live on different stages)");
+    check_rule(!pl.zero, "parallel.pp", "> 1 with parallel.zero = true is not supported yet");
+    check_rule(c.recompute.policy == "none" || c.recompute.policy == "selective" || c.recompute.policy == "custom",
+               "recompute.policy",
+               str_cat("\"", c.recompute.policy, "\" keeps segment checkpoints, which pipeline stages (parallel.pp > 1) do not yet"));
+  }
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
              "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
@@ -397,10 +418,18 @@ void validate(const Config& c) {
 
 int64_t accumulation_steps(const Config& cfg, int64_t dp) {
   const auto& t = cfg.train;
-  if (t.global_batch == 0) return t.grad_accum;
+  const int64_t m = cfg.parallel.microbatches;
+  if (t.global_batch == 0) {
+    MOETRON_CHECK(m == 0 || t.grad_accum == 1 || m == t.grad_accum, "parallel.microbatches = ", m,
+                  " disagrees with train.grad_accum = ", t.grad_accum);
+    return m > 0 ? m : t.grad_accum;
+  }
   MOETRON_CHECK(t.global_batch % (t.micro_batch * dp) == 0, "train.global_batch = ", t.global_batch,
                 " is not a multiple of train.micro_batch * dp = ", t.micro_batch, " * ", dp);
-  return t.global_batch / (t.micro_batch * dp);
+  const int64_t derived = t.global_batch / (t.micro_batch * dp);
+  MOETRON_CHECK(m == 0 || m == derived, "parallel.microbatches = ", m, " disagrees with train.global_batch = ",
+                t.global_batch, " / (train.micro_batch * dp = ", t.micro_batch, " * ", dp, ") = ", derived);
+  return derived;
 }
 
 std::string to_toml(const Config& cfg) {

@@ -64,18 +64,36 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
 
   ep_ = cfg_.parallel.ep;
   tp_ = cfg_.parallel.tp;
-  MOETRON_CHECK(world_->size() % tp_ == 0, "parallel.tp = ", tp_, " does not divide the ", world_->size(),
+  pp_ = cfg_.parallel.pp;
+  MOETRON_CHECK(world_->size() % pp_ == 0, "parallel.pp = ", pp_, " does not divide the ", world_->size(),
                 " ranks of this job");
-  dp_ = world_->size() / tp_;
-  MOETRON_CHECK(world_->size() % ep_ == 0, "parallel.ep = ", ep_, " does not divide the ", world_->size(),
-                " ranks of this job (ep groups are cut out of the dp x tp ranks)");
+  const int64_t ranks = stage_size();  // per pipeline stage
+  MOETRON_CHECK(ranks % tp_ == 0, "parallel.tp = ", tp_, " does not divide the ", ranks, " ranks of ",
+                pp_ > 1 ? "a pipeline stage" : "this job");
+  dp_ = ranks / tp_;
+  MOETRON_CHECK(ranks % ep_ == 0, "parallel.ep = ", ep_, " does not divide the ", ranks, " ranks of ",
+                pp_ > 1 ? "a pipeline stage" : "this job", " (ep groups are cut out of the dp x tp ranks)");
+  nn::PipelinePlace place;
+  if (pp_ > 1) {
+    stage_comm_ = world_->split(static_cast<int>(pp_rank()), world_->rank());
+    pp_comm_ = world_->split(static_cast<int>(stage_rank()), world_->rank());
+    // Virtual stage c * pp + p holds layers [j * L / (pp v), (j + 1) * L / (pp v)).
+    const int64_t v = cfg_.parallel.vpp, per = cfg_.model.n_layers / (pp_ * v);
+    for (int64_t c = 0; c < v; ++c) {
+      const int64_t j = c * pp_ + pp_rank();
+      place.chunks.emplace_back(j * per, (j + 1) * per);
+    }
+    place.embedding = pp_rank() == 0;
+    place.head = pp_rank() == pp_ - 1;
+  }
   model_ = std::make_unique<nn::Transformer>(
-      cfg_.model, cfg_.moe, prec_, nn::ExpertParallel{ep_, world_->rank() % ep_},
-      nn::TensorParallel{tp_, tp_rank(), cfg_.parallel.sequence_parallel, nullptr, nullptr});
+      cfg_.model, cfg_.moe, prec_, nn::ExpertParallel{ep_, stage_rank() % ep_},
+      nn::TensorParallel{tp_, tp_rank(), cfg_.parallel.sequence_parallel, nullptr, nullptr}, place);
   if (tp_ > 1) {
-    tp_comm_ = world_->split(static_cast<int>(dp_rank()), world_->rank());
+    tp_comm_ = stage().split(static_cast<int>(dp_rank()), static_cast<int>(stage_rank()));
     model_->set_tensor_group(tp_comm_.get());
   }
+  if (pp_ > 1) pipeline_ = std::make_unique<PipelineRunner>(*model_, *pp_comm_, cfg_.parallel.schedule, cfg_.parallel.vpp);
   model_->initialize(cfg_.train.seed);
   model_->set_recompute(recompute_policy(cfg_));
   optim::OptimizerOptions oo;
@@ -91,17 +109,19 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   oo.adamw_patterns = optim::split_patterns(cfg_.optim.adamw_params);
   oo.no_decay_patterns = optim::split_patterns(cfg_.optim.no_decay_params);
   oo.schedule = {cfg_.optim.lr, cfg_.optim.min_lr_ratio, cfg_.optim.warmup_steps, cfg_.train.steps};
-  const int64_t dp = dp_, ranks = world_->size();
+  const int64_t dp = dp_;
   acc_ = accumulation_steps(cfg_, dp);
+  if (pp_ > 1) (void)pipeline_schedule(cfg_.parallel.schedule, pp_, pp_rank(), acc_, cfg_.parallel.vpp);  // its rules
+  const int me = static_cast<int>(stage_rank());
   if (ranks > 1) {
-    // Every rank holds a distinct token shard for the MoE layers (tp folded in).
-    balance_comm_ = world_->split(0, world_->rank());
+    // Every rank of a stage holds a distinct token shard for the MoE layers (tp folded in).
+    balance_comm_ = stage().split(0, me);
     model_->set_balance_group(balance_comm_.get());
   }
   if (ep_ > 1) {
-    ep_comm_ = world_->split(world_->rank() / static_cast<int>(ep_), world_->rank());
+    ep_comm_ = stage().split(me / static_cast<int>(ep_), me);
     model_->set_expert_group(ep_comm_.get());
-    if (ranks / ep_ > 1) expert_grad_comm_ = world_->split(world_->rank() % static_cast<int>(ep_), world_->rank());
+    if (ranks / ep_ > 1) expert_grad_comm_ = stage().split(me % static_cast<int>(ep_), me);
   }
   // Which reducer carries a gradient: expert matrices over the ranks holding
   // the same experts (none when ep = ranks: the all-to-all brought every
@@ -110,7 +130,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   const auto is_expert = [this](const nn::Parameter& p) { return ep_ > 1 && p.kind == nn::ParallelKind::expert; };
   const auto is_partial = [is_expert](const nn::Parameter& p) { return p.grad_partial_over_tp && !is_expert(p); };
   const auto is_dense = [is_expert, is_partial](const nn::Parameter& p) { return !is_expert(p) && !is_partial(p); };
-  if (ranks > 1 || cfg_.parallel.zero) {
+  if (ranks > 1 || cfg_.parallel.zero) {  // (a stage of one rank reduces nothing)
     parallel::ReducerOptions ro;
     ro.bucket_bytes = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0);
     ro.overlap = cfg_.parallel.overlap;
@@ -129,12 +149,12 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
                                                                 std::vector<parallel::BucketSpec>{}, is_expert);
     }
     if (tp_ > 1) {
-      partial_grad_comm_ = world_->split(0, world_->rank());
+      partial_grad_comm_ = stage().split(0, me);
       partial_reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *partial_grad_comm_, ro,
                                                                  std::vector<parallel::BucketSpec>{}, is_partial);
     }
     if (dp > 1 || cfg_.parallel.zero) {
-      grad_comm_ = world_->split(static_cast<int>(tp_rank()), world_->rank());
+      grad_comm_ = stage().split(static_cast<int>(tp_rank()), me);
       reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *grad_comm_, ro, std::move(plan),
                                                          is_dense);
     }
@@ -173,7 +193,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     const int64_t step = chosen.data<int64_t>()[0];
     if (step >= 0) {
       const std::string dir = ckpt::checkpoint_dir(run_dir_, step);
-      const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices());
+      const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices(false));
       start_step_ = st.at("step").get<int64_t>();
       skipped_ = st.value("skipped_steps", int64_t{0});
       if (st.contains("loss_scale")) {
@@ -228,8 +248,9 @@ double Trainer::evaluate() {
       std::copy(w, w + s, inputs.data<int32_t>() + r * s);
       std::copy(w + 1, w + s + 1, targets.data<int32_t>() + r * s);
     }
-    const nn::LossStats st = model_->forward_backward(*ctx_, inputs, targets, 0, 0, false);
-    if (tp_rank() > 0) continue;  // the tp ranks computed the same losses
+    const nn::LossStats st = pipeline_ ? pipeline_->forward_only(*ctx_, inputs, targets)
+                                       : model_->forward_backward(*ctx_, inputs, targets, 0, 0, false);
+    if (tp_rank() > 0) continue;  // the tp ranks computed the same losses (only the last stage any)
     sums.data<double>()[0] += st.ce_sum;
     sums.data<double>()[1] += static_cast<double>(st.tokens);
   }
@@ -237,10 +258,19 @@ double Trainer::evaluate() {
   return sums.data<double>()[0] / std::max(sums.data<double>()[1], 1.0);
 }
 
-std::vector<optim::StateSlice> Trainer::feedback_slices() {
+std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving) {
+  std::vector<optim::StateSlice> out;
+  // Router selection biases of this rank's layers: state.safetensors holds
+  // rank 0's, which under pp is one stage's; here each stage's first rank
+  // stores its own, and every rank loads its layers' from whichever file.
+  if (!saving || stage_rank() == 0) {
+    for (nn::MoeLayer* l : model_->moe_layers()) {
+      const Tensor& b = l->bias();
+      out.push_back({"router_bias." + l->prefix(), b.reshape({b.numel()}), 0, b.numel(), false});
+    }
+  }
   // Residuals belong to one rank of one layout: named by rank, optional on
   // load (a run resumed on another dp starts its error feedback from zero).
-  std::vector<optim::StateSlice> out;
   if (!reducer_) return out;
   for (auto& [name, t] : reducer_->residuals()) {
     out.push_back({"rank-" + std::to_string(world_->rank()) + "." + name, t, 0, t.numel(), false});
@@ -277,20 +307,22 @@ void Trainer::save_checkpoint(int64_t step) {
                                 {"dp", dp_},
                                 {"tp", tp_},
                                 {"ep", ep_},
+                                {"pp", pp_},
                                 {"skipped_steps", skipped_},
                                 {"loss_scale", scaler_.scale()},
                                 {"loss_scale_clean_steps", scaler_.clean_steps()},
                                 {"overflow_steps", scaler_.overflow_steps()},
                                 {"seed", cfg_.train.seed}};
   ckpt::save_checkpoint(run_dir_, step, *model_, *opt_, state, to_toml(cfg_), cfg_.checkpoint.keep, world_.get(),
-                        feedback_slices(), [this](const std::string& n) { return writes_checkpoint_tensor(n); });
+                        feedback_slices(true), [this](const std::string& n) { return writes_checkpoint_tensor(n); });
 }
 
 bool Trainer::writes_checkpoint_tensor(const std::string& name) const {
   // Replicated tensors once, by rank 0; each expert by the first ep group
   // (ranks 0 .. ep-1), the one rank there that holds it.
   const bool expert = ep_ > 1 && name.find(".block_sparse_moe.experts.") != std::string::npos;
-  return expert ? world_->rank() < ep_ : world_->rank() == 0;
+  // Under pp the same per stage (the stages hold different layers).
+  return expert ? stage_rank() < ep_ : stage_rank() == 0;
 }
 
 int64_t Trainer::gradient_bytes_sent() const {
@@ -308,7 +340,7 @@ void Trainer::for_each_reducer(const std::function<void(parallel::GradReducer&)>
 }
 
 double Trainer::grad_norm(double grad_scale) {
-  if (ep_ == 1 && tp_ == 1) return opt_->grad_norm(*ctx_, grad_scale);
+  if (ep_ == 1 && tp_ == 1 && pp_ == 1) return opt_->grad_norm(*ctx_, grad_scale);
   // After reduction a gradient is the same on every rank holding it: count
   // each expert once over its ep group, each tp block once over tp, the
   // replicated rest locally.
@@ -327,7 +359,10 @@ double Trainer::grad_norm(double grad_scale) {
   }
   if (ep_comm_) ep_comm_->allreduce(expert, comm::ReduceOp::sum);
   if (tp_comm_) tp_comm_->allreduce(sharded, comm::ReduceOp::sum);
-  return std::sqrt(replicated + expert.data<double>()[0] + sharded.data<double>()[0]) * std::fabs(grad_scale);
+  Tensor total = Tensor::empty({1}, DType::f64, MemTag::comm);
+  total.data<double>()[0] = replicated + expert.data<double>()[0] + sharded.data<double>()[0];
+  if (pp_comm_) pp_comm_->allreduce(total, comm::ReduceOp::sum);  // the stages' layers
+  return std::sqrt(total.data<double>()[0]) * std::fabs(grad_scale);
 }
 
 void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
@@ -347,7 +382,7 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
       std::copy(window.begin() + 1, window.end(), targets[mi].data<int32_t>() + r * s);
     }
     const int32_t* tp = targets[mi].data<int32_t>();
-    if (tp_rank() == 0) {  // the tp ranks hold the same rows
+    if (tp_rank() == 0 && pp_rank() == 0) {  // the tp ranks (and the stages) hold the same rows
       for (int64_t i = 0; i < mb * s; ++i) counts.data<int64_t>()[m] += tp[i] >= 0;
     }
   }
@@ -359,14 +394,14 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
 
 void Trainer::reduce_expert_loads() {
   const auto layers = model_->moe_layers();
-  if (world_->size() == 1 || layers.empty()) return;
+  if (stage().size() == 1 || layers.empty()) return;
   const auto e = static_cast<int64_t>(layers.front()->expert_load().size());
   Tensor loads = Tensor::empty({static_cast<int64_t>(layers.size()) * e}, DType::i64, MemTag::comm);
   for (size_t l = 0; l < layers.size(); ++l) {
     std::copy(layers[l]->expert_load().begin(), layers[l]->expert_load().end(),
               loads.data<int64_t>() + static_cast<int64_t>(l) * e);
   }
-  world_->allreduce(loads, comm::ReduceOp::sum);
+  stage().allreduce(loads, comm::ReduceOp::sum);
   for (size_t l = 0; l < layers.size(); ++l) {
     const int64_t* p = loads.data<int64_t>() + static_cast<int64_t>(l) * e;
     layers[l]->set_expert_load(std::vector<int64_t>(p, p + e));
@@ -393,10 +428,10 @@ TrainResult Trainer::run() {
     planner::Layout layout;
     layout.dp = dp_;
     layout.zero1 = cfg_.parallel.zero;
-    if (ep_ > 1 || tp_ > 1) {
+    if (ep_ > 1 || tp_ > 1 || pp_ > 1) {
       // The model replays one rank's allocations exactly; under ep the
       // exchanged rows depend on the routing, and tp is not modelled yet.
-      std::cout << "memory: not predicted for parallel.ep = " << ep_ << ", parallel.tp = " << tp_
+      std::cout << "memory: not predicted for parallel.ep = " << ep_ << ", parallel.tp = " << tp_ << ", parallel.pp = " << pp_
                 << " (the memory model covers dp and ZeRO-1 layouts); measured peaks follow step 1\n";
     } else {
       std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank(), layout) << std::flush;
@@ -417,25 +452,48 @@ TrainResult Trainer::run() {
     // fp16: the loss (hence every gradient) is multiplied by the loss scale;
     // the optimizer divides it out.
     const double loss_scale = fp16_ ? scaler_.scale() : 1.0;
-    Tensor sums = Tensor::zeros({2}, DType::f64, MemTag::comm);  // ce, dropped over ranks
-    for (int64_t m = 0; m < acc; ++m) {
-      const double share = static_cast<double>(mb_tokens[static_cast<size_t>(m)]) / static_cast<double>(step_tokens);
-      if (m == acc - 1) for_each_reducer([&](parallel::GradReducer& r) { r.arm(step); });
-      const nn::LossStats st = model_->forward_backward(*ctx_, inputs[static_cast<size_t>(m)],
-                                                        targets[static_cast<size_t>(m)],
-                                                        loss_scale / static_cast<double>(step_tokens),
-                                                        share * loss_scale, true);
-      if (tp_rank() == 0) sums.data<double>()[0] += st.ce_sum;  // the same on every tp rank
-      sums.data<double>()[1] += static_cast<double>(st.dropped);    // the tp ranks' token slices
-      // Balancing losses are computed over the global micro-batch: equal on every rank.
-      rec.aux_loss += st.aux_loss * share;
-      rec.z_loss += st.z_loss * share;
+    // ce (the last stage's, once per tp group), dropped (every rank's
+    // slots), aux and z loss (once per stage: equal on its ranks), over ranks.
+    Tensor sums = Tensor::zeros({4}, DType::f64, MemTag::comm);
+    double* sm = sums.data<double>();
+    const auto add_stats = [&](const nn::LossStats& st, double share) {
+      if (tp_rank() == 0) sm[0] += st.ce_sum;
+      sm[1] += static_cast<double>(st.dropped);
+      if (stage_rank() == 0) {
+        sm[2] += st.aux_loss * share;
+        sm[3] += st.z_loss * share;
+      }
+    };
+    if (pipeline_) {
+      std::vector<double> weights;
+      for (int64_t n : mb_tokens) weights.push_back(static_cast<double>(n) / static_cast<double>(step_tokens) * loss_scale);
+      const PipelineRunner::StepResult pr = pipeline_->train_step(
+          *ctx_, inputs, targets, loss_scale / static_cast<double>(step_tokens), weights,
+          [&] { for_each_reducer([&](parallel::GradReducer& r) { r.arm(step); }); });
+      // The micro-batches' aux losses are already weighted by their shares (x loss scale).
+      nn::LossStats st = pr.stats;
+      st.aux_loss /= loss_scale;
+      st.z_loss /= loss_scale;
+      add_stats(st, 1.0);
+      rec.pipeline_wait_s = pr.wait_s;
+    } else {
+      for (int64_t m = 0; m < acc; ++m) {
+        const double share = static_cast<double>(mb_tokens[static_cast<size_t>(m)]) / static_cast<double>(step_tokens);
+        if (m == acc - 1) for_each_reducer([&](parallel::GradReducer& r) { r.arm(step); });
+        const nn::LossStats st = model_->forward_backward(*ctx_, inputs[static_cast<size_t>(m)],
+                                                          targets[static_cast<size_t>(m)],
+                                                          loss_scale / static_cast<double>(step_tokens),
+                                                          share * loss_scale, true);
+        add_stats(st, share);
+      }
     }
     for_each_reducer([&](parallel::GradReducer& r) {
       r.finish(*ctx_);
       rec.comm_wait_s += r.last_wait_seconds();
     });
     if (world_->size() > 1) world_->allreduce(sums, comm::ReduceOp::sum);
+    rec.aux_loss = sm[2];
+    rec.z_loss = sm[3];
     rec.dropped = static_cast<int64_t>(sums.data<double>()[1]);
     rec.tokens = step_tokens;
     rec.loss = sums.data<double>()[0] / static_cast<double>(step_tokens);
@@ -470,6 +528,7 @@ TrainResult Trainer::run() {
                            {"mfu", rec.mfu},       {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
                            {"skipped", rec.skipped}, {"tokens", step_tokens},
                            {"dropped_slots", rec.dropped}, {"step_s", secs}};
+    if (pipeline_) line["pipeline_wait_s"] = rec.pipeline_wait_s;
     if (reducer_) {
       line["comm_wait_s"] = rec.comm_wait_s;
       line["grad_bytes_sent"] = gradient_bytes_sent() - grad_bytes_before;  // this rank, this step

@@ -16,6 +16,7 @@
 #include "moetron/optim/loss_scaler.h"
 #include "moetron/optim/optimizer.h"
 #include "moetron/parallel/grad_reducer.h"
+#include "moetron/train/pipeline_schedule.h"
 #include "moetron/train/config.h"
 
 namespace moetron::train {
@@ -40,6 +41,7 @@ struct StepRecord {
   // optimizer, blocked on gradient reductions (the exposed communication),
   // and the whole step's wall time.
   double comm_wait_s = 0, step_s = 0;
+  double pipeline_wait_s = 0;  // pp > 1: blocked on stage-to-stage transfers (bubble + transfer)
 };
 
 struct TrainResult {
@@ -92,7 +94,7 @@ class Trainer {
   // Bytes this rank put on the wire for gradients and ZeRO-1 gathers so far.
   int64_t gradient_bytes_sent() const;
   void for_each_reducer(const std::function<void(parallel::GradReducer&)>& fn);
-  std::vector<optim::StateSlice> feedback_slices();
+  std::vector<optim::StateSlice> feedback_slices(bool saving);
   bool is_root() const { return world_->rank() == 0; }
   double flops_per_token() const;
 
@@ -117,8 +119,19 @@ class Trainer {
   std::unique_ptr<comm::Communicator> tp_comm_;              // the tp ranks sharing a micro-batch
   std::unique_ptr<comm::Communicator> partial_grad_comm_;    // every rank: gradients partial over tp
   std::unique_ptr<parallel::GradReducer> partial_reducer_;   // router, shared experts, norms under sp
-  int64_t dp_rank() const { return world_->rank() / tp_; }
-  int64_t tp_rank() const { return world_->rank() % tp_; }
+  // Pipeline parallelism: rank = pp_rank * stage_size + stage_rank; dp, tp
+  // and ep live inside a stage (stage_comm_).
+  int64_t pp_ = 1;
+  std::unique_ptr<comm::Communicator> stage_comm_;  // the ranks of this stage
+  std::unique_ptr<comm::Communicator> pp_comm_;     // this position in every stage
+  std::unique_ptr<PipelineRunner> pipeline_;
+  comm::Communicator& stage() { return stage_comm_ ? *stage_comm_ : *world_; }
+  int64_t stage_size() const { return world_->size() / pp_; }
+  int64_t stage_rank() const { return world_->rank() % stage_size(); }
+  int64_t pp_rank() const { return world_->rank() / stage_size(); }
+  int64_t dp_rank() const { return stage_rank() / tp_; }
+  int64_t tp_rank() const { return stage_rank() % tp_; }
+
   std::unique_ptr<optim::ParamOptimizer> opt_;
   int64_t acc_ = 1;
   bool fp16_ = false;

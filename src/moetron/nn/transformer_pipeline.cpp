@@ -1,0 +1,91 @@
+// The Transformer as pipeline chunks (nn/transformer.h, PipelinePlace):
+// each micro-batch's saved tensors are swapped out of the blocks after its
+// forward and back in before its backward, so any number of micro-batches
+// can be in flight on a stage (1F1B keeps up to pp, GPipe all of them).
+#include "moetron/kernels/embedding.h"
+#include "moetron/kernels/norm.h"
+#include "moetron/nn/transformer.h"
+
+namespace moetron::nn {
+
+Tensor Transformer::chunk_forward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& in,
+                                  const Tensor& targets, int64_t batch, int64_t seq, double grad_scale,
+                                  double loss_weight, bool backward, LossStats& stats) {
+  MOETRON_CHECK(chunk >= 0 && chunk < num_chunks(), "pipeline chunk ", chunk, " of ", num_chunks());
+  MOETRON_CHECK(recompute_.segment == 0, "pipeline stages keep no recompute segments (recompute.policy full/sqrt)");
+  const bool first = chunk == 0 && embed_, last = chunk == num_chunks() - 1 && head_;
+  for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
+  ChunkStash st;
+  Tensor x;
+  if (first) {
+    MOETRON_CHECK(in.dtype() == DType::i32 && in.numel() == batch * seq, "the first pipeline stage takes i32 [",
+                  batch, ", ", seq, "] token ids, got ", in.str());
+    st.ids = in.reshape({batch * seq});
+    x = embed(ctx, st.ids);
+  } else {
+    x = in;
+  }
+  const Tensor positions = positions_of(batch, seq);
+  MoeStats ms;
+  const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
+  for (size_t i = b0; i < b1; ++i) {
+    x = blocks_[i]->forward(ctx, x, positions, batch, seq, loss_weight, ms);
+    if (backward) {
+      Block::State s;
+      blocks_[i]->swap_state(s);
+      st.blocks.push_back(std::move(s));
+    } else {
+      blocks_[i]->release();
+    }
+  }
+  stats.aux_loss += ms.aux_loss;
+  stats.z_loss += ms.z_loss;
+  stats.dropped += ms.dropped;
+  if (last) {
+    const int64_t rows = x.dim(0);
+    st.rstd = Tensor::empty({rows}, prec_.accum);
+    Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
+    kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h, st.rstd);
+    st.d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);
+    st.x_final = x;
+    x = Tensor();
+  }
+  if (backward) {
+    MOETRON_CHECK(stash_.emplace(std::pair{chunk, mb}, std::move(st)).second, "micro-batch ", mb,
+                  " is already in flight on pipeline chunk ", chunk);
+  }
+  return x;
+}
+
+Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& d_out,
+                                   bool final_grads) {
+  auto it = stash_.find({chunk, mb});
+  MOETRON_CHECK(it != stash_.end(), "pipeline backward of micro-batch ", mb, " on chunk ", chunk,
+                " without its forward");
+  ChunkStash st = std::move(it->second);
+  stash_.erase(it);
+  const bool first = chunk == 0 && embed_, last = chunk == num_chunks() - 1 && head_;
+  Tensor d_x = d_out;
+  if (last) {
+    d_x = Tensor::empty({st.d_h.dim(0), model_.d_model}, prec_.compute);
+    kernels::rmsnorm_backward(ctx, st.d_h, st.x_final, final_norm_->value, st.rstd, d_x, final_norm_->grad);
+    if (final_grads) {
+      grad_ready(final_norm_);
+      if (head_ != embed_) grad_ready(head_);
+    }
+  }
+  MOETRON_CHECK(d_x.defined(), "pipeline backward of chunk ", chunk, " without the next stage's gradient");
+  const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
+  for (size_t i = b1; i-- > b0;) {
+    blocks_[i]->swap_state(st.blocks[i - b0]);
+    d_x = blocks_[i]->backward(ctx, d_x);
+    if (final_grads) grads_ready(block_params_[i].first, block_params_[i].second);
+  }
+  if (!first) return d_x;
+  const Tensor d_full = column_parallel_input(tp_, d_x);
+  kernels::embedding_backward(ctx, st.ids, d_full, embed_->grad, embed_->shard.row0);
+  if (final_grads) grad_ready(embed_);
+  return Tensor();
+}
+
+}  // namespace moetron::nn

@@ -1,0 +1,288 @@
+// Pipeline parallelism under mpirun (2, 4 and 8 ranks): GPipe, 1F1B and
+// interleaved 1F1B, alone and composed with dp, tp (with sequence
+// parallelism) and ep, compute what one rank computes (losses per step,
+// validation loss, first-step gradients of every tensor this rank's stage
+// holds), and checkpoints saved under pp resume in another layout.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moetron/ckpt/export.h"
+#include "moetron/ckpt/safetensors.h"
+#include "moetron/core/rng.h"
+#include "moetron/core/staged_dir.h"
+#include "moetron/data/corpus.h"
+#include "moetron/train/trainer.h"
+#include "util/mpi_test_main.h"
+
+namespace moetron::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+comm::Communicator& world() { return test::mpi_world(); }
+std::shared_ptr<comm::Communicator> shared_world() { return world().split(0, world().rank()); }
+
+const std::string& job_dir() {
+  static const std::string dir = [] {
+    Tensor pid = Tensor::empty({1}, DType::i64);
+    pid.data<int64_t>()[0] = ::getpid();
+    world().broadcast(pid, 0);
+    const std::string root = (fs::temp_directory_path() / ("moetron_pp_" + std::to_string(pid.data<int64_t>()[0]))).string();
+    if (world().rank() == 0) {
+      remove_tree(root);
+      fs::create_directories(root + "/text");
+      const char* words[] = {"blue", "owl", "sings", "under", "quiet", "stars", "near", "the", "old", "river",
+                             "bank", "of", "a", "late", "summer", "night"};
+      std::ofstream f(root + "/text/lines");
+      PhiloxStream rng(11, "ep-corpus");
+      for (int d = 0; d < 500; ++d) {
+        const int a = static_cast<int>(rng.next_u32() % 16), b = static_cast<int>(rng.next_u32() % 16);
+        for (int l = 0; l < 3; ++l) f << words[a] << " " << words[b] << " " << words[(a * b + 5) % 16] << ".\n";
+        f << "%\n";
+      }
+      f.close();
+      data::PrepareOptions o;
+      o.input = root + "/text";
+      o.out_dir = root + "/prepared";
+      o.vocab_size = 300;
+      o.val_fraction = 0.1;
+      data::prepare_data(o);
+    }
+    world().barrier();
+    return root;
+  }();
+  return dir;
+}
+
+constexpr int64_t kRows = 4;          // per micro-batch, over the dp ranks of a stage
+constexpr int64_t kMicrobatches = 4;  // per step: >= pp for 1F1B at pp 4
+
+// The tiny config (4 layers, 4 experts, 3 of the layers MoE) with aux loss,
+// z-loss and aux-loss-free biases on; `rows` per dp rank per micro-batch.
+Config pp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> sets = {"data.path=" + job_dir() + "/prepared", "train.steps=10",
+                                   "train.micro_batch=" + std::to_string(rows),
+                                   "train.grad_accum=" + std::to_string(kMicrobatches), "moe.bias_update_rate=0.001",
+                                   "parallel.bucket_mb=0.02", "train.threads=1", "train.eval_batches=3"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
+}
+
+std::string run_dir(const std::string& name, bool local = false) {
+  const std::string d = job_dir() + "/runs/" + name + (local ? "-rank" + std::to_string(world().rank()) : "");
+  if (local || world().rank() == 0) remove_tree(d);
+  world().barrier();
+  return d;
+}
+
+double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+
+void expect_same_losses(const TrainResult& got, const TrainResult& want, size_t from, double tol,
+                        const std::string& what) {
+  ASSERT_EQ(got.history.size() + from, want.history.size()) << what;
+  for (size_t i = 0; i < got.history.size(); ++i) {
+    EXPECT_LE(rel(got.history[i].loss, want.history[from + i].loss), tol)
+        << what << " step " << from + i + 1 << ": " << got.history[i].loss << " vs " << want.history[from + i].loss;
+    EXPECT_LE(std::fabs(got.history[i].aux_loss - want.history[from + i].aux_loss),
+              1e-5 * std::fabs(want.history[from + i].aux_loss) + 1e-12)
+        << what << " aux loss, step " << from + i + 1;
+  }
+}
+
+std::map<std::string, std::vector<float>> grads_of(Trainer& t) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& p : t.model().params().all()) {
+    const float* g = p->grad.data<float>();
+    out[p->name].assign(g, g + p->grad.numel());
+  }
+  return out;
+}
+
+struct Reference {
+  TrainResult result;
+  std::map<std::string, std::vector<float>> first_grads;
+};
+
+// One rank holding the whole global batch, run by every rank on its own.
+const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
+  static std::map<std::string, Reference> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  Reference ref;
+  Trainer t(pp_config(kRows, extra), run_dir("ref-" + key, true), false);
+  t.before_update = [&](int64_t step) {
+    if (step == 1) ref.first_grads = grads_of(t);
+  };
+  ref.result = t.run();
+  return cache[key] = std::move(ref);
+}
+
+struct Layout {
+  std::string name;
+  std::vector<std::string> sets;
+  int64_t dp;
+};
+
+std::vector<Layout> layouts() {
+  const int64_t n = world().size();
+  std::vector<Layout> out;
+  const auto add = [&](int64_t pp, int64_t v, const std::string& schedule, int64_t tp, int64_t ep, bool sp) {
+    std::string name = "pp" + std::to_string(pp) + (v > 1 ? "-vpp" + std::to_string(v) : "") + "-" + schedule +
+                       "-dp" + std::to_string(n / pp / tp);
+    std::vector<std::string> sets = {"parallel.pp=" + std::to_string(pp), "parallel.vpp=" + std::to_string(v),
+                                     "parallel.schedule=" + schedule, "parallel.tp=" + std::to_string(tp),
+                                     "parallel.ep=" + std::to_string(ep)};
+    if (tp > 1) name += "-tp" + std::to_string(tp);
+    if (ep > 1) name += "-ep" + std::to_string(ep);
+    if (sp) {
+      name += "-sp";
+      sets.push_back("parallel.sequence_parallel=true");
+    }
+    out.push_back({name, sets, n / pp / tp});
+  };
+  if (n == 2) {
+    add(2, 1, "1f1b", 1, 1, false);
+    add(2, 1, "gpipe", 1, 1, false);
+    add(2, 2, "1f1b", 1, 1, false);  // interleaved
+  } else if (n == 4) {
+    add(4, 1, "1f1b", 1, 1, false);
+    add(2, 1, "1f1b", 1, 2, false);  // pp2 dp2 ep2
+    add(2, 2, "1f1b", 2, 1, true);   // interleaved pp2 tp2 sp
+    add(2, 1, "gpipe", 1, 1, false);
+  } else {
+    add(2, 1, "1f1b", 2, 1, false);  // dp2 tp2 pp2
+    add(2, 1, "1f1b", 2, 2, true);   // pp2 ep2 tp2 (dp2), sequence parallel
+    add(2, 2, "1f1b", 1, 4, false);  // interleaved pp2 ep4 (dp4)
+    add(4, 1, "1f1b", 2, 1, false);
+  }
+  return out;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// This rank's block of a full tensor's values.
+std::vector<float> block_of(const nn::Parameter& p, const std::vector<float>& full) {
+  if (!p.sharded()) return full;
+  const int64_t rows = p.value.dim(0), cols = p.value.numel() / rows;
+  const int64_t full_cols = p.shard.full.numel() / p.shard.full[0];
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* row = full.data() + (p.shard.row0 + r) * full_cols + p.shard.col0;
+    out.insert(out.end(), row, row + cols);
+  }
+  return out;
+}
+
+TEST(PipelineParallel, LossesAndGradientsEqualOneRank) {
+  for (const std::string opt : {"adamw", "muon"}) {
+    const Reference& ref = reference(opt, {"optim.name=" + opt});
+    for (const Layout& l : layouts()) {
+      const std::string what = opt + " " + l.name;
+      Trainer t(pp_config(kRows / l.dp, with({"optim.name=" + opt}, l.sets)), run_dir("pp-" + opt + l.name), false,
+                shared_world());
+      std::map<std::string, std::vector<float>> grads;
+      t.before_update = [&](int64_t step) {
+        if (step == 1) grads = grads_of(t);
+      };
+      const TrainResult r = t.run();
+      expect_same_losses(r, ref.result, 0, 1e-5, what);
+      EXPECT_LE(rel(r.val_loss, ref.result.val_loss), 1e-5) << what;
+      // This stage's tensors only, each equal to one rank's.
+      EXPECT_LT(grads.size(), ref.first_grads.size()) << what;
+      for (const auto& p : t.model().params().all()) {
+        const std::vector<float>& g = grads.at(p->name);
+        const std::vector<float> want = block_of(*p, ref.first_grads.at(p->name));
+        ASSERT_EQ(g.size(), want.size()) << what << " " << p->name;
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < g.size(); ++i) {
+          diff += (g[i] - want[i]) * static_cast<double>(g[i] - want[i]);
+          norm += want[i] * static_cast<double>(want[i]);
+        }
+        EXPECT_LE(std::sqrt(diff / std::max(norm, 1e-300)), 1e-5) << what << " " << p->name;
+      }
+      // Every step waited on the other stages at least a little (the bubble).
+      for (const auto& h : r.history) EXPECT_GT(h.pipeline_wait_s, 0.0) << what;
+    }
+  }
+}
+
+// Copies checkpoint step-5 of `from` into a fresh run directory.
+std::string copy_step5(const std::string& from, const std::string& name) {
+  const std::string dir = run_dir(name);
+  if (world().rank() == 0) {
+    fs::create_directories(dir + "/checkpoints");
+    fs::copy(from + "/checkpoints/step-5", dir + "/checkpoints/step-5", fs::copy_options::recursive);
+  }
+  world().barrier();
+  return dir;
+}
+
+// Saved with the layers on pp stages (each stage's first rank writing its
+// tensors and router biases), resumed without pp, and the one-rank
+// checkpoint resumed under pp: both continue the one-rank run.
+TEST(PipelineParallel, CheckpointsResumeInAnotherLayout) {
+  const std::vector<std::string> common = {"optim.name=muon", "checkpoint.every=5"};
+  const Reference& ref = reference("ckpt", common);
+  const Layout l = layouts().front();
+  const std::string saved = run_dir("ckpt-pp");
+  {
+    Trainer t(pp_config(kRows / l.dp, with(common, l.sets)), saved, false, shared_world());
+    t.before_update = [](int64_t step) {
+      if (step == 6) throw Error("stop after the step-5 checkpoint");
+    };
+    EXPECT_THROW(t.run(), Error);
+  }
+  if (world().rank() == 0) {
+    const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
+    EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
+              ckpt::export_hf(one, saved + "/export-one"));
+    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"), want(saved + "/export-one/model.safetensors");
+    EXPECT_EQ(got.names(), want.names());
+  }
+  {
+    // Without pp: dp over every rank (with tp 2 where the ranks outnumber the rows).
+    const int64_t dp = std::min(world().size(), static_cast<int>(kRows));
+    Trainer t(pp_config(kRows / dp, with(common, {"parallel.tp=" + std::to_string(world().size() / dp)})),
+              copy_step5(saved, "ckpt-pp-to-dp"), true, shared_world());
+    expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> dp " + std::to_string(dp));
+  }
+  {
+    const Layout other = layouts().back();
+    const std::string one = job_dir() + "/runs/ref-ckpt-rank0";
+    Trainer t(pp_config(kRows / other.dp, with(common, other.sets)), copy_step5(one, "ckpt-one-to-pp"), true,
+              shared_world());
+    expect_same_losses(t.run(), ref.result, 5, 1e-5, "one rank -> " + other.name);
+  }
+}
+
+TEST(PipelineParallel, LayoutErrorsNameTheRule) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"parallel.pp=2", "parallel.vpp=4"}, "parallel.pp"},  // 8 virtual stages over 4 layers
+      {{"parallel.pp=2", "train.grad_accum=1"}, "1F1B needs at least as many micro-batches"},
+      {{"parallel.pp=2", "recompute.policy=full"}, "recompute.policy"},
+      {{"parallel.pp=2", "parallel.schedule=zigzag"}, "parallel.schedule"},
+  };
+  for (const auto& [sets, want] : bad) {
+    try {
+      Trainer t(pp_config(kRows / (world().size() / 2), sets), run_dir("pp-bad"), false, shared_world());
+      t.run();
+      ADD_FAILURE() << sets.back() << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moetron::train
