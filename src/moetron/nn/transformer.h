@@ -65,6 +65,7 @@ class Transformer {
   // final_grads (the step's last micro-batch through this chunk).
   Tensor chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& d_out, bool final_grads);
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   bool holds_embedding() const { return embed_ != nullptr; }
   bool holds_head() const { return head_ != nullptr; }
 

@@ -74,6 +74,12 @@ class Trainer {
   // exactly the MoE token exchange (and the per-expert count all-gather).
   comm::Communicator* expert_comm() { return ep_comm_.get(); }
   comm::Communicator* tensor_comm() { return tp_comm_.get(); }
+  comm::Communicator* pipeline_comm() { return pp_comm_.get(); }
+  // The gradient reducers' communicators (dense over dp, partial over the
+  // stage, experts over their replicas); null where absent.
+  std::vector<comm::Communicator*> gradient_comms() {
+    return {grad_comm_.get(), partial_grad_comm_.get(), expert_grad_comm_.get()};
+  }
   // Micro-batches per step on this rank (train.grad_accum or derived from train.global_batch).
   int64_t accumulation() const { return acc_; }
   // Writes RUN_DIR/checkpoints/step-N now (atomically; keeps checkpoint.keep).
