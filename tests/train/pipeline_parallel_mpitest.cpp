@@ -251,11 +251,13 @@ TEST(PipelineParallel, CheckpointsResumeInAnotherLayout) {
     EXPECT_EQ(got.names(), want.names());
   }
   {
-    // Without pp: dp over every rank (with tp 2 where the ranks outnumber the rows).
-    const int64_t dp = std::min(world().size(), static_cast<int>(kRows));
-    Trainer t(pp_config(kRows / dp, with(common, {"parallel.tp=" + std::to_string(world().size() / dp)})),
+    // Without pp: experts over ep ranks, dp over every rank (with tp 2 where
+    // the ranks outnumber the rows): e.g. saved at dp2 tp2 pp2, resumed at ep4 dp4 tp2.
+    const int64_t dp = std::min(world().size(), static_cast<int>(kRows)), ep = std::min(world().size(), 4);
+    Trainer t(pp_config(kRows / dp, with(common, {"parallel.tp=" + std::to_string(world().size() / dp),
+                                                  "parallel.ep=" + std::to_string(ep)})),
               copy_step5(saved, "ckpt-pp-to-dp"), true, shared_world());
-    expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> dp " + std::to_string(dp));
+    expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> ep " + std::to_string(ep) + " dp " + std::to_string(dp));
   }
   {
     const Layout other = layouts().back();
@@ -268,7 +270,9 @@ TEST(PipelineParallel, CheckpointsResumeInAnotherLayout) {
 
 TEST(PipelineParallel, LayoutErrorsNameTheRule) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
-      {{"parallel.pp=2", "parallel.vpp=4"}, "parallel.pp"},  // 8 virtual stages over 4 layers
+      {{"parallel.pp=2", "parallel.vpp=4"}, "parallel.vpp"},  // 8 virtual stages over 4 layers
+      {{"parallel.pp=8"}, "parallel.pp"},                    // more stages than layers
+      {{"parallel.cp=2"}, "parallel.cp"},
       {{"parallel.pp=2", "train.grad_accum=1"}, "1F1B needs at least as many micro-batches"},
       {{"parallel.pp=2", "recompute.policy=full"}, "recompute.policy"},
       {{"parallel.pp=2", "parallel.schedule=zigzag"}, "parallel.schedule"},

@@ -4,10 +4,12 @@
 // time units per layer chunk) idles (pp-1)/(v m + pp-1) of the time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
 
+#include "moetron/nn/flops.h"
 #include "moetron/train/pipeline_schedule.h"
 
 namespace moetron::train {
@@ -108,6 +110,47 @@ TEST(PipelineSchedule, NoDeadlockAndTheBubbleOfTheFormula) {
       }
     }
   }
+}
+
+// Stages cover the layers in order, one at least each, and no other split
+// has a cheaper most-expensive stage (checked exhaustively for pp 2 and 3).
+TEST(PipelineSchedule, BalancedStagesMinimiseTheLargestStage) {
+  nn::ModelConfig m;
+  m.n_layers = 7;
+  m.vocab_size = 32000;  // a heavy head: the last stage should get fewer layers
+  nn::MoeConfig e;
+  e.first_dense_layers = 1;
+  const int64_t seq = 256;
+  const auto cost = [&](int64_t a, int64_t b) {
+    double c = b == m.n_layers ? nn::head_flops_per_token(m) : 0.0;
+    for (int64_t i = a; i < b; ++i) c += nn::layer_flops_per_token(m, e, i, seq);
+    return c;
+  };
+  for (int64_t pp : {1, 2, 3}) {
+    const auto st = balanced_stages(m, e, seq, pp);
+    ASSERT_EQ(st.size(), static_cast<size_t>(pp));
+    EXPECT_EQ(st.front().first, 0);
+    EXPECT_EQ(st.back().second, m.n_layers);
+    double worst = 0;
+    for (size_t s = 0; s < st.size(); ++s) {
+      EXPECT_LT(st[s].first, st[s].second);
+      if (s > 0) {
+        EXPECT_EQ(st[s].first, st[s - 1].second);
+      }
+      worst = std::max(worst, cost(st[s].first, st[s].second));
+    }
+    double best = 1e300;
+    if (pp == 1) best = cost(0, m.n_layers);
+    for (int64_t a = 1; pp == 2 && a < m.n_layers; ++a) best = std::min(best, std::max(cost(0, a), cost(a, m.n_layers)));
+    for (int64_t a = 1; pp == 3 && a < m.n_layers; ++a)
+      for (int64_t b = a + 1; b < m.n_layers; ++b)
+        best = std::min(best, std::max({cost(0, a), cost(a, b), cost(b, m.n_layers)}));
+    EXPECT_DOUBLE_EQ(worst, best) << "pp " << pp;
+    if (pp == 2) {
+      EXPECT_GT(st[0].second - st[0].first, st[1].second - st[1].first) << "the head's stage is not lighter";
+    }
+  }
+  EXPECT_THROW(balanced_stages(m, e, seq, 8), Error);
 }
 
 TEST(PipelineSchedule, RulesNameWhatIsWrong) {

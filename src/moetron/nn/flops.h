@@ -14,5 +14,9 @@ namespace moetron::nn {
 // shared ones) of each MoE layer, the router, dense FFNs, and the LM head.
 double active_gemm_params(const ModelConfig& m, const MoeConfig& e);
 double model_flops_per_token(const ModelConfig& m, const MoeConfig& e, int64_t seq_len);
+// Training FLOPs per token of decoder layer i (its GEMMs and attention), and
+// of the LM head: the pipeline's per-stage cost estimate.
+double layer_flops_per_token(const ModelConfig& m, const MoeConfig& e, int64_t i, int64_t seq_len);
+double head_flops_per_token(const ModelConfig& m);
 
 }  // namespace moetron::nn

@@ -107,6 +107,7 @@ const std::vector<Field>& fields() {
       field("parallel.vpp", &Config::parallel, &ParallelConfig::vpp),
       field("parallel.schedule", &Config::parallel, &ParallelConfig::schedule),
       field("parallel.microbatches", &Config::parallel, &ParallelConfig::microbatches),
+      field("parallel.cp", &Config::parallel, &ParallelConfig::cp),
   };
   return table;
 }
@@ -383,14 +384,18 @@ void validate(const Config& c) {
   check_rule(!c.parallel.sequence_parallel || tp > 1, "parallel.sequence_parallel", "needs parallel.tp > 1");
   const auto& pl = c.parallel;
   check_rule(pl.pp >= 1, "parallel.pp", "must be >= 1");
+  check_rule(pl.cp == 1, "parallel.cp", "must be 1: context parallelism is not built yet (the long-sequence issue)");
   check_rule(pl.vpp >= 1, "parallel.vpp", "must be >= 1");
   check_rule(pl.schedule == "1f1b" || pl.schedule == "gpipe", "parallel.schedule",
              str_cat("must be 1f1b or gpipe, got \"", pl.schedule, "\" (vpp > 1 with 1f1b is interleaved 1F1B)"));
   check_rule(pl.microbatches >= 0, "parallel.microbatches", "must be >= 0 (0: derived from the batch)");
   check_rule(pl.vpp == 1 || pl.pp > 1, "parallel.vpp", "needs parallel.pp > 1");
   if (pl.pp > 1) {
-    check_rule(m.n_layers % (pl.pp * pl.vpp) == 0, "parallel.pp",
-               str_cat("parallel.pp * parallel.vpp = ", pl.pp * pl.vpp, " must divide model.n_layers = ", m.n_layers));
+    check_rule(pl.vpp > 1 || m.n_layers >= pl.pp, "parallel.pp",
+               str_cat("must not exceed model.n_layers = ", m.n_layers, " (each stage holds a layer)"));
+    check_rule(pl.vpp == 1 || m.n_layers % (pl.pp * pl.vpp) == 0, "parallel.vpp",
+               str_cat("parallel.pp * parallel.vpp = ", pl.pp * pl.vpp, " must divide model.n_layers = ", m.n_layers,
+                       " (interleaved chunks hold equal layer counts)"));
     check_rule(!m.tie_embeddings, "parallel.pp",
                "> 1 with model.tie_embeddings = true is not supported (embedding and head live on different stages)");
     check_rule(!pl.zero, "parallel.pp", "> 1 with parallel.zero = true is not supported yet");

@@ -99,8 +99,8 @@ struct ParallelConfig {
   // shards, so ep divides dp * tp (the number of ranks).
   int64_t tp = 1;
   bool sequence_parallel = false;  // norms and residuals on token slices (needs tp > 1)
-  // Pipeline parallelism (train/pipeline_schedule.h): pp stages of equal
-  // layer counts, outermost in the rank order (rank = stage * ranks / pp +
+  // Pipeline parallelism (train/pipeline_schedule.h): pp stages balanced by
+  // FLOPs (equal layer counts per chunk when interleaved), outermost in the rank order (rank = stage * ranks / pp +
   // position in the stage); each stage's ranks run dp x tp x ep as above.
   // vpp > 1: each rank holds vpp chunks (interleaved 1F1B).
   int64_t pp = 1;
@@ -109,6 +109,7 @@ struct ParallelConfig {
   // Micro-batches per step per dp rank; 0: derived (train.global_batch /
   // (micro_batch * dp), else train.grad_accum). Set, it must agree with them.
   int64_t microbatches = 0;
+  int64_t cp = 1;  // context parallelism: 1 until the long-sequence work
 };
 
 struct CheckpointConfig {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "moetron/nn/flops.h"
+
 namespace moetron::train {
 
 namespace {
@@ -41,6 +43,45 @@ std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64
 
 double ideal_bubble_fraction(int64_t pp, int64_t m, int64_t v) {
   return static_cast<double>(pp - 1) / static_cast<double>(v * m + pp - 1);
+}
+
+std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m, const nn::MoeConfig& e,
+                                                         int64_t seq_len, int64_t pp) {
+  const int64_t L = m.n_layers;
+  MOETRON_CHECK(pp >= 1 && pp <= L, "parallel.pp = ", pp, " stages for model.n_layers = ", L,
+                " (each stage needs a layer)");
+  std::vector<double> prefix(static_cast<size_t>(L + 1), 0.0);
+  for (int64_t i = 0; i < L; ++i) {
+    prefix[static_cast<size_t>(i + 1)] = prefix[static_cast<size_t>(i)] + nn::layer_flops_per_token(m, e, i, seq_len);
+  }
+  const double head = nn::head_flops_per_token(m);
+  const auto cost = [&](int64_t a, int64_t b) { return prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)] + (b == L ? head : 0.0); };
+  // best[s][i]: the smallest largest-stage cost of layers [0, i) in s + 1 stages.
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(static_cast<size_t>(pp), std::vector<double>(static_cast<size_t>(L + 1), inf));
+  std::vector<std::vector<int64_t>> cut(static_cast<size_t>(pp), std::vector<int64_t>(static_cast<size_t>(L + 1), 0));
+  for (int64_t i = 1; i <= L; ++i) best[0][static_cast<size_t>(i)] = cost(0, i);
+  for (int64_t s = 1; s < pp; ++s) {
+    for (int64_t i = s + 1; i <= L; ++i) {
+      for (int64_t j = s; j < i; ++j) {
+        const double c = std::max(best[static_cast<size_t>(s - 1)][static_cast<size_t>(j)], cost(j, i));
+        // Ties go to the later cut: earlier stages take more layers, leaving
+        // the last (which also runs the loss) lighter.
+        if (c <= best[static_cast<size_t>(s)][static_cast<size_t>(i)]) {
+          best[static_cast<size_t>(s)][static_cast<size_t>(i)] = c;
+          cut[static_cast<size_t>(s)][static_cast<size_t>(i)] = j;
+        }
+      }
+    }
+  }
+  std::vector<std::pair<int64_t, int64_t>> stages(static_cast<size_t>(pp));
+  int64_t end = L;
+  for (int64_t s = pp - 1; s >= 0; --s) {
+    const int64_t first = s == 0 ? 0 : cut[static_cast<size_t>(s)][static_cast<size_t>(end)];
+    stages[static_cast<size_t>(s)] = {first, end};
+    end = first;
+  }
+  return stages;
 }
 
 PipelineRunner::PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group, std::string schedule,

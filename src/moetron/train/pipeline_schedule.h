@@ -35,6 +35,13 @@ std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64
 // The idle fraction of an ideal pipeline: (pp - 1) / (v m + pp - 1).
 double ideal_bubble_fraction(int64_t pp, int64_t microbatches, int64_t v);
 
+// Layers [first, end) of each of pp stages: contiguous, at least one each,
+// minimising the largest stage's training FLOPs per token
+// (nn::layer_flops_per_token; the LM head's counted on the last stage, the
+// embedding gather as free).
+std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m, const nn::MoeConfig& e,
+                                                         int64_t seq_len, int64_t pp);
+
 class PipelineRunner {
  public:
   // pp_group: the pp ranks at this position of every stage, ordered by stage.

@@ -77,11 +77,22 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   if (pp_ > 1) {
     stage_comm_ = world_->split(static_cast<int>(pp_rank()), world_->rank());
     pp_comm_ = world_->split(static_cast<int>(stage_rank()), world_->rank());
-    // Virtual stage c * pp + p holds layers [j * L / (pp v), (j + 1) * L / (pp v)).
+    // One chunk per rank: stages balanced by FLOPs; interleaved: virtual
+    // stage c * pp + p holds layers [j L / (pp v), (j + 1) L / (pp v)).
     const int64_t v = cfg_.parallel.vpp, per = cfg_.model.n_layers / (pp_ * v);
-    for (int64_t c = 0; c < v; ++c) {
-      const int64_t j = c * pp_ + pp_rank();
-      place.chunks.emplace_back(j * per, (j + 1) * per);
+    if (v == 1) {
+      const auto stages = balanced_stages(cfg_.model, cfg_.moe, cfg_.train.seq_len, pp_);
+      place.chunks.push_back(stages[static_cast<size_t>(pp_rank())]);
+      if (world_->rank() == 0) {
+        std::cout << "pipeline: " << pp_ << " stages of layers";
+        for (const auto& [a, b] : stages) std::cout << " [" << a << ", " << b << ")";
+        std::cout << " (balanced by FLOPs, the head on the last)\n";
+      }
+    } else {
+      for (int64_t c = 0; c < v; ++c) {
+        const int64_t j = c * pp_ + pp_rank();
+        place.chunks.emplace_back(j * per, (j + 1) * per);
+      }
     }
     place.embedding = pp_rank() == 0;
     place.head = pp_rank() == pp_ - 1;
