@@ -200,6 +200,42 @@ TEST(DataParallel, OverlapOnEqualsOverlapOff) {
   for (size_t i = 0; i < on.history.size(); ++i) EXPECT_EQ(on.history[i].loss, off.history[i].loss) << i;
 }
 
+// ZeRO-1's parameter all-gather completed bucket by bucket inside the next
+// forward (the default) or at the end of the optimizer step: the same
+// values, so bit-identical losses and weights. (A forward that did not wait
+// would read the previous step's weights: tried, it fails here.)
+TEST(DataParallel, ZeroParamGatherOverlapEqualsBlocking) {
+  for (const std::string opt : {"adamw", "muon"}) {
+    std::vector<TrainResult> runs;
+    std::vector<std::vector<float>> weights;
+    for (const std::string overlap : {"true", "false"}) {
+      Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.zero=true", "parallel.bucket_mb=0.005",
+                                               "parallel.overlap_param_gather=" + overlap}),
+                run_dir("zero-gather-" + overlap), false, shared_world());
+      int64_t waited_in_forward = 0;
+      auto inner = t.model().before_use;
+      t.model().before_use = [&](nn::Parameter& p) {
+        ++waited_in_forward;
+        inner(p);
+      };
+      runs.push_back(t.run());
+      EXPECT_GT(waited_in_forward, 0);
+      std::vector<float> w;
+      for (const auto& p : t.model().params().all()) {
+        const float* v = p->value.data<float>();
+        w.insert(w.end(), v, v + p->value.numel());
+      }
+      weights.push_back(std::move(w));
+    }
+    ASSERT_EQ(runs[0].history.size(), runs[1].history.size());
+    for (size_t i = 0; i < runs[0].history.size(); ++i) {
+      EXPECT_EQ(runs[0].history[i].loss, runs[1].history[i].loss) << opt << " step " << i + 1;
+    }
+    EXPECT_EQ(runs[0].val_loss, runs[1].val_loss) << opt;
+    EXPECT_EQ(weights[0], weights[1]) << opt;
+  }
+}
+
 // What the gradient communicator counts per step. A ring algorithm puts
 // (n - 1) / n of a buffer on the wire per pass: allreduce = 2 passes
 // (reduce-scatter + all-gather) over the padded fp32 bucket; ZeRO-1 =

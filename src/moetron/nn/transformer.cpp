@@ -71,6 +71,15 @@ void Transformer::grad_ready(Parameter* p) {
   if (on_grad_ready) on_grad_ready(*p);
 }
 
+void Transformer::need(Parameter* p) {
+  if (before_use && p) before_use(*p);
+}
+
+void Transformer::need(size_t begin, size_t end) {
+  if (!before_use) return;
+  for (size_t i = begin; i < end; ++i) before_use(*params_.all()[i]);
+}
+
 void Transformer::grads_ready(size_t begin, size_t end) {
   if (!on_grad_ready) return;
   for (size_t i = begin; i < end; ++i) on_grad_ready(*params_.all()[i]);
@@ -95,6 +104,7 @@ Tensor Transformer::positions_of(int64_t batch, int64_t seq) const {
 }
 
 Tensor Transformer::embed(kernels::Context& ctx, const Tensor& ids) {
+  need(embed_);
   Tensor x = Tensor::empty({ids.numel(), model_.d_model}, prec_.compute);
   // Vocab-parallel: rows of other shards come out zero; the sum over tp is the embedding.
   kernels::embedding_forward(ctx, ids, embed_->value, x, embed_->shard.row0);
@@ -122,6 +132,7 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
   sv.x_final = x;
   const int64_t rows = x.dim(0);  // t / tp under sequence parallelism
   sv.rstd = Tensor::empty({rows}, prec_.accum);
+  need(final_norm_);
   Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
   kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h, sv.rstd);
   saved_ = std::move(sv);
@@ -130,6 +141,7 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
 
 Tensor Transformer::head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets,
                               double grad_scale, bool backward, LossStats& stats) {
+  need(head_);
   const Tensor h = column_parallel_input(tp_, h_given);
   const int64_t t = h.dim(0);
   const Tensor tgt = targets.reshape({t});
@@ -192,6 +204,7 @@ Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs) {
   const int64_t b = inputs.dim(0), s = inputs.dim(1);
   Tensor last = Tensor::empty({b, model_.d_model}, prec_.compute);
   for (int64_t i = 0; i < b; ++i) last[i].copy_from(h[(i + 1) * s - 1]);
+  need(head_);
   Tensor logits = Tensor::empty({b, model_.vocab_size}, prec_.accum);
   kernels::MatmulArgs args;
   args.trans_b = true;

@@ -81,6 +81,10 @@ class Transformer {
   // (a tied embedding once, at the end). The data-parallel reducer starts a
   // bucket's reduction from here.
   std::function<void(Parameter&)> on_grad_ready;
+  // Called before a forward first reads a parameter's value (the embedding,
+  // each block's parameters as the block starts, final norm and head): ZeRO-1
+  // completes that parameter's all-gather from here (optim/zero_optimizer.h).
+  std::function<void(Parameter&)> before_use;
   // Ranks that split each micro-batch (dp); see MoeLayer::set_balance_group.
   // Training forwards use it; evaluation forwards use local statistics.
   void set_balance_group(comm::Communicator* group) { balance_group_ = group; }
@@ -124,6 +128,8 @@ class Transformer {
   std::map<std::pair<int64_t, int64_t>, ChunkStash> stash_;  // by (chunk, micro-batch)
   comm::Communicator* balance_group_ = nullptr;
   void grads_ready(size_t begin, size_t end);
+  void need(size_t begin, size_t end);
+  void need(Parameter* p);
   void grad_ready(Parameter* p);
   // The blocks' forward and backward under the recompute policy: segment
   // inputs kept as checkpoints, segments recomputed before their backward.

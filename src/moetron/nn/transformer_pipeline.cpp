@@ -29,6 +29,7 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, int64_t chunk, int64_t 
   MoeStats ms;
   const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
   for (size_t i = b0; i < b1; ++i) {
+    need(block_params_[i].first, block_params_[i].second);
     x = blocks_[i]->forward(ctx, x, positions, batch, seq, loss_weight, ms);
     if (backward) {
       Block::State s;
@@ -44,6 +45,7 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, int64_t chunk, int64_t 
   if (last) {
     const int64_t rows = x.dim(0);
     st.rstd = Tensor::empty({rows}, prec_.accum);
+    need(final_norm_);
     Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
     kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h, st.rstd);
     st.d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);

@@ -41,6 +41,7 @@ Tensor Transformer::forward_blocks(kernels::Context& ctx, Tensor x, const Tensor
   for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) {
     Block& blk = *blocks_[static_cast<size_t>(i)];
     if (k > 0 && i < last && i % k == 0) ckpt_.inputs.push_back(x);
+    need(block_params_[static_cast<size_t>(i)].first, block_params_[static_cast<size_t>(i)].second);
     x = blk.forward(ctx, x, positions, batch, seq, loss_weight, stats);
     if (i < last) blk.release();
   }

@@ -17,6 +17,9 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
   MOETRON_CHECK(reducer_.options().mode == parallel::ReduceMode::reduce_scatter,
                 "the ZeRO-1 optimizer needs a reduce-scatter gradient reducer");
   const int64_t rank = reducer_.comm().rank();
+  for (size_t bi = 0; bi < reducer_.buckets().size(); ++bi) {
+    for (const parallel::BucketSlot& slot : reducer_.buckets()[bi].slots) bucket_of_[slot.param] = bi;
+  }
   kernels::Context conv(kernels::Backend::reference);
   for (const parallel::Bucket& b : reducer_.buckets()) {
     Shard sh;
@@ -92,6 +95,7 @@ void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor
 }
 
 StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) {
+  finish_gathers();  // values_own is about to change
   StepInfo info;
   info.lr = opts_.schedule.at(step);
   info.grad_norm = known_norm >= 0 ? known_norm : grad_norm(ctx, grad_scale);
@@ -153,25 +157,48 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
       }
     }
   }
-  // Every rank gets the whole updated working copy back.
-  for (size_t bi = 0; bi < buckets.size(); ++bi) {
-    const parallel::Bucket& b = buckets[bi];
-    Shard& sh = shards_[bi];
-    dp.allgather(sh.values_own, sh.values_full);
-    for (const parallel::BucketSlot& slot : b.slots) {
-      const Tensor src = sh.values_full.slice(slot.offset, slot.offset + slot.numel);
-      const Tensor dst = slot.param->value.reshape({slot.numel});
-      if (src.dtype() == dst.dtype()) {
-        dst.copy_from(src);
-      } else {
-        kernels::convert(ctx, src, dst);
-      }
-    }
+  // Every rank gets the whole updated working copy back. Buckets run from
+  // the head to the embedding (backward order): start the embedding's first,
+  // the order the next forward needs them.
+  gather_ctx_ = &ctx;
+  gathers_.resize(buckets.size());
+  for (size_t bi = buckets.size(); bi-- > 0;) {
+    gathers_[bi] = dp.allgather_async(shards_[bi].values_own, shards_[bi].values_full);
   }
+  if (!overlap_gather_) finish_gathers();
   return info;
 }
 
+void ZeroOptimizer::finish_gather(size_t bi) {
+  if (bi >= gathers_.size() || !gathers_[bi]) return;
+  gathers_[bi]->wait();
+  gathers_[bi].reset();
+  const Shard& sh = shards_[bi];
+  kernels::Context fallback(kernels::Backend::cpu, 1);
+  kernels::Context& ctx = gather_ctx_ ? *gather_ctx_ : fallback;
+  for (const parallel::BucketSlot& slot : reducer_.buckets()[bi].slots) {
+    const Tensor src = sh.values_full.slice(slot.offset, slot.offset + slot.numel);
+    const Tensor dst = slot.param->value.reshape({slot.numel});
+    if (src.dtype() == dst.dtype()) {
+      dst.copy_from(src);
+    } else {
+      kernels::convert(ctx, src, dst);
+    }
+  }
+}
+
+void ZeroOptimizer::finish_gathers() {
+  for (size_t bi = gathers_.size(); bi-- > 0;) finish_gather(bi);
+}
+
+void ZeroOptimizer::wait_for(const nn::Parameter& p) {
+  const auto it = bucket_of_.find(&p);
+  if (it != bucket_of_.end()) finish_gather(it->second);
+  reducer_.comm().poll();  // the later buckets progress meanwhile
+}
+
 std::vector<StateSlice> ZeroOptimizer::state_slices() {
+  finish_gathers();
   std::vector<StateSlice> out;
   for (Shard& sh : shards_) {
     for (const Segment& sg : sh.segments) {
@@ -185,6 +212,7 @@ std::vector<StateSlice> ZeroOptimizer::state_slices() {
 }
 
 std::vector<StateTensor> ZeroOptimizer::full_masters() {
+  finish_gathers();
   // All-gather each bucket's fp32 masters (every rank takes part; the
   // temporary full copy lives only for the checkpoint write).
   std::vector<StateTensor> out;
@@ -202,6 +230,7 @@ std::vector<StateTensor> ZeroOptimizer::full_masters() {
 }
 
 void ZeroOptimizer::load_master(const std::string& param_name, const Tensor& full) {
+  finish_gathers();
   kernels::Context conv(kernels::Backend::reference);
   bool found = false;
   for (const parallel::Bucket& b : reducer_.buckets()) {

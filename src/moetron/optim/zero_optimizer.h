@@ -18,6 +18,7 @@
 // the working copies is all that is shared.
 #pragma once
 
+#include <unordered_map>
 #include <vector>
 
 #include "moetron/comm/communicator.h"
@@ -43,6 +44,16 @@ class ZeroOptimizer final : public ParamOptimizer {
   std::vector<StateTensor> full_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
 
+  // Overlap of the updated parameters' all-gather with the next forward:
+  // step() starts one non-blocking all-gather per bucket (the buckets the
+  // forward needs first, first) and returns; the forward calls
+  // wait_for(p) before it reads p, which completes p's bucket (and
+  // progresses the rest). Off: step() completes them all before returning.
+  void set_overlap_param_gather(bool on) { overlap_gather_ = on; }
+  void wait_for(const nn::Parameter& p);
+  // Completes every gather still in flight (checkpoints, the next step).
+  void finish_gathers();
+
  private:
   // The part of one parameter inside this rank's chunk of a bucket.
   struct Segment {
@@ -66,6 +77,11 @@ class ZeroOptimizer final : public ParamOptimizer {
   parallel::GradReducer& reducer_;
   bool redundant_ = false;
   std::vector<Shard> shards_;
+  bool overlap_gather_ = false;
+  std::vector<std::unique_ptr<comm::Work>> gathers_;  // per bucket; null when complete
+  std::unordered_map<const nn::Parameter*, size_t> bucket_of_;
+  kernels::Context* gather_ctx_ = nullptr;  // the step's context, for the copies out of the gathers
+  void finish_gather(size_t bucket);
 };
 
 }  // namespace moetron::optim

@@ -95,6 +95,7 @@ const std::vector<Field>& fields() {
       field("checkpoint.keep", &Config::checkpoint, &CheckpointConfig::keep),
       field("parallel.zero", &Config::parallel, &ParallelConfig::zero),
       field("parallel.overlap", &Config::parallel, &ParallelConfig::overlap),
+      field("parallel.overlap_param_gather", &Config::parallel, &ParallelConfig::overlap_param_gather),
       field("parallel.bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb),
       field("parallel.compression", &Config::parallel, &ParallelConfig::compression),
       field("parallel.compression_block", &Config::parallel, &ParallelConfig::compression_block),

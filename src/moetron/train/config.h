@@ -82,6 +82,9 @@ struct RecomputeConfig {
 struct ParallelConfig {
   bool zero = false;         // ZeRO-1: optimizer state sharded over dp (optim/zero_optimizer.h)
   bool overlap = true;       // start each gradient bucket's reduction during backward
+  // ZeRO-1: the updated parameters' all-gather runs into the next forward,
+  // each bucket completed just before its first use.
+  bool overlap_param_gather = true;
   double bucket_mb = 16.0;   // fp32 gradient megabytes (2^20 B) per bucket
   // Gradient compression with error feedback (parallel/grad_compressor.h):
   std::string compression = "none";  // none | int8 | int4 | sign | topk

@@ -177,8 +177,12 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     };
   }
   if (cfg_.parallel.zero) {
-    opt_ = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *reducer_,
-                                                  cfg_.optim.muon_distribution == "replicated");
+    auto zero = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *reducer_,
+                                                       cfg_.optim.muon_distribution == "replicated");
+    zero->set_overlap_param_gather(cfg_.parallel.overlap_param_gather);
+    optim::ZeroOptimizer* z = zero.get();
+    model_->before_use = [z](nn::Parameter& p) { z->wait_for(p); };
+    opt_ = std::move(zero);
   } else {
     auto opt = std::make_unique<optim::Optimizer>(model_->params(), oo);
     opt->set_tensor_parallel(&model_->tensor_parallel());
