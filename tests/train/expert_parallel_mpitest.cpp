@@ -5,20 +5,16 @@
 // experts it holds), capacity drops, and checkpoints that resume in another
 // layout.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "moetron/ckpt/export.h"
 #include "moetron/ckpt/safetensors.h"
-#include "moetron/core/rng.h"
-#include "moetron/core/staged_dir.h"
-#include "moetron/data/corpus.h"
 #include "moetron/train/trainer.h"
+#include "util/layout_runs.h"
 #include "util/mpi_test_main.h"
 
 namespace moetron::train {
@@ -30,37 +26,15 @@ comm::Communicator& world() { return test::mpi_world(); }
 int64_t dp() { return world().size(); }
 std::shared_ptr<comm::Communicator> shared_world() { return world().split(0, world().rank()); }
 
-const std::string& job_dir() {
-  static const std::string dir = [] {
-    Tensor pid = Tensor::empty({1}, DType::i64);
-    pid.data<int64_t>()[0] = ::getpid();
-    world().broadcast(pid, 0);
-    const std::string root = (fs::temp_directory_path() / ("moetron_ep_" + std::to_string(pid.data<int64_t>()[0]))).string();
-    if (world().rank() == 0) {
-      remove_tree(root);
-      fs::create_directories(root + "/text");
-      const char* words[] = {"blue", "owl", "sings", "under", "quiet", "stars", "near", "the", "old", "river",
-                             "bank", "of", "a", "late", "summer", "night"};
-      std::ofstream f(root + "/text/lines");
-      PhiloxStream rng(11, "ep-corpus");
-      for (int d = 0; d < 500; ++d) {
-        const int a = static_cast<int>(rng.next_u32() % 16), b = static_cast<int>(rng.next_u32() % 16);
-        for (int l = 0; l < 3; ++l) f << words[a] << " " << words[b] << " " << words[(a * b + 5) % 16] << ".\n";
-        f << "%\n";
-      }
-      f.close();
-      data::PrepareOptions o;
-      o.input = root + "/text";
-      o.out_dir = root + "/prepared";
-      o.vocab_size = 300;
-      o.val_fraction = 0.1;
-      data::prepare_data(o);
-    }
-    world().barrier();
-    return root;
-  }();
-  return dir;
-}
+const std::string& job_dir() { return test::layout_job_dir("moetron_ep_"); }
+std::string run_dir(const std::string& name, bool local = false) { return test::layout_run_dir(job_dir(), name, local); }
+std::string copy_step5(const std::string& from, const std::string& name) { return test::copy_step5(job_dir(), from, name); }
+double rel(double a, double b) { return test::rel_diff(a, b); }
+using test::block_of;
+using test::grads_of;
+using test::expect_same_losses;
+using test::rel_norm_diff;
+
 
 constexpr int64_t kGlobalRows = 8;  // per micro-batch, over all ranks
 
@@ -73,33 +47,6 @@ Config ep_config(int64_t rows, const std::vector<std::string>& extra = {}) {
                                    "train.eval_batches=3"};
   sets.insert(sets.end(), extra.begin(), extra.end());
   return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
-}
-
-std::string run_dir(const std::string& name, bool local = false) {
-  const std::string d = job_dir() + "/runs/" + name + (local ? "-rank" + std::to_string(world().rank()) : "");
-  if (local || world().rank() == 0) remove_tree(d);
-  world().barrier();
-  return d;
-}
-
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
-
-void expect_same_losses(const TrainResult& got, const TrainResult& want, size_t from, double tol,
-                        const std::string& what) {
-  ASSERT_EQ(got.history.size() + from, want.history.size()) << what;
-  for (size_t i = 0; i < got.history.size(); ++i) {
-    EXPECT_LE(rel(got.history[i].loss, want.history[from + i].loss), tol)
-        << what << " step " << from + i + 1 << ": " << got.history[i].loss << " vs " << want.history[from + i].loss;
-  }
-}
-
-std::map<std::string, std::vector<float>> grads_of(Trainer& t) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& p : t.model().params().all()) {
-    const float* g = p->grad.data<float>();
-    out[p->name].assign(g, g + p->grad.numel());
-  }
-  return out;
 }
 
 struct Reference {
@@ -148,13 +95,7 @@ TEST(ExpertParallel, LossesAndGradientsEqualOneRank) {
       expect_same_losses(r, ref.result, 0, 1e-5, what);
       EXPECT_LE(rel(r.val_loss, ref.result.val_loss), 1e-5) << what;
       for (const auto& [name, g] : grads) {
-        const auto& want = ref.first_grads.at(name);
-        double diff = 0, norm = 0;
-        for (size_t i = 0; i < g.size(); ++i) {
-          diff += (g[i] - want[i]) * static_cast<double>(g[i] - want[i]);
-          norm += want[i] * static_cast<double>(want[i]);
-        }
-        EXPECT_LE(std::sqrt(diff / std::max(norm, 1e-300)), 1e-5) << what << " " << name;
+        EXPECT_LE(rel_norm_diff(g, ref.first_grads.at(name)), 1e-5) << what << " " << name;
       }
     }
   }
@@ -190,17 +131,6 @@ TEST(ExpertParallel, CapacityDropsTheSameSlotsAsOneRank) {
   for (size_t i = 0; i < r.history.size(); ++i) {
     EXPECT_EQ(r.history[i].dropped, ref.result.history[i].dropped) << "step " << i + 1;
   }
-}
-
-// Copies checkpoint step-5 of `from` into a fresh run directory.
-std::string copy_step5(const std::string& from, const std::string& name) {
-  const std::string dir = run_dir(name);
-  if (world().rank() == 0) {
-    fs::create_directories(dir + "/checkpoints");
-    fs::copy(from + "/checkpoints/step-5", dir + "/checkpoints/step-5", fs::copy_options::recursive);
-  }
-  world().barrier();
-  return dir;
 }
 
 // Saved with experts spread over ep ranks, resumed with every rank holding

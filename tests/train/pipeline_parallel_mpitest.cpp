@@ -4,22 +4,17 @@
 // validation loss, first-step gradients of every tensor this rank's stage
 // holds), and checkpoints saved under pp resume in another layout.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "moetron/ckpt/export.h"
 #include "moetron/ckpt/safetensors.h"
-#include "moetron/core/rng.h"
-#include "moetron/core/staged_dir.h"
-#include "moetron/data/corpus.h"
 #include "moetron/train/trainer.h"
+#include "util/layout_runs.h"
 #include "util/mpi_test_main.h"
 
 namespace moetron::train {
@@ -30,37 +25,19 @@ namespace fs = std::filesystem;
 comm::Communicator& world() { return test::mpi_world(); }
 std::shared_ptr<comm::Communicator> shared_world() { return world().split(0, world().rank()); }
 
-const std::string& job_dir() {
-  static const std::string dir = [] {
-    Tensor pid = Tensor::empty({1}, DType::i64);
-    pid.data<int64_t>()[0] = ::getpid();
-    world().broadcast(pid, 0);
-    const std::string root = (fs::temp_directory_path() / ("moetron_pp_" + std::to_string(pid.data<int64_t>()[0]))).string();
-    if (world().rank() == 0) {
-      remove_tree(root);
-      fs::create_directories(root + "/text");
-      const char* words[] = {"blue", "owl", "sings", "under", "quiet", "stars", "near", "the", "old", "river",
-                             "bank", "of", "a", "late", "summer", "night"};
-      std::ofstream f(root + "/text/lines");
-      PhiloxStream rng(11, "ep-corpus");
-      for (int d = 0; d < 500; ++d) {
-        const int a = static_cast<int>(rng.next_u32() % 16), b = static_cast<int>(rng.next_u32() % 16);
-        for (int l = 0; l < 3; ++l) f << words[a] << " " << words[b] << " " << words[(a * b + 5) % 16] << ".\n";
-        f << "%\n";
-      }
-      f.close();
-      data::PrepareOptions o;
-      o.input = root + "/text";
-      o.out_dir = root + "/prepared";
-      o.vocab_size = 300;
-      o.val_fraction = 0.1;
-      data::prepare_data(o);
-    }
-    world().barrier();
-    return root;
-  }();
-  return dir;
+const std::string& job_dir() { return test::layout_job_dir("moetron_pp_"); }
+std::string run_dir(const std::string& name, bool local = false) { return test::layout_run_dir(job_dir(), name, local); }
+std::string copy_step5(const std::string& from, const std::string& name) { return test::copy_step5(job_dir(), from, name); }
+double rel(double a, double b) { return test::rel_diff(a, b); }
+using test::block_of;
+using test::grads_of;
+using test::rel_norm_diff;
+// Losses and the balancing loss (summed over the stages) equal one rank's.
+void expect_same_losses(const TrainResult& got, const TrainResult& want, size_t from, double tol,
+                        const std::string& what) {
+  test::expect_same_losses(got, want, from, tol, what, true);
 }
+
 
 constexpr int64_t kRows = 4;          // per micro-batch, over the dp ranks of a stage
 constexpr int64_t kMicrobatches = 4;  // per step: >= pp for 1F1B at pp 4
@@ -74,36 +51,6 @@ Config pp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
                                    "parallel.bucket_mb=0.02", "train.threads=1", "train.eval_batches=3"};
   sets.insert(sets.end(), extra.begin(), extra.end());
   return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
-}
-
-std::string run_dir(const std::string& name, bool local = false) {
-  const std::string d = job_dir() + "/runs/" + name + (local ? "-rank" + std::to_string(world().rank()) : "");
-  if (local || world().rank() == 0) remove_tree(d);
-  world().barrier();
-  return d;
-}
-
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
-
-void expect_same_losses(const TrainResult& got, const TrainResult& want, size_t from, double tol,
-                        const std::string& what) {
-  ASSERT_EQ(got.history.size() + from, want.history.size()) << what;
-  for (size_t i = 0; i < got.history.size(); ++i) {
-    EXPECT_LE(rel(got.history[i].loss, want.history[from + i].loss), tol)
-        << what << " step " << from + i + 1 << ": " << got.history[i].loss << " vs " << want.history[from + i].loss;
-    EXPECT_LE(std::fabs(got.history[i].aux_loss - want.history[from + i].aux_loss),
-              1e-5 * std::fabs(want.history[from + i].aux_loss) + 1e-12)
-        << what << " aux loss, step " << from + i + 1;
-  }
-}
-
-std::map<std::string, std::vector<float>> grads_of(Trainer& t) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& p : t.model().params().all()) {
-    const float* g = p->grad.data<float>();
-    out[p->name].assign(g, g + p->grad.numel());
-  }
-  return out;
 }
 
 struct Reference {
@@ -171,19 +118,6 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
-// This rank's block of a full tensor's values.
-std::vector<float> block_of(const nn::Parameter& p, const std::vector<float>& full) {
-  if (!p.sharded()) return full;
-  const int64_t rows = p.value.dim(0), cols = p.value.numel() / rows;
-  const int64_t full_cols = p.shard.full.numel() / p.shard.full[0];
-  std::vector<float> out;
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto* row = full.data() + (p.shard.row0 + r) * full_cols + p.shard.col0;
-    out.insert(out.end(), row, row + cols);
-  }
-  return out;
-}
-
 TEST(PipelineParallel, LossesAndGradientsEqualOneRank) {
   for (const std::string opt : {"adamw", "muon"}) {
     const Reference& ref = reference(opt, {"optim.name=" + opt});
@@ -204,28 +138,12 @@ TEST(PipelineParallel, LossesAndGradientsEqualOneRank) {
         const std::vector<float>& g = grads.at(p->name);
         const std::vector<float> want = block_of(*p, ref.first_grads.at(p->name));
         ASSERT_EQ(g.size(), want.size()) << what << " " << p->name;
-        double diff = 0, norm = 0;
-        for (size_t i = 0; i < g.size(); ++i) {
-          diff += (g[i] - want[i]) * static_cast<double>(g[i] - want[i]);
-          norm += want[i] * static_cast<double>(want[i]);
-        }
-        EXPECT_LE(std::sqrt(diff / std::max(norm, 1e-300)), 1e-5) << what << " " << p->name;
+        EXPECT_LE(rel_norm_diff(g, want), 1e-5) << what << " " << p->name;
       }
       // Every step waited on the other stages at least a little (the bubble).
       for (const auto& h : r.history) EXPECT_GT(h.pipeline_wait_s, 0.0) << what;
     }
   }
-}
-
-// Copies checkpoint step-5 of `from` into a fresh run directory.
-std::string copy_step5(const std::string& from, const std::string& name) {
-  const std::string dir = run_dir(name);
-  if (world().rank() == 0) {
-    fs::create_directories(dir + "/checkpoints");
-    fs::copy(from + "/checkpoints/step-5", dir + "/checkpoints/step-5", fs::copy_options::recursive);
-  }
-  world().barrier();
-  return dir;
 }
 
 // Saved with the layers on pp stages (each stage's first rank writing its

@@ -1,0 +1,33 @@
+// What the parallel-layout tests (expert, tensor and pipeline parallelism
+// under mpirun) share: one small prepared corpus per job, run directories,
+// the comparisons of a layout's run with the one-rank run, and checkpoint
+// copies for resuming in another layout.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moetron/train/trainer.h"
+
+namespace moetron::test {
+
+// /tmp/<prefix><rank 0's pid> holding prepared/ (a 300-token corpus of
+// three-word lines); made by rank 0 once per job, the same path on every rank.
+const std::string& layout_job_dir(const std::string& prefix);
+// job/runs/name (per rank with `local`), emptied; collective.
+std::string layout_run_dir(const std::string& job, const std::string& name, bool local = false);
+double rel_diff(double a, double b);
+// Losses (and, with aux, the balancing loss) of got equal want's from step `from` on.
+void expect_same_losses(const train::TrainResult& got, const train::TrainResult& want, size_t from, double tol,
+                        const std::string& what, bool aux = false);
+std::map<std::string, std::vector<float>> grads_of(train::Trainer& t);
+// This rank's block of a full tensor's values (the whole tensor if unsharded).
+std::vector<float> block_of(const nn::Parameter& p, const std::vector<float>& full);
+// ||got - want|| / ||want||.
+double rel_norm_diff(const std::vector<float>& got, const std::vector<float>& want);
+// Copies checkpoint step-5 of run `from` into a fresh run directory `name`; collective.
+std::string copy_step5(const std::string& job, const std::string& from, const std::string& name);
+
+}  // namespace moetron::test
