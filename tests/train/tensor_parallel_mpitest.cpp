@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,7 +20,6 @@
 namespace moetron::train {
 namespace {
 
-namespace fs = std::filesystem;
 
 comm::Communicator& world() { return test::mpi_world(); }
 std::shared_ptr<comm::Communicator> shared_world() { return world().split(0, world().rank()); }
