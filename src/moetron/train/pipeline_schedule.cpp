@@ -108,7 +108,12 @@ Tensor PipelineRunner::receive(int64_t rows, int peer, int t) {
   return buf;
 }
 
-void PipelineRunner::send(const Tensor& t, int peer, int tg) { sends_.emplace_back(pp_.send_async(t, peer, tg), t); }
+void PipelineRunner::send(const Tensor& t, int peer, int tg) {
+  // Sent buffers are held until delivered: drop the delivered ones first,
+  // so 1F1B keeps O(pp) of them rather than the step's m.
+  std::erase_if(sends_, [](auto& s) { return s.first->test(); });
+  sends_.emplace_back(pp_.send_async(t, peer, tg), t);
+}
 
 void PipelineRunner::finish_sends() {
   const auto t0 = clock_type::now();
