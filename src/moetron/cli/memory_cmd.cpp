@@ -38,7 +38,10 @@ int run_memory_command(const MemoryCommand& o) {
   planner::Layout layout;
   layout.dp = o.dp;
   layout.zero1 = o.zero1;
-  layout.ep = cfg.parallel.ep;  // not modelled yet: the model says so
+  layout.ep = cfg.parallel.ep;  // ep, tp, pp, cp: not modelled yet; the model says so
+  layout.tp = cfg.parallel.tp;
+  layout.pp = cfg.parallel.pp;
+  layout.cp = cfg.parallel.cp;
   const nn::Precision prec = train::resolve_precision(cfg.train.precision, nullptr);
   const int64_t threads = o.threads > 0
                               ? o.threads
