@@ -576,6 +576,8 @@ TrainResult Trainer::run() {
     }
     if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) save_checkpoint(step);
     if (res.history.empty() && world_->rank() == 0) {
+      // On a terminal the progress line has no newline yet (it redraws in place).
+      if (::isatty(STDOUT_FILENO) && step != cfg_.train.steps) std::cout << "\n";
       std::cout << memory_table({{"measured peak, step " + std::to_string(step), measured_peaks(cpu_allocator().stats())}})
                 << std::flush;
     }
