@@ -381,6 +381,8 @@ void validate(const Config& c) {
                        " tokens (the MoE layers split them over tp)"));
     check_rule(!c.parallel.zero, "parallel.tp",
                "> 1 with parallel.zero = true is not supported yet (ZeRO-1 is built over identical dp replicas)");
+    check_rule(t.precision != "fp16", "parallel.tp",
+               "> 1 with train.precision = fp16 is not supported (the communicators do not reduce f16; use bf16)");
   }
   check_rule(!c.parallel.sequence_parallel || tp > 1, "parallel.sequence_parallel", "needs parallel.tp > 1");
   const auto& pl = c.parallel;
