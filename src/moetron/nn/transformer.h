@@ -34,6 +34,9 @@ class Transformer {
  public:
   Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep = {},
               TensorParallel tp = {}, PipelinePlace place = {});
+  // The blocks point at tp_: a Transformer stays where it was built.
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
 
   ParameterSet& params() { return params_; }
   const ModelConfig& config() const { return model_; }

@@ -31,11 +31,13 @@ void vocab_parallel_cross_entropy(kernels::Context& ctx, const TensorParallel& t
     kernels::matmul(ctx, h, head_w, logits, fwd);
     float* lg = logits.data<float>();
     Tensor mx = Tensor::empty({c}, DType::f32, MemTag::workspace);
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < c; ++i) mx.data<float>()[i] = *std::max_element(lg + i * v, lg + (i + 1) * v);
     tp.group->allreduce(mx, comm::ReduceOp::max);
     // [sum of exp(logit - max) over this rank's vocabulary; the target's logit if here]
     Tensor sums = Tensor::zeros({c, 2}, DType::f32, MemTag::workspace);
     float* sm = sums.data<float>();
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < c; ++i) {
       const float m = mx.data<float>()[i];
       const int64_t local = tgt[c0 + i] - offset;
@@ -53,6 +55,7 @@ void vocab_parallel_cross_entropy(kernels::Context& ctx, const TensorParallel& t
       loss[c0 + i] = tgt[c0 + i] < 0 ? 0.0f : std::log(sm[2 * i]) - sm[2 * i + 1];
     }
     if (!grads) continue;
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < c; ++i) {
       float* row = lg + i * v;
       if (tgt[c0 + i] < 0) {
