@@ -185,6 +185,35 @@ TEST(ExpertParallel, CheckpointsResumeInAnotherLayout) {
   }
 }
 
+// ZeRO-1 with experts spread over ep ranks: dense state sharded over dp,
+// experts updated by their holders (optim/split_optimizer.h); equal to one
+// rank, and its checkpoint (dense slices from every rank, each expert's
+// state once) resumes in the same layout and on one rank.
+TEST(ExpertParallel, ZeroOneWithExpertParallelEqualsOneRank) {
+  const int64_t ep = ep_sizes().back();
+  for (const std::string opt : {"adamw", "muon"}) {
+    const std::vector<std::string> common = {"optim.name=" + opt, "checkpoint.every=5"};
+    const Reference& ref = reference("zero-" + opt, common);
+    std::vector<std::string> sets = common;
+    sets.insert(sets.end(), {"parallel.zero=true", "parallel.ep=" + std::to_string(ep)});
+    const std::string what = opt + " ZeRO-1 ep " + std::to_string(ep) + " dp " + std::to_string(dp());
+    const std::string saved = run_dir("zero-ep-" + opt);
+    {
+      Trainer t(ep_config(kGlobalRows / dp(), sets), saved, false, shared_world());
+      expect_same_losses(t.run(), ref.result, 0, 1e-5, what);
+    }
+    {
+      Trainer t(ep_config(kGlobalRows / dp(), sets), copy_step5(saved, "zero-ep-resume-" + opt), true, shared_world());
+      expect_same_losses(t.run(), ref.result, 5, 1e-5, what + " resumed");
+    }
+    {
+      Trainer t(ep_config(kGlobalRows / dp(), common), copy_step5(saved, "zero-ep-to-dp-" + opt), true,
+                shared_world());
+      expect_same_losses(t.run(), ref.result, 5, 1e-5, what + " -> plain dp");
+    }
+  }
+}
+
 TEST(ExpertParallel, LayoutErrorsNameTheKey) {
   // 2 ranks: ep 4 does not divide the world; 4 or 8 ranks: ep 8 does not divide the 4 experts.
   const int64_t bad = dp() == 2 ? 4 : 8;

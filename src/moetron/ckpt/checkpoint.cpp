@@ -156,7 +156,7 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
     }
     std::vector<optim::StateSlice> slices;
     for (auto& sl : opt.state_slices()) {
-      if (opt.sharded() || writes(sl.name)) slices.push_back(std::move(sl));
+      if ((opt.sharded() && !sl.replicated) || writes(sl.name)) slices.push_back(std::move(sl));
     }
     slices.insert(slices.end(), extra.begin(), extra.end());
     write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), std::move(slices));

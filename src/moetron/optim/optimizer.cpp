@@ -41,10 +41,13 @@ double muon_rms_scale(int64_t rows, int64_t cols) {
   return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
 }
 
-Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts) : opts_(std::move(opts)) {
+Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
+                     const std::function<bool(const nn::Parameter&)>& include)
+    : opts_(std::move(opts)) {
   MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
                 opts_.name, "'");
   for (auto& p : params.all()) {
+    if (include && !include(*p)) continue;
     Slot s;
     s.param = p.get();
     const DType master = p->grad.dtype();  // the accumulation dtype: f32, or f64 in fp64 mode
@@ -182,6 +185,13 @@ std::vector<StateTensor> Optimizer::full_masters() {
     out.push_back({s.param->name, tp_on() ? nn::gather_shards(*tp_, *s.param, s.master) : s.master});
   }
   return out;
+}
+
+bool Optimizer::holds(const std::string& param_name) const {
+  for (const auto& s : slots_) {
+    if (s.param->name == param_name) return true;
+  }
+  return false;
 }
 
 Optimizer::Slot& Optimizer::slot(const std::string& param_name) {

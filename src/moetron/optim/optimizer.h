@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -69,6 +70,9 @@ struct StateSlice {
   int64_t offset = 0;
   int64_t total = 0;
   bool required = true;  // false: a checkpoint without it leaves the zeros (with a notice)
+  // Held whole by every rank of a sharded optimizer's group (experts under
+  // ZeRO-1 with ep): stored once, by the rank the checkpoint's `writes` names.
+  bool replicated = false;
 };
 
 // What the trainer and checkpoints need from an optimizer, one-rank or
@@ -97,11 +101,16 @@ class ParamOptimizer {
   // After a checkpoint filled the views state_slices() returned: moves what
   // was loaded into staging buffers (tp-sharded state) into the live state.
   virtual void finish_state_load() {}
+  // Whether this optimizer updates the parameter of that name.
+  virtual bool holds(const std::string& param_name) const = 0;
 };
 
 class Optimizer final : public ParamOptimizer {
  public:
-  Optimizer(nn::ParameterSet& params, OptimizerOptions opts);
+  // include: the parameters it updates (empty: all).
+  Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
+            const std::function<bool(const nn::Parameter&)>& include = {});
+  bool holds(const std::string& param_name) const override;
 
   double grad_norm(kernels::Context& ctx, double grad_scale) override;
   StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0, double known_norm = -1) override;

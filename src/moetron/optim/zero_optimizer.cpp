@@ -191,6 +191,13 @@ void ZeroOptimizer::finish_gathers() {
   for (size_t bi = gathers_.size(); bi-- > 0;) finish_gather(bi);
 }
 
+bool ZeroOptimizer::holds(const std::string& param_name) const {
+  for (const auto& [p, bucket] : bucket_of_) {
+    if (p->name == param_name) return true;
+  }
+  return false;
+}
+
 void ZeroOptimizer::wait_for(const nn::Parameter& p) {
   const auto it = bucket_of_.find(&p);
   if (it != bucket_of_.end()) finish_gather(it->second);

@@ -43,6 +43,7 @@ class ZeroOptimizer final : public ParamOptimizer {
   bool sharded() const override { return true; }
   std::vector<StateTensor> full_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
+  bool holds(const std::string& param_name) const override;
 
   // Overlap of the updated parameters' all-gather with the next forward:
   // step() starts one non-blocking all-gather per bucket (the buckets the

@@ -42,7 +42,8 @@ double newton_schulz_cost(int64_t m, int64_t n) {
 }
 
 std::vector<BucketSpec> owner_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
-                                          const std::function<bool(const nn::Parameter&)>& owned) {
+                                          const std::function<bool(const nn::Parameter&)>& owned,
+                                          const std::function<bool(const nn::Parameter&)>& include) {
   MOETRON_CHECK(bucket_bytes > 0, "gradient bucket size must be positive, got ", bucket_bytes);
   std::vector<BucketSpec> out;
   std::vector<double> load(static_cast<size_t>(dp), 0.0);  // Newton-Schulz cost per rank, all buckets
@@ -90,6 +91,7 @@ std::vector<BucketSpec> owner_bucket_plan(const nn::ParameterSet& params, int dp
   const auto& all = params.all();
   for (size_t i = all.size(); i-- > 0;) {
     nn::Parameter* p = all[i].get();
+    if (include && !include(*p)) continue;
     if (owned(*p)) {
       MOETRON_CHECK(p->value.rank() == 2, "owner-based buckets hold matrices; '", p->name, "' is ",
                     p->value.shape().str());

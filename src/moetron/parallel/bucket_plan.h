@@ -44,7 +44,9 @@ std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp,
 // product with X (s^2 l).
 double newton_schulz_cost(int64_t m, int64_t n);
 
+// include: the parameters the plan covers (empty: all of them).
 std::vector<BucketSpec> owner_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
-                                          const std::function<bool(const nn::Parameter&)>& owned);
+                                          const std::function<bool(const nn::Parameter&)>& owned,
+                                          const std::function<bool(const nn::Parameter&)>& include = {});
 
 }  // namespace moetron::parallel

@@ -365,8 +365,7 @@ void validate(const Config& c) {
     check_rule(c.moe.num_experts > 0, "parallel.ep", "needs routed experts (moe.num_experts > 0)");
     check_rule(c.moe.num_experts % c.parallel.ep == 0, "parallel.ep",
                str_cat("must divide moe.num_experts = ", c.moe.num_experts, " (each rank holds whole experts)"));
-    check_rule(!c.parallel.zero, "parallel.ep",
-               "> 1 with parallel.zero = true is not supported yet (ZeRO-1 shards assume identical parameters on every dp rank)");
+
   }
   const int64_t tp = c.parallel.tp;
   check_rule(tp >= 1, "parallel.tp", "must be >= 1");

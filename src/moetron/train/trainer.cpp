@@ -16,6 +16,7 @@
 #include "moetron/kernels/matmul.h"
 #include "moetron/core/threading.h"
 #include "moetron/nn/flops.h"
+#include "moetron/optim/split_optimizer.h"
 #include "moetron/optim/zero_optimizer.h"
 #include "moetron/train/fault_injection.h"
 #include "moetron/train/memory_report.h"
@@ -153,10 +154,14 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     std::vector<parallel::BucketSpec> plan;  // empty: flat
     if (cfg_.parallel.zero && oo.name == "muon" && cfg_.optim.muon_distribution == "owner") {
       plan = parallel::owner_bucket_plan(model_->params(), static_cast<int>(dp), ro.bucket_bytes,
-                                         [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); });
+                                         [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); },
+                                         is_dense);
     }
     if (expert_grad_comm_) {
-      expert_reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *expert_grad_comm_, ro,
+      // Replicas of whole experts: all-reduced (ZeRO-1 shards only what every dp rank holds).
+      parallel::ReducerOptions er = ro;
+      er.mode = parallel::ReduceMode::allreduce;
+      expert_reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *expert_grad_comm_, er,
                                                                 std::vector<parallel::BucketSpec>{}, is_expert);
     }
     if (tp_ > 1) {
@@ -182,7 +187,13 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     zero->set_overlap_param_gather(cfg_.parallel.overlap_param_gather);
     optim::ZeroOptimizer* z = zero.get();
     model_->before_use = [z](nn::Parameter& p) { z->wait_for(p); };
-    opt_ = std::move(zero);
+    if (ep_ > 1) {
+      // Experts are not identical over the dp ranks: a plain optimizer for them.
+      auto experts = std::make_unique<optim::Optimizer>(model_->params(), oo, is_expert);
+      opt_ = std::make_unique<optim::SplitOptimizer>(std::move(zero), std::move(experts));
+    } else {
+      opt_ = std::move(zero);
+    }
   } else {
     auto opt = std::make_unique<optim::Optimizer>(model_->params(), oo);
     opt->set_tensor_parallel(&model_->tensor_parallel());
@@ -362,9 +373,17 @@ double Trainer::grad_norm(double grad_scale) {
   double replicated = 0;
   Tensor expert = Tensor::zeros({1}, DType::f64, MemTag::comm);
   Tensor sharded = Tensor::zeros({1}, DType::f64, MemTag::comm);
+  // ZeRO-1 (with ep): the dense gradients live reduced in its bucket chunks.
+  auto* split = dynamic_cast<optim::SplitOptimizer*>(opt_.get());
+  if (split) {
+    const double dense = split->sharded_part().grad_norm(*ctx_, 1.0);  // collective over dp
+    replicated = dense * dense;
+  }
   for (const auto& p : model_->params().all()) {
+    const bool is_expert = ep_ > 1 && p->kind == nn::ParallelKind::expert;
+    if (split && !is_expert) continue;
     const double sq = kernels::sum_squares(*ctx_, p->grad);
-    if (ep_ > 1 && p->kind == nn::ParallelKind::expert) {
+    if (is_expert) {
       expert.data<double>()[0] += sq;
     } else if (p->sharded()) {
       if (p->shard.primary) sharded.data<double>()[0] += sq;
