@@ -4,18 +4,15 @@
 // gradient bytes on the wire are the analytic ones, and checkpoints resume
 // bit-exactly at the same dp and re-cut at half the dp.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "moetron/core/allocator.h"
-#include "moetron/core/rng.h"
 #include "moetron/core/staged_dir.h"
-#include "moetron/data/corpus.h"
 #include "moetron/train/trainer.h"
+#include "util/layout_runs.h"
 #include "util/mpi_test_main.h"
 
 namespace moetron::train {
@@ -25,38 +22,8 @@ namespace fs = std::filesystem;
 
 comm::Communicator& world() { return test::mpi_world(); }
 
-// One directory for the whole job: rank 0's pid, broadcast.
-const std::string& job_dir() {
-  static const std::string dir = [] {
-    Tensor pid = Tensor::empty({1}, DType::i64);
-    pid.data<int64_t>()[0] = ::getpid();
-    world().broadcast(pid, 0);
-    const std::string root = (fs::temp_directory_path() / ("moetron_dp_" + std::to_string(pid.data<int64_t>()[0]))).string();
-    if (world().rank() == 0) {
-      remove_tree(root);
-      fs::create_directories(root + "/text");
-      const char* words[] = {"red", "fox", "jumps", "over", "lazy", "dogs", "in", "the", "cold", "winter",
-                             "light", "of", "an", "early", "morning", "sun"};
-      std::ofstream f(root + "/text/lines");
-      PhiloxStream rng(9, "dp-corpus");
-      for (int d = 0; d < 500; ++d) {
-        const int a = static_cast<int>(rng.next_u32() % 16), b = static_cast<int>(rng.next_u32() % 16);
-        for (int l = 0; l < 3; ++l) f << words[a] << " " << words[b] << " " << words[(a * b + 3) % 16] << ".\n";
-        f << "%\n";
-      }
-      f.close();
-      data::PrepareOptions o;
-      o.input = root + "/text";
-      o.out_dir = root + "/prepared";
-      o.vocab_size = 300;
-      o.val_fraction = 0.1;
-      data::prepare_data(o);
-    }
-    world().barrier();
-    return root;
-  }();
-  return dir;
-}
+// One prepared corpus for the whole job (tests/util/layout_runs.h).
+const std::string& job_dir() { return test::layout_job_dir("moetron_dp_"); }
 
 // The tiny config with every balancing feature on; `rows` sequences per
 // micro-batch on each rank, two micro-batches per step.

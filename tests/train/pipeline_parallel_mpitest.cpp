@@ -30,6 +30,8 @@ std::string run_dir(const std::string& name, bool local = false) { return test::
 std::string copy_step5(const std::string& from, const std::string& name) { return test::copy_step5(job_dir(), from, name); }
 double rel(double a, double b) { return test::rel_diff(a, b); }
 using test::block_of;
+using test::Reference;
+using test::with;
 using test::grads_of;
 using test::rel_norm_diff;
 // Losses and the balancing loss (summed over the stages) equal one rank's.
@@ -53,23 +55,12 @@ Config pp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
   return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
 }
 
-struct Reference {
-  TrainResult result;
-  std::map<std::string, std::vector<float>> first_grads;
-};
-
 // One rank holding the whole global batch, run by every rank on its own.
 const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
   static std::map<std::string, Reference> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  Reference ref;
-  Trainer t(pp_config(kRows, extra), run_dir("ref-" + key, true), false);
-  t.before_update = [&](int64_t step) {
-    if (step == 1) ref.first_grads = grads_of(t);
-  };
-  ref.result = t.run();
-  return cache[key] = std::move(ref);
+  return cache[key] = test::run_reference(pp_config(kRows, extra), run_dir("ref-" + key, true));
 }
 
 struct Layout {
@@ -111,11 +102,6 @@ std::vector<Layout> layouts() {
     add(4, 1, "1f1b", 2, 1, false);
   }
   return out;
-}
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 TEST(PipelineParallel, LossesAndGradientsEqualOneRank) {

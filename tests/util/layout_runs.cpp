@@ -82,6 +82,21 @@ std::map<std::string, std::vector<float>> grads_of(train::Trainer& t) {
   return out;
 }
 
+Reference run_reference(const train::Config& cfg, const std::string& run_dir) {
+  Reference ref;
+  train::Trainer t(cfg, run_dir, false);
+  t.before_update = [&](int64_t step) {
+    if (step == 1) ref.first_grads = grads_of(t);
+  };
+  ref.result = t.run();
+  return ref;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 std::vector<float> block_of(const nn::Parameter& p, const std::vector<float>& full) {
   if (!p.sharded()) return full;
   const int64_t rows = p.value.dim(0), cols = p.value.numel() / rows;

@@ -27,6 +27,15 @@ std::map<std::string, std::vector<float>> grads_of(train::Trainer& t);
 std::vector<float> block_of(const nn::Parameter& p, const std::vector<float>& full);
 // ||got - want|| / ||want||.
 double rel_norm_diff(const std::vector<float>& got, const std::vector<float>& want);
+// A one-rank run of the layout tests' config: its result and the gradients
+// of the first step, before the update.
+struct Reference {
+  train::TrainResult result;
+  std::map<std::string, std::vector<float>> first_grads;
+};
+Reference run_reference(const train::Config& cfg, const std::string& run_dir);
+// a followed by b.
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
 // Copies checkpoint step-5 of run `from` into a fresh run directory `name`; collective.
 std::string copy_step5(const std::string& job, const std::string& from, const std::string& name);
 
