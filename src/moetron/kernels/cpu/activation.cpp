@@ -17,9 +17,9 @@ constexpr int64_t kParallelElems = 16384;
 
 // sigmoid(g) = 1 / (1 + exp(-g)); exp512 saturates to +inf for g < -88.8,
 // giving sigmoid 0 and silu -0, as in exact arithmetic.
-inline __m512 sigmoid16(__m512 g) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  return _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+inline simd::vf sigmoid16(simd::vf g) {
+  const simd::vf one = simd::set1(1.0f);
+  return simd::div(one, simd::add(one, exp16(simd::sub(simd::zero(), g))));
 }
 
 int64_t check_swiglu(const char* fn, const Tensor& gate_up, const Tensor& out, const char* name) {
@@ -51,10 +51,10 @@ void swiglu_forward(Context&, const Tensor& gate_up, const Tensor& out) {
       const S* u = g + F;
       S* o = po + t * F;
       for (int64_t j = 0; j < F; j += 16) {
-        const __mmask16 m = lane_mask(F - j);
-        const __m512 gv = load16(g + j, m);
-        const __m512 silu = _mm512_mul_ps(gv, sigmoid16(gv));
-        store16(o + j, _mm512_mul_ps(silu, load16(u + j, m)), m);
+        const simd::mask16 m = lane_mask(F - j);
+        const simd::vf gv = load16(g + j, m);
+        const simd::vf silu = simd::mul(gv, sigmoid16(gv));
+        store16(o + j, simd::mul(silu, load16(u + j, m)), m);
       }
     }
   });
@@ -78,16 +78,16 @@ void swiglu_backward(Context&, const Tensor& dout, const Tensor& gate_up,
       const S* d = pd + t * F;
       S* dg = pdgu + t * 2 * F;
       S* du = dg + F;
-      const __m512 one = _mm512_set1_ps(1.0f);
+      const simd::vf one = simd::set1(1.0f);
       for (int64_t j = 0; j < F; j += 16) {
-        const __mmask16 m = lane_mask(F - j);
-        const __m512 gv = load16(g + j, m), uv = load16(u + j, m), dv = load16(d + j, m);
-        const __m512 s = sigmoid16(gv);
-        const __m512 silu = _mm512_mul_ps(gv, s);
+        const simd::mask16 m = lane_mask(F - j);
+        const simd::vf gv = load16(g + j, m), uv = load16(u + j, m), dv = load16(d + j, m);
+        const simd::vf s = sigmoid16(gv);
+        const simd::vf silu = simd::mul(gv, s);
         // d silu / dg = s * (1 + g * (1 - s)) = s + silu * (1 - s)
-        const __m512 dsilu = _mm512_fmadd_ps(silu, _mm512_sub_ps(one, s), s);
-        store16(dg + j, _mm512_mul_ps(_mm512_mul_ps(dv, uv), dsilu), m);
-        store16(du + j, _mm512_mul_ps(dv, silu), m);
+        const simd::vf dsilu = simd::fmadd(silu, simd::sub(one, s), s);
+        store16(dg + j, simd::mul(simd::mul(dv, uv), dsilu), m);
+        store16(du + j, simd::mul(dv, silu), m);
       }
     }
   });
@@ -119,23 +119,23 @@ void softmax_forward(Context&, const Tensor& x, const Tensor& y) {
       } else {
         er = pscratch + omp_get_thread_num() * C;
       }
-      __m512 mx = _mm512_set1_ps(-__builtin_inff());
+      simd::vf mx = simd::set1(-__builtin_inff());
       for (int64_t c = 0; c < C; c += 16) {
-        const __mmask16 m = lane_mask(C - c);
-        mx = _mm512_mask_max_ps(mx, m, mx, load16(xr + c, m));
+        const simd::mask16 m = lane_mask(C - c);
+        mx = simd::blend(m, mx, simd::max(mx, load16(xr + c, m)));
       }
-      const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-      __m512 sum = _mm512_setzero_ps();
+      const simd::vf mv = simd::set1(simd::reduce_max(mx));
+      simd::vf sum = simd::zero();
       for (int64_t c = 0; c < C; c += 16) {
-        const __mmask16 m = lane_mask(C - c);
-        const __m512 e = exp512(_mm512_sub_ps(load16(xr + c, m), mv));
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
+        const simd::mask16 m = lane_mask(C - c);
+        const simd::vf e = exp16(simd::sub(load16(xr + c, m), mv));
+        sum = simd::blend(m, sum, simd::add(sum, e));
         store16(er + c, e, m);
       }
-      const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+      const simd::vf inv = simd::set1(1.0f / simd::reduce_add(sum));
       for (int64_t c = 0; c < C; c += 16) {
-        const __mmask16 m = lane_mask(C - c);
-        store16(yr + c, _mm512_mul_ps(load16(er + c, m), inv), m);
+        const simd::mask16 m = lane_mask(C - c);
+        store16(yr + c, simd::mul(load16(er + c, m), inv), m);
       }
     }
   });
@@ -155,17 +155,17 @@ void softmax_backward(Context&, const Tensor& dy, const Tensor& y, const Tensor&
       const S* g = pdy + r * C;
       const S* yr = py + r * C;
       S* o = pdx + r * C;
-      __m512 dot = _mm512_setzero_ps();
+      simd::vf dot = simd::zero();
       for (int64_t c = 0; c < C; c += 16) {
-        const __mmask16 m = lane_mask(C - c);
-        dot = _mm512_fmadd_ps(load16(g + c, m), load16(yr + c, m), dot);
+        const simd::mask16 m = lane_mask(C - c);
+        dot = simd::fmadd(load16(g + c, m), load16(yr + c, m), dot);
       }
-      const __m512 dv = _mm512_set1_ps(_mm512_reduce_add_ps(dot));
+      const simd::vf dv = simd::set1(simd::reduce_add(dot));
       // The whole row's dot is known before dx is written, so dx may alias dy.
       for (int64_t c = 0; c < C; c += 16) {
-        const __mmask16 m = lane_mask(C - c);
-        const __m512 yv = load16(yr + c, m);
-        store16(o + c, _mm512_mul_ps(yv, _mm512_sub_ps(load16(g + c, m), dv)), m);
+        const simd::mask16 m = lane_mask(C - c);
+        const simd::vf yv = load16(yr + c, m);
+        store16(o + c, simd::mul(yv, simd::sub(load16(g + c, m), dv)), m);
       }
     }
   });

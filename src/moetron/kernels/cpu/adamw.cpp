@@ -17,13 +17,13 @@ constexpr int64_t kParallelElems = 32768;
 constexpr int64_t kBlock = 4096;  // elements per OpenMP iteration
 
 struct Factors {
-  __m512 b1, one_minus_b1, b2, one_minus_b2, inv_bc1, inv_sqrt_bc2, eps, lr, lr_wd, scale;
+  simd::vf b1, one_minus_b1, b2, one_minus_b2, inv_bc1, inv_sqrt_bc2, eps, lr, lr_wd, scale;
 };
 
 Factors make_factors(const AdamWArgs& a) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
-  const auto f = [](double x) { return _mm512_set1_ps(static_cast<float>(x)); };
+  const auto f = [](double x) { return simd::set1(static_cast<float>(x)); };
   return {f(a.beta1),      f(1.0 - static_cast<double>(a.beta1)),
           f(a.beta2),      f(1.0 - static_cast<double>(a.beta2)),
           f(1.0 / bc1),    f(1.0 / std::sqrt(bc2)),
@@ -41,17 +41,17 @@ void adamw_loop(float* w, const G* grad, float* m, float* v, P* copy, int64_t n,
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t end = std::min(n, (b + 1) * kBlock);
     for (int64_t i = b * kBlock; i < end; i += 16) {
-      const __mmask16 mk = lane_mask(end - i);
-      const __m512 g = _mm512_mul_ps(k.scale, load16(grad + i, mk));
-      const __m512 mi = _mm512_fmadd_ps(k.b1, load16(m + i, mk), _mm512_mul_ps(k.one_minus_b1, g));
-      const __m512 vi = _mm512_fmadd_ps(k.b2, load16(v + i, mk),
-                                        _mm512_mul_ps(k.one_minus_b2, _mm512_mul_ps(g, g)));
+      const simd::mask16 mk = lane_mask(end - i);
+      const simd::vf g = simd::mul(k.scale, load16(grad + i, mk));
+      const simd::vf mi = simd::fmadd(k.b1, load16(m + i, mk), simd::mul(k.one_minus_b1, g));
+      const simd::vf vi = simd::fmadd(k.b2, load16(v + i, mk),
+                                        simd::mul(k.one_minus_b2, simd::mul(g, g)));
       // (m / bc1) / (sqrt(v / bc2) + eps) = (m / bc1) / (sqrt(v) / sqrt(bc2) + eps)
-      const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), k.inv_sqrt_bc2, k.eps);
-      const __m512 update = _mm512_div_ps(_mm512_mul_ps(mi, k.inv_bc1), denom);
-      const __m512 wi = load16(w + i, mk);
+      const simd::vf denom = simd::fmadd(simd::sqrt(vi), k.inv_sqrt_bc2, k.eps);
+      const simd::vf update = simd::div(simd::mul(mi, k.inv_bc1), denom);
+      const simd::vf wi = load16(w + i, mk);
       // w - lr * (wd * w + update) = w - lr*wd*w - lr*update
-      const __m512 w_new = _mm512_fnmadd_ps(k.lr, update, _mm512_fnmadd_ps(k.lr_wd, wi, wi));
+      const simd::vf w_new = simd::fnmadd(k.lr, update, simd::fnmadd(k.lr_wd, wi, wi));
       store16(m + i, mi, mk);
       store16(v + i, vi, mk);
       store16(w + i, w_new, mk);

@@ -27,16 +27,6 @@ using namespace attn;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Two rows of 16 floats as 16 (row0, row1) bf16 pairs: the [k/2][n][2] layout
-// that lets a tile whose rows are the reduction index feed micro_bf16 as A.
-inline __m512i interleave_bf16(__m512 row0, __m512 row1) {
-  alignas(64) static constexpr uint16_t kIdx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                    21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                    11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(row1, row0);  // row0 low, row1 high
-  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), both);
-}
-
 // Per tile: s = Q K^T and dp = dO V^T (f32, kBq x kBk) in; out P (for P^T dO,
 // "pk" layout: [kBq / P][kBk][P]), scale * dS row-major (for dS K) and in the
 // pk layout (for dS^T Q). For f32 the pk layout is the row-major one and
@@ -46,32 +36,34 @@ void grad_tile(const float* s, const float* dp, const float* L, const float* D, 
                T* ds_pk, float scale, bool partial, const AttentionMask& mask, int64_t i0,
                int64_t j0, int64_t Sk) {
   constexpr int kV = kBk / 16;
-  const __m512 vscale = _mm512_set1_ps(scale);
+  const simd::vf vscale = simd::set1(scale);
   for (int64_t r = 0; r < kBq; r += 2) {
     for (int v = 0; v < kV; ++v) {
-      __m512 pr[2], dsr[2];
+      simd::vf pr[2], dsr[2];
       for (int t = 0; t < 2; ++t) {
         const int64_t row = r + t, at = row * kBk + 16 * v;
-        const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + at), vscale, _mm512_set1_ps(L[row]));
-        pr[t] = exp512(x);
+        const simd::vf x = simd::fmsub(simd::load(s + at), vscale, simd::set1(L[row]));
+        pr[t] = exp16(x);
         if (partial) {
-          pr[t] = _mm512_maskz_mov_ps(visible16(mask, mask.q_offset + i0 + row, j0 + 16 * v, Sk),
+          pr[t] = simd::keep(visible16(mask, mask.q_offset + i0 + row, j0 + 16 * v, Sk),
                                       pr[t]);
         }
-        const __m512 g = _mm512_sub_ps(_mm512_loadu_ps(dp + at), _mm512_set1_ps(D[row]));
-        dsr[t] = _mm512_mul_ps(_mm512_mul_ps(pr[t], g), vscale);
+        const simd::vf g = simd::sub(simd::load(dp + at), simd::set1(D[row]));
+        dsr[t] = simd::mul(simd::mul(pr[t], g), vscale);
       }
       if constexpr (kPack<T> == 1) {
         for (int t = 0; t < 2; ++t) {
-          _mm512_storeu_ps(p_pk + (r + t) * kBk + 16 * v, pr[t]);
-          _mm512_storeu_ps(ds_rm + (r + t) * kBk + 16 * v, dsr[t]);
+          simd::store(p_pk + (r + t) * kBk + 16 * v, pr[t]);
+          simd::store(ds_rm + (r + t) * kBk + 16 * v, dsr[t]);
         }
       } else {
         const int64_t pk = (r / 2) * kBk * 2 + 32 * v;
-        _mm512_storeu_si512(p_pk + pk, interleave_bf16(pr[0], pr[1]));
-        _mm512_storeu_si512(ds_pk + pk, interleave_bf16(dsr[0], dsr[1]));
-        store_bf16x16(ds_rm + r * kBk + 16 * v, dsr[0]);
-        store_bf16x16(ds_rm + (r + 1) * kBk + 16 * v, dsr[1]);
+        // (row, row + 1) pairs: the [k/2][n][2] layout that lets a tile whose
+        // rows are the reduction index feed micro_bf16 as A.
+        simd::store_bf16_pairs(p_pk + pk, pr[0], pr[1]);
+        simd::store_bf16_pairs(ds_pk + pk, dsr[0], dsr[1]);
+        simd::store(reinterpret_cast<bf16*>(ds_rm + r * kBk + 16 * v), dsr[0]);
+        simd::store(reinterpret_cast<bf16*>(ds_rm + (r + 1) * kBk + 16 * v), dsr[1]);
       }
     }
   }
@@ -82,7 +74,7 @@ void store_rows(const float* acc, int64_t hdp, int64_t rows, int64_t hd, T* dst,
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < hd; c += 16) {
       const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
-      store_f32_as(dst + r * ld + c, _mm512_loadu_ps(acc + r * hdp + c), n);
+      store_f32_as(dst + r * ld + c, simd::load(acc + r * hdp + c), n);
     }
   }
 }
@@ -156,12 +148,12 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
           *Lr = l == -kInf ? kInf : l;
           const T* o = ptr<T>(out) + off + r * H * hd;
           const T* g = ptr<T>(dout) + off + r * H * hd;
-          __m512 acc = _mm512_setzero_ps();
+          simd::vf acc = simd::zero();
           for (int64_t c = 0; c < hd; c += 16) {
             const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
-            acc = _mm512_fmadd_ps(load_as_f32(o + c, n), load_as_f32(g + c, n), acc);
+            acc = simd::fmadd(load_as_f32(o + c, n), load_as_f32(g + c, n), acc);
           }
-          *Dr = hsum512(acc);
+          *Dr = simd::reduce_add(acc);
         }
       }
       std::fill(dq_acc.begin(), dq_acc.end(), 0.0f);

@@ -33,47 +33,47 @@ template <typename T>
 void softmax_tile(float* s, T* p, float* m, float* l, float* alpha, float scale, bool partial,
                   const AttentionMask& mask, int64_t i0, int64_t j0, int64_t Sk) {
   constexpr int kV = kBk / 16;
-  __mmask16 vis[kBq][kV];
+  simd::mask16 vis[kBq][kV];
   float m_new[kBq];
-  const __m512 vscale = _mm512_set1_ps(scale);
+  const simd::vf vscale = simd::set1(scale);
   for (int64_t r = 0; r < kBq; ++r) {
     float* row = s + r * kBk;
-    __m512 mx = _mm512_set1_ps(kNegInf);
+    simd::vf mx = simd::set1(kNegInf);
     for (int v = 0; v < kV; ++v) {
-      __m512 x = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * v), vscale);
+      simd::vf x = simd::mul(simd::load(row + 16 * v), vscale);
       if (partial) {
         vis[r][v] = visible16(mask, mask.q_offset + i0 + r, j0 + 16 * v, Sk);
-        x = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), vis[r][v], x);
+        x = simd::blend(vis[r][v], simd::set1(kNegInf), x);
       }
-      _mm512_storeu_ps(row + 16 * v, x);
-      mx = _mm512_max_ps(mx, x);
+      simd::store(row + 16 * v, x);
+      mx = simd::max(mx, x);
     }
-    m_new[r] = std::max(m[r], hmax512(mx));
+    m_new[r] = std::max(m[r], simd::reduce_max(mx));
   }
   // alpha = exp(m_old - m_new) for 16 rows at a time. A row that has seen no
   // visible key keeps m = -inf; its exponent base is taken as 0 so that
   // exp(-inf - base) = 0 instead of NaN.
   for (int64_t r = 0; r < kBq; r += 16) {
-    const __m512 mo = _mm512_loadu_ps(m + r), mn = _mm512_loadu_ps(m_new + r);
-    const __mmask16 live = _mm512_cmp_ps_mask(mn, _mm512_set1_ps(kNegInf), _CMP_NEQ_OQ);
-    const __m512 base = _mm512_maskz_mov_ps(live, mn);
-    _mm512_storeu_ps(alpha + r, _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(mo, base))));
-    _mm512_storeu_ps(m + r, mn);
-    _mm512_storeu_ps(m_new + r, base);
+    const simd::vf mo = simd::load(m + r), mn = simd::load(m_new + r);
+    const simd::mask16 live = simd::less(simd::set1(kNegInf), mn);  // false for NaN
+    const simd::vf base = simd::keep(live, mn);
+    simd::store(alpha + r, simd::keep(live, exp16(simd::sub(mo, base))));
+    simd::store(m + r, mn);
+    simd::store(m_new + r, base);
   }
   for (int64_t r = 0; r < kBq; ++r) {
     const float* row = s + r * kBk;
     T* prow = p + r * kBk;
-    const __m512 base = _mm512_set1_ps(m_new[r]);
-    __m512 sum = _mm512_setzero_ps();
+    const simd::vf base = simd::set1(m_new[r]);
+    simd::vf sum = simd::zero();
     for (int v = 0; v < kV; ++v) {
-      __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(row + 16 * v), base));
+      simd::vf e = exp16(simd::sub(simd::load(row + 16 * v), base));
       // Masked lanes must be exactly 0: exp512 of -inf may leave a denormal.
-      if (partial) e = _mm512_maskz_mov_ps(vis[r][v], e);
-      sum = _mm512_add_ps(sum, e);
+      if (partial) e = simd::keep(vis[r][v], e);
+      sum = simd::add(sum, e);
       store_f32_as(prow + 16 * v, e, 16);
     }
-    l[r] = l[r] * alpha[r] + hsum512(sum);
+    l[r] = l[r] * alpha[r] + simd::reduce_add(sum);
   }
 }
 
@@ -138,10 +138,10 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
                           kind == TileKind::partial, mask, i0, kb * kBk, Sk);
           for (int64_t r = 0; r < kBq; ++r) {
             if (alpha[r] == 1.0f) continue;
-            const __m512 a = _mm512_set1_ps(alpha[r]);
+            const simd::vf a = simd::set1(alpha[r]);
             float* orow = o.data() + r * hdp;
             for (int64_t c = 0; c < hdp; c += 16) {
-              _mm512_storeu_ps(orow + c, _mm512_mul_ps(a, _mm512_loadu_ps(orow + c)));
+              simd::store(orow + c, simd::mul(a, simd::load(orow + c)));
             }
           }
           gemm_tile<T>(ptile.data(), kBk / P, 1, vtile, kBq, hdp, kBk, o.data(), hdp, true);
@@ -151,10 +151,10 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
           T* dst = op + ((b * Sq + i) * H + h) * hd;
           // A row with no visible key: out 0, lse -inf (the header's contract).
           const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-          const __m512 vinv = _mm512_set1_ps(inv);
+          const simd::vf vinv = simd::set1(inv);
           for (int64_t c = 0; c < hd; c += 16) {
             const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
-            store_f32_as(dst + c, _mm512_mul_ps(vinv, _mm512_loadu_ps(o.data() + r * hdp + c)), n);
+            store_f32_as(dst + c, simd::mul(vinv, simd::load(o.data() + r * hdp + c)), n);
           }
           lp[(b * H + h) * Sq + i] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
         }

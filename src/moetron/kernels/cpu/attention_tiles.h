@@ -1,7 +1,7 @@
 // Building blocks of the CPU attention kernels: tile sizes, packing of
-// [rows x head_dim] slices of q/k/v/dout into the layouts the AVX-512
-// micro-kernels read, the micro-kernels themselves (f32 FMA, bf16
-// _mm512_dpbf16_ps), and the tile-level mask (classification of a whole
+// [rows x head_dim] slices of q/k/v/dout into the layouts the 16-lane
+// micro-kernels read (simd.h), the micro-kernels themselves (f32 FMA, bf16
+// pair dot products: AVX512-BF16's dpbf16 where present), and the tile-level mask (classification of a whole
 // Bq x Bk tile, and the per-row visibility bits of a boundary tile).
 //
 // Storage types: `float` for f32 tensors, `uint16_t` (bf16 bits) for bf16.
@@ -14,13 +14,13 @@
 // contributes zeros to every product and padded keys are masked.
 #pragma once
 
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "moetron/kernels/attention.h"
+#include "moetron/kernels/cpu/simd.h"
 
 namespace moetron::kernels::cpu::attn {
 
@@ -65,6 +65,7 @@ void pack_kn(const T* rm, int64_t R, int64_t C, T* dst) {
   if constexpr (kPack<T> == 1) {
     std::memcpy(dst, rm, static_cast<size_t>(R * C) * sizeof(T));
   } else {
+#if MOETRON_SIMD_AVX512
     alignas(64) static constexpr uint16_t kIdx[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
                                                       37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
                                                       11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
@@ -85,6 +86,17 @@ void pack_kn(const T* rm, int64_t R, int64_t C, T* dst) {
         if (full) _mm512_storeu_si512(d + 2 * c + 32, _mm512_permutex2var_epi16(a, hi, b));
       }
     }
+#else
+    for (int64_t r = 0; r < R; r += 2) {
+      const T* r0 = rm + r * C;
+      const T* r1 = r0 + C;
+      T* d = dst + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        d[2 * c] = r0[c];
+        d[2 * c + 1] = r1[c];
+      }
+    }
+#endif
   }
 }
 
@@ -98,6 +110,7 @@ void pack_nk(const T* rm, int64_t R, int64_t C, T* dst) {
   const int64_t W = C / P;  // 32-bit words per row
   const auto* src = reinterpret_cast<const int*>(rm);
   auto* out = reinterpret_cast<int*>(dst);
+#if MOETRON_SIMD_AVX512
   const __m512i rows =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                          _mm512_set1_epi32(static_cast<int>(W)));
@@ -106,6 +119,10 @@ void pack_nk(const T* rm, int64_t R, int64_t C, T* dst) {
       _mm512_storeu_si512(out + w * R + r, _mm512_i32gather_epi32(rows, src + r * W + w, 4));
     }
   }
+#else
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t w = 0; w < W; ++w) out[w * R + r] = src[r * W + w];
+#endif
 }
 
 // C[MR x 16 NV] (+)= A[MR x K] B[K x 16 NV] in f32. A(r, k) = a[r * a_rs + k * a_ks];
@@ -113,20 +130,20 @@ void pack_nk(const T* rm, int64_t R, int64_t C, T* dst) {
 template <int MR, int NV>
 inline void micro_f32(const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t b_ks,
                       int64_t K, float* c, int64_t ldc, bool accumulate) {
-  __m512 acc[MR][NV];
+  simd::vf acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v)
-      acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+      acc[r][v] = accumulate ? simd::load(c + r * ldc + 16 * v) : simd::zero();
   for (int64_t k = 0; k < K; ++k) {
-    __m512 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + k * b_ks + 16 * v);
+    simd::vf bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = simd::load(b + k * b_ks + 16 * v);
     for (int r = 0; r < MR; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * a_rs + k * a_ks]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+      const simd::vf av = simd::set1(a[r * a_rs + k * a_ks]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = simd::fmadd(av, bv[v], acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+    for (int v = 0; v < NV; ++v) simd::store(c + r * ldc + 16 * v, acc[r][v]);
 }
 
 // Same in bf16 with f32 accumulation: k runs over pairs. A(r, pair kp) is the
@@ -135,20 +152,19 @@ inline void micro_f32(const float* a, int64_t a_rs, int64_t a_ks, const float* b
 template <int MR, int NV>
 inline void micro_bf16(const uint32_t* a, int64_t a_rs, int64_t a_ks, const uint16_t* b,
                        int64_t b_ks, int64_t KP, float* c, int64_t ldc, bool accumulate) {
-  __m512 acc[MR][NV];
+  simd::vf acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v)
-      acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+      acc[r][v] = accumulate ? simd::load(c + r * ldc + 16 * v) : simd::zero();
   for (int64_t kp = 0; kp < KP; ++kp) {
-    __m512bh bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + kp * b_ks + 32 * v);
+    const auto* bw = reinterpret_cast<const uint32_t*>(b + kp * b_ks);
     for (int r = 0; r < MR; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * a_rs + kp * a_ks]));
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      const uint32_t aw = a[r * a_rs + kp * a_ks];
+      for (int v = 0; v < NV; ++v) acc[r][v] = simd::dot_bf16_pairs(acc[r][v], aw, bw + 16 * v);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+    for (int v = 0; v < NV; ++v) simd::store(c + r * ldc + 16 * v, acc[r][v]);
 }
 
 template <typename T, int NV>
@@ -224,7 +240,8 @@ inline TileKind classify_tile(const AttentionMask& m, int64_t i0, int64_t j0, in
 
 // Visibility bits of keys j0 .. j0 + 15 from absolute query position p:
 // attention_visible() on 16 lanes, plus j < Sk.
-inline __mmask16 visible16(const AttentionMask& m, int64_t p, int64_t j0, int64_t Sk) {
+inline simd::mask16 visible16(const AttentionMask& m, int64_t p, int64_t j0, int64_t Sk) {
+#if MOETRON_SIMD_AVX512
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(j0)), iota);
   const __m512i pv = _mm512_set1_epi32(static_cast<int>(p));
@@ -240,28 +257,40 @@ inline __mmask16 visible16(const AttentionMask& m, int64_t p, int64_t j0, int64_
     ok &= static_cast<__mmask16>(near | global);
   }
   return ok;
+#else
+  simd::mask16 ok = 0;
+  for (int i = 0; i < 16; ++i) {
+    const int64_t j = j0 + i;
+    bool vis = j < Sk && (!m.causal || j <= p);
+    if (vis && m.window > 0 && p >= m.num_global) {
+      const int64_t dist = m.causal ? p - j : (p > j ? p - j : j - p);
+      vis = dist < m.window || j < m.num_global;
+    }
+    ok = static_cast<simd::mask16>(ok | (vis ? 1u : 0u) << i);
+  }
+  return ok;
+#endif
 }
 
 // Stores the first n of 16 floats as T.
 template <typename T>
-inline void store_f32_as(T* dst, __m512 v, int n) {
-  const __mmask16 mk = static_cast<__mmask16>((1u << n) - 1u);
+inline void store_f32_as(T* dst, simd::vf v, int n) {
+  const simd::mask16 mk = simd::first_lanes(n);
   if constexpr (kPack<T> == 1) {
-    _mm512_mask_storeu_ps(dst, mk, v);
+    simd::store(dst, v, mk);
   } else {
-    _mm256_mask_storeu_epi16(dst, mk, (__m256i)_mm512_cvtneps_pbh(v));
+    simd::store(reinterpret_cast<bf16*>(dst), v, mk);
   }
 }
 
 // Loads the first n of 16 elements of T as floats (rest zero).
 template <typename T>
-inline __m512 load_as_f32(const T* src, int n) {
-  const __mmask16 mk = static_cast<__mmask16>((1u << n) - 1u);
+inline simd::vf load_as_f32(const T* src, int n) {
+  const simd::mask16 mk = simd::first_lanes(n);
   if constexpr (kPack<T> == 1) {
-    return _mm512_maskz_loadu_ps(mk, src);
+    return simd::load(src, mk);
   } else {
-    const __m256i raw = _mm256_maskz_loadu_epi16(mk, src);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    return simd::load(reinterpret_cast<const bf16*>(src), mk);
   }
 }
 

@@ -63,13 +63,20 @@ struct CpuState {
   std::unordered_map<PrimitiveKey, CachedPrimitive, PrimitiveKeyHash> keyed_primitives;
 
   // fp32 staging memory, grown on demand and reused (counted as workspace).
-  float* scratch_f32(int64_t n) {
-    if (!scratch_.defined() || scratch_.numel() < n) scratch_ = Tensor::empty({n}, DType::f32, MemTag::workspace);
-    return static_cast<float*>(scratch_.raw());
+  // Slot 0: a GEMM's fp32 output before rounding to bf16; slots 1 and 2: a
+  // bf16 GEMM's operands widened to fp32 where oneDNN has no bf16 matmul.
+  static constexpr int kScratchSlots = 3;
+  float* scratch_f32(int64_t n, int slot = 0) {
+    Tensor& s = scratch_[static_cast<size_t>(slot)];
+    if (!s.defined() || s.numel() < n) s = Tensor::empty({n}, DType::f32, MemTag::workspace);
+    return static_cast<float*>(s.raw());
   }
+  // Whether oneDNN runs bf16 x bf16 matmuls on this CPU (2.6 needs
+  // AVX512_CORE for them); -1 until first asked.
+  int native_bf16_matmul = -1;
 
  private:
-  Tensor scratch_;
+  std::array<Tensor, kScratchSlots> scratch_;
 };
 
 }  // namespace moetron::kernels::cpu

@@ -3,7 +3,6 @@
 // on the thread count; the fused version's GEMMs are the CPU matmul kernel.
 
 
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -60,30 +59,30 @@ template <typename TX, typename TG>
 float xent_row(const TX* x, int64_t V, int32_t target, float grad_scale, TG* dl,
                bf16* dl_bf16) {
   if (target < 0) {
-    for (int64_t v = 0; v < V && dl; v += 16) store16(dl + v, _mm512_setzero_ps(), V - v);
-    for (int64_t v = 0; v < V && dl_bf16; v += 16) store16(dl_bf16 + v, _mm512_setzero_ps(), V - v);
+    for (int64_t v = 0; v < V && dl; v += 16) store16(dl + v, simd::zero(), V - v);
+    for (int64_t v = 0; v < V && dl_bf16; v += 16) store16(dl_bf16 + v, simd::zero(), V - v);
     return 0.0f;
   }
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 mx = neg_inf;
-  for (int64_t v = 0; v < V; v += 16) mx = _mm512_max_ps(mx, load16_or(x + v, V - v, neg_inf));
-  const float m = hmax512(mx);
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 sum = _mm512_setzero_ps();
+  const simd::vf neg_inf = simd::set1(-std::numeric_limits<float>::infinity());
+  simd::vf mx = neg_inf;
+  for (int64_t v = 0; v < V; v += 16) mx = simd::max(mx, load16_or(x + v, V - v, neg_inf));
+  const float m = simd::reduce_max(mx);
+  const simd::vf mv = simd::set1(m);
+  simd::vf sum = simd::zero();
   for (int64_t v = 0; v < V; v += 16) {
     // Lanes past V read -inf, whose exp is 0.
-    sum = _mm512_add_ps(sum, exp512(_mm512_sub_ps(load16_or(x + v, V - v, neg_inf), mv)));
+    sum = simd::add(sum, exp16(simd::sub(load16_or(x + v, V - v, neg_inf), mv)));
   }
-  const float s = hsum512(sum);
+  const float s = simd::reduce_add(sum);
   const float x_target = to_f32(x[target]);
   const float loss = m + std::log(s) - x_target;
   if (dl) {
-    const __m512 coef = _mm512_set1_ps(grad_scale / s);
-    const __m512 scale = _mm512_set1_ps(grad_scale);
+    const simd::vf coef = simd::set1(grad_scale / s);
+    const simd::vf scale = simd::set1(grad_scale);
     for (int64_t v = 0; v < V; v += 16) {
-      __m512 g = _mm512_mul_ps(exp512(_mm512_sub_ps(load16(x + v, V - v), mv)), coef);
+      simd::vf g = simd::mul(exp16(simd::sub(load16(x + v, V - v), mv)), coef);
       if (target >= v && target < v + 16) {
-        g = _mm512_mask_sub_ps(g, static_cast<__mmask16>(1u << (target - v)), g, scale);
+        g = simd::blend(static_cast<simd::mask16>(1u << (target - v)), g, simd::sub(g, scale));
       }
       store16(dl + v, g, V - v);
       if (dl_bf16) store16(dl_bf16 + v, g, V - v);

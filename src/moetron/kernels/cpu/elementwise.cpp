@@ -1,8 +1,8 @@
 #include "moetron/kernels/elementwise.h"
 
-#include <immintrin.h>
 
 #include "moetron/kernels/cpu/cpu_util.h"
+#include "moetron/kernels/cpu/simd.h"
 
 namespace moetron::kernels::cpu {
 
@@ -63,27 +63,25 @@ void convert(Context&, const Tensor& src, const Tensor& dst) {
                 " differ in element count");
   const int64_t n = dst.numel();
   if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16) {
-    // AVX512-BF16 rounds to nearest even in hardware; NaN stays NaN.
+    // Rounds to nearest even; NaN stays NaN.
     const float* s = ptr<float>(src);
     auto* d = ptr<uint16_t>(dst);
 #pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n / 16 * 16; i += 16) {
-      const __m512 v = _mm512_loadu_ps(s + i);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), (__m256i)_mm512_cvtneps_pbh(v));
+      simd::store(reinterpret_cast<bf16*>(d + i), simd::load(s + i));
     }
     for (int64_t i = n / 16 * 16; i < n; ++i) d[i] = f32_to_bf16(s[i]);
     return;
   }
-  // f16 <-> f32 with the AVX-512 F16C conversions: IEEE round to nearest
-  // even, subnormals and NaN handled in hardware (fp16 training stages every
-  // f16 tensor through these).
+  // f16 <-> f32 with the F16C conversions: IEEE round to nearest even,
+  // subnormals and NaN handled in hardware (fp16 training stages every f16
+  // tensor through these).
   if (src.dtype() == DType::f32 && dst.dtype() == DType::f16) {
     const float* s = ptr<float>(src);
     auto* d = ptr<uint16_t>(dst);
 #pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n / 16 * 16; i += 16) {
-      const __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), h);
+      simd::store(reinterpret_cast<f16*>(d + i), simd::load(s + i));
     }
     for (int64_t i = n / 16 * 16; i < n; ++i) d[i] = f32_to_f16(s[i]);
     return;
@@ -93,7 +91,7 @@ void convert(Context&, const Tensor& src, const Tensor& dst) {
     float* d = ptr<float>(dst);
 #pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n / 16 * 16; i += 16) {
-      _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+      simd::store(d + i, simd::load(reinterpret_cast<const f16*>(s + i)));
     }
     for (int64_t i = n / 16 * 16; i < n; ++i) d[i] = f16_to_f32(s[i]);
     return;

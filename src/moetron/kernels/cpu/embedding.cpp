@@ -98,8 +98,8 @@ void embedding_backward(Context&, const Tensor& ids, const Tensor& dout, const T
       for (int64_t k = start[r]; k < start[r + 1]; ++k) {
         const S* g = pd + order[k] * D;
         for (int64_t j = 0; j < D; j += 16) {
-          const __mmask16 m = lane_mask(D - j);
-          store16(acc + j, _mm512_add_ps(load16(acc + j, m), load16(g + j, m)), m);
+          const simd::mask16 m = lane_mask(D - j);
+          store16(acc + j, simd::add(load16(acc + j, m), load16(g + j, m)), m);
         }
       }
     }

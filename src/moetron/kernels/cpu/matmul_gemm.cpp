@@ -1,6 +1,5 @@
 #include "moetron/kernels/cpu/matmul_gemm.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include "moetron/core/error.h"
@@ -81,27 +80,49 @@ CachedPrimitive& lookup(CpuState& st, const GemmSpec& s, VaryingDim varying) {
   return cache.emplace(exact, std::move(entry)).first->second;
 }
 
-// bf16 -> f32 widening written with zero-masked intrinsics: vec_math.h's
-// load_bf16x16 uses the unmasked forms, whose _mm512_undefined_epi32 source
-// trips GCC 12's -Wmaybe-uninitialized (an error under -Werror) here.
-inline __m512 widen_bf16(__m256i raw) {
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, raw), 16));
-}
-
 // c = s + beta * c into bf16 (beta == 0: c not read). Rounds to nearest even.
 void store_bf16(const float* src, uint16_t* c, int64_t n, float beta) {
   const int64_t full = n / 16 * 16;
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < full; i += 16) {
-    __m512 v = _mm512_loadu_ps(src + i);
-    if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i))), v);
-    store_bf16x16(c + i, v);
+    simd::vf v = simd::load(src + i);
+    if (beta != 0.0f) v = simd::fmadd(simd::set1(beta), simd::load(reinterpret_cast<const bf16*>(c + i)), v);
+    simd::store(reinterpret_cast<bf16*>(c + i), v);
   }
   if (full < n) {
-    const int r = static_cast<int>(n - full);
-    __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << r) - 1), src + full);
-    if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), widen_bf16(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << r) - 1), c + full)), v);
-    store_bf16x16_masked(c + full, v, r);
+    const simd::mask16 m = simd::first_lanes(n - full);
+    simd::vf v = simd::load(src + full, m);
+    if (beta != 0.0f) v = simd::fmadd(simd::set1(beta), simd::load(reinterpret_cast<const bf16*>(c + full), m), v);
+    simd::store(reinterpret_cast<bf16*>(c + full), v, m);
+  }
+}
+
+// Whether oneDNN can build a bf16 matmul here (asked once per state).
+bool has_native_bf16_matmul(CpuState& st) {
+  if (st.native_bf16_matmul < 0) {
+    GemmSpec probe;
+    probe.m = probe.n = probe.k = 16;
+    probe.ab = DType::bf16;
+    const GemmDescs d = gemm_descs(probe, memory::data_type::f32);
+    try {
+      (void)dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), st.engine);
+      st.native_bf16_matmul = 1;
+    } catch (const dnnl::error&) {
+      st.native_bf16_matmul = 0;
+    }
+  }
+  return st.native_bf16_matmul == 1;
+}
+
+// n bf16 values widened to fp32 (exact).
+void widen_bf16(const void* src, float* dst, int64_t n) {
+  const auto* s = static_cast<const bf16*>(src);
+  const int64_t full = n / 16 * 16;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < full; i += 16) simd::store(dst + i, simd::load(s + i));
+  if (full < n) {
+    const simd::mask16 m = simd::first_lanes(n - full);
+    simd::store(dst + full, simd::load(s + full, m), m);
   }
 }
 
@@ -154,6 +175,18 @@ GemmDescs gemm_descs(const GemmSpec& s, memory::data_type c_dtype, VaryingDim ru
 void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c, VaryingDim varying) {
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
   if (s.k == 0) return scale_only(s, c);
+  if (s.ab == DType::bf16 && !has_native_bf16_matmul(st)) {
+    // Products of bf16 values are exact in fp32, so widening the operands
+    // and running the fp32 matmul computes what a bf16 x bf16 -> fp32
+    // matmul does (up to the order of its fp32 sums).
+    float* wa = st.scratch_f32(s.batch * s.m * s.k, 1);
+    float* wb = st.scratch_f32((s.b_batched ? s.batch : 1) * s.k * s.n, 2);
+    widen_bf16(a, wa, s.batch * s.m * s.k);
+    widen_bf16(b, wb, (s.b_batched ? s.batch : 1) * s.k * s.n);
+    GemmSpec p = s;
+    p.ab = DType::f32;
+    return gemm(st, p, wa, wb, c, varying);
+  }
   // oneDNN 2.6 has no f32 x f32 -> bf16 matmul: compute fp32 into scratch,
   // then add beta * c and round into c in one pass.
   const bool staged = s.ab == DType::f32 && s.c == DType::bf16;

@@ -2,7 +2,6 @@
 // thread in a fixed order, so results do not depend on the thread count.
 
 
-#include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
@@ -48,31 +47,31 @@ void dispatch_rows(DType dt, Fn&& fn) {
 
 // scores[0, E) = softmax or sigmoid of x[0, E), 16 lanes at a time.
 void score_row(const float* x, int64_t E, RouterScore score, float* s) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const simd::vf neg_inf = simd::set1(-std::numeric_limits<float>::infinity());
   if (score == RouterScore::sigmoid) {
-    const __m512 one = _mm512_set1_ps(1.0f);
+    const simd::vf one = simd::set1(1.0f);
     for (int64_t e = 0; e < E; e += 16) {
-      const __m512 v = load16(x + e, E - e);
-      store16(s + e, _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), v)))),
+      const simd::vf v = load16(x + e, E - e);
+      store16(s + e, simd::div(one, simd::add(one, exp16(simd::sub(simd::zero(), v)))),
               E - e);
     }
     return;
   }
-  __m512 mx = neg_inf;
+  simd::vf mx = neg_inf;
   for (int64_t e = 0; e < E; e += 16) {
-    mx = _mm512_max_ps(mx, load16_or(x + e, E - e, neg_inf));
+    mx = simd::max(mx, load16_or(x + e, E - e, neg_inf));
   }
-  const __m512 m = _mm512_set1_ps(hmax512(mx));
-  __m512 sum = _mm512_setzero_ps();
+  const simd::vf m = simd::set1(simd::reduce_max(mx));
+  simd::vf sum = simd::zero();
   for (int64_t e = 0; e < E; e += 16) {
     // Masked-off lanes read -inf, whose exp is 0, so they add nothing.
-    const __m512 p = exp512(_mm512_sub_ps(load16_or(x + e, E - e, neg_inf), m));
-    sum = _mm512_add_ps(sum, p);
+    const simd::vf p = exp16(simd::sub(load16_or(x + e, E - e, neg_inf), m));
+    sum = simd::add(sum, p);
     store16(s + e, p, E - e);
   }
-  const __m512 total = _mm512_set1_ps(hsum512(sum));
+  const simd::vf total = simd::set1(simd::reduce_add(sum));
   for (int64_t e = 0; e < E; e += 16) {
-    store16(s + e, _mm512_div_ps(load16(s + e, E - e), total), E - e);
+    store16(s + e, simd::div(load16(s + e, E - e), total), E - e);
   }
 }
 
@@ -194,9 +193,9 @@ void moe_permute_backward(Context&, const Tensor& d_permuted, const MoePlan& pla
       const int32_t* rows = slot + t * K;
       for (int64_t d = 0; d < D; d += 16) {
         // Slots in k order: a fixed summation order whatever the threads.
-        __m512 acc = _mm512_setzero_ps();
+        simd::vf acc = simd::zero();
         for (int64_t k = 0; k < K; ++k) {
-          if (rows[k] >= 0) acc = _mm512_add_ps(acc, load16(src + rows[k] * D + d, D - d));
+          if (rows[k] >= 0) acc = simd::add(acc, load16(src + rows[k] * D + d, D - d));
         }
         store16(out + d, acc, D - d);
       }
@@ -222,10 +221,10 @@ void moe_unpermute(Context&, const Tensor& expert_out, const MoePlan& plan,
     for (int64_t t = 0; t < T; ++t) {
       const int32_t* rows = slot + t * K;
       for (int64_t d = 0; d < D; d += 16) {
-        __m512 acc = _mm512_setzero_ps();
+        simd::vf acc = simd::zero();
         for (int64_t k = 0; k < K; ++k) {
           if (rows[k] < 0) continue;
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(pw[t * K + k]), load16(src + rows[k] * D + d, D - d), acc);
+          acc = simd::fmadd(simd::set1(pw[t * K + k]), load16(src + rows[k] * D + d, D - d), acc);
         }
         store16(dst + t * D + d, acc, D - d);
       }
@@ -264,14 +263,14 @@ void moe_unpermute_backward(Context&, const Tensor& dout, const Tensor& expert_o
           if (pdw) pdw[t * K + k] = 0.0f;
           continue;
         }
-        const __m512 w = _mm512_set1_ps(pw[t * K + k]);
-        __m512 dot = _mm512_setzero_ps();
+        const simd::vf w = simd::set1(pw[t * K + k]);
+        simd::vf dot = simd::zero();
         for (int64_t d = 0; d < D; d += 16) {
-          const __m512 gv = load16(g + t * D + d, D - d);
-          if (pdw) dot = _mm512_fmadd_ps(gv, load16(e_out + r * D + d, D - d), dot);
-          if (de) store16(de + r * D + d, _mm512_mul_ps(w, gv), D - d);
+          const simd::vf gv = load16(g + t * D + d, D - d);
+          if (pdw) dot = simd::fmadd(gv, load16(e_out + r * D + d, D - d), dot);
+          if (de) store16(de + r * D + d, simd::mul(w, gv), D - d);
         }
-        if (pdw) pdw[t * K + k] = hsum512(dot);
+        if (pdw) pdw[t * K + k] = simd::reduce_add(dot);
       }
     }
   });

@@ -36,18 +36,18 @@ constexpr int64_t kMinChunkRows = 16;
 // Sum of x^2 over a row, two accumulators to hide FMA latency.
 template <typename T>
 float row_sum_squares(const T* xr, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  simd::vf a0 = simd::zero(), a1 = simd::zero();
   int64_t j = 0;
   for (; j + 32 <= n; j += 32) {
-    const __m512 v0 = load16(xr + j, 0xffff), v1 = load16(xr + j + 16, 0xffff);
-    a0 = _mm512_fmadd_ps(v0, v0, a0);
-    a1 = _mm512_fmadd_ps(v1, v1, a1);
+    const simd::vf v0 = load16(xr + j, 0xffff), v1 = load16(xr + j + 16, 0xffff);
+    a0 = simd::fmadd(v0, v0, a0);
+    a1 = simd::fmadd(v1, v1, a1);
   }
   for (; j < n; j += 16) {
-    const __m512 v = load16(xr + j, lane_mask(n - j));
-    a0 = _mm512_fmadd_ps(v, v, a0);
+    const simd::vf v = load16(xr + j, lane_mask(n - j));
+    a0 = simd::fmadd(v, v, a0);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  return simd::reduce_add(simd::add(a0, a1));
 }
 
 }  // namespace
@@ -71,11 +71,11 @@ void rmsnorm_forward(Context&, const Tensor& x, const Tensor& w, float eps, cons
       const float ms = row_sum_squares(xr, D) / static_cast<float>(D);
       const float r = 1.0f / std::sqrt(ms + eps);
       pr[t] = r;
-      const __m512 rv = _mm512_set1_ps(r);
+      const simd::vf rv = simd::set1(r);
       for (int64_t j = 0; j < D; j += 16) {
-        const __mmask16 m = lane_mask(D - j);
-        const __m512 xhat = _mm512_mul_ps(load16(xr + j, m), rv);
-        store16(yr + j, _mm512_mul_ps(xhat, load16(pw + j, m)), m);
+        const simd::mask16 m = lane_mask(D - j);
+        const simd::vf xhat = simd::mul(load16(xr + j, m), rv);
+        store16(yr + j, simd::mul(xhat, load16(pw + j, m)), m);
       }
     }
   });
@@ -116,22 +116,22 @@ void rmsnorm_backward(Context&, const Tensor& dy, const Tensor& x, const Tensor&
         const T* gr = pdy + t * D;
         T* dxr = pdx + t * D;
         // mean(dxhat * xhat) = rstd * mean(dy * w * x)
-        __m512 dotv = _mm512_setzero_ps();
+        simd::vf dotv = simd::zero();
         for (int64_t j = 0; j < D; j += 16) {
-          const __mmask16 m = lane_mask(D - j);
-          const __m512 gw = _mm512_mul_ps(load16(gr + j, m), load16(pw + j, m));
-          dotv = _mm512_fmadd_ps(gw, load16(xr + j, m), dotv);
+          const simd::mask16 m = lane_mask(D - j);
+          const simd::vf gw = simd::mul(load16(gr + j, m), load16(pw + j, m));
+          dotv = simd::fmadd(gw, load16(xr + j, m), dotv);
         }
         const float r = pr[t];
-        const __m512 rv = _mm512_set1_ps(r);
-        const __m512 mean_dot = _mm512_set1_ps(_mm512_reduce_add_ps(dotv) * r * inv_d);
+        const simd::vf rv = simd::set1(r);
+        const simd::vf mean_dot = simd::set1(simd::reduce_add(dotv) * r * inv_d);
         for (int64_t j = 0; j < D; j += 16) {
-          const __mmask16 m = lane_mask(D - j);
-          const __m512 g = load16(gr + j, m);
-          const __m512 xhat = _mm512_mul_ps(load16(xr + j, m), rv);
-          const __m512 gw = _mm512_mul_ps(g, load16(pw + j, m));
-          store16(dxr + j, _mm512_mul_ps(rv, _mm512_fnmadd_ps(xhat, mean_dot, gw)), m);
-          store16(acc + j, _mm512_fmadd_ps(g, xhat, load16(acc + j, m)), m);
+          const simd::mask16 m = lane_mask(D - j);
+          const simd::vf g = load16(gr + j, m);
+          const simd::vf xhat = simd::mul(load16(xr + j, m), rv);
+          const simd::vf gw = simd::mul(g, load16(pw + j, m));
+          store16(dxr + j, simd::mul(rv, simd::fnmadd(xhat, mean_dot, gw)), m);
+          store16(acc + j, simd::fmadd(g, xhat, load16(acc + j, m)), m);
         }
       }
     }
@@ -143,10 +143,10 @@ void rmsnorm_backward(Context&, const Tensor& dy, const Tensor& x, const Tensor&
 #pragma omp parallel for schedule(static) if (chunks * D > kParallelElems)
   for (int64_t b = 0; b < col_blocks; ++b) {
     const int64_t j = b * 16;
-    const __mmask16 m = lane_mask(D - j);
-    __m512 s = load16(pp + j, m);
-    for (int64_t c = 1; c < chunks; ++c) s = _mm512_add_ps(s, load16(pp + c * D + j, m));
-    store16(pdw + j, _mm512_add_ps(load16(pdw + j, m), s), m);
+    const simd::mask16 m = lane_mask(D - j);
+    simd::vf s = load16(pp + j, m);
+    for (int64_t c = 1; c < chunks; ++c) s = simd::add(s, load16(pp + c * D + j, m));
+    store16(pdw + j, simd::add(load16(pdw + j, m), s), m);
   }
 }
 

@@ -22,34 +22,31 @@ constexpr int64_t kParallelElems = 16384;
 // minimax polynomials of Cephes sinf/cosf (~1 ulp on that interval) and a
 // quadrant fix-up. Accurate for |a| up to ~1e6, far beyond what fp32
 // angles can resolve anyway.
-inline void sincos16(__m512 a, __m512* sin_out, __m512* cos_out) {
-  const __m512 two_over_pi = _mm512_set1_ps(0.636619772367581343f);
-  const __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(a, two_over_pi),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(q, _mm512_set1_ps(1.5707963705062866f), a);
-  r = _mm512_fnmadd_ps(q, _mm512_set1_ps(-4.371138828673793e-08f), r);
-  const __m512 z = _mm512_mul_ps(r, r);
-  __m512 ps = _mm512_set1_ps(-1.9515295891e-4f);
-  ps = _mm512_fmadd_ps(ps, z, _mm512_set1_ps(8.3321608736e-3f));
-  ps = _mm512_fmadd_ps(ps, z, _mm512_set1_ps(-1.6666654611e-1f));
-  const __m512 sin_r = _mm512_fmadd_ps(_mm512_mul_ps(ps, z), r, r);
-  __m512 pc = _mm512_set1_ps(2.443315711809948e-5f);
-  pc = _mm512_fmadd_ps(pc, z, _mm512_set1_ps(-1.388731625493765e-3f));
-  pc = _mm512_fmadd_ps(pc, z, _mm512_set1_ps(4.166664568298827e-2f));
-  __m512 cos_r = _mm512_mul_ps(_mm512_mul_ps(pc, z), z);
-  cos_r = _mm512_fnmadd_ps(_mm512_set1_ps(0.5f), z, cos_r);
-  cos_r = _mm512_add_ps(cos_r, _mm512_set1_ps(1.0f));
+inline void sincos16(simd::vf a, simd::vf* sin_out, simd::vf* cos_out) {
+  const simd::vf two_over_pi = simd::set1(0.636619772367581343f);
+  const simd::vf q = simd::round_even(simd::mul(a, two_over_pi));
+  simd::vf r = simd::fnmadd(q, simd::set1(1.5707963705062866f), a);
+  r = simd::fnmadd(q, simd::set1(-4.371138828673793e-08f), r);
+  const simd::vf z = simd::mul(r, r);
+  simd::vf ps = simd::set1(-1.9515295891e-4f);
+  ps = simd::fmadd(ps, z, simd::set1(8.3321608736e-3f));
+  ps = simd::fmadd(ps, z, simd::set1(-1.6666654611e-1f));
+  const simd::vf sin_r = simd::fmadd(simd::mul(ps, z), r, r);
+  simd::vf pc = simd::set1(2.443315711809948e-5f);
+  pc = simd::fmadd(pc, z, simd::set1(-1.388731625493765e-3f));
+  pc = simd::fmadd(pc, z, simd::set1(4.166664568298827e-2f));
+  simd::vf cos_r = simd::mul(simd::mul(pc, z), z);
+  cos_r = simd::fnmadd(simd::set1(0.5f), z, cos_r);
+  cos_r = simd::add(cos_r, simd::set1(1.0f));
   // quadrant q mod 4: sin a = (sin r, cos r, -sin r, -cos r), cos a = (cos r, -sin r, -cos r, sin r)
-  const __m512i qi = _mm512_cvtps_epi32(q);
-  const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
-  const __mmask16 odd = _mm512_test_epi32_mask(qi, one);
-  const __mmask16 sin_neg = _mm512_test_epi32_mask(qi, two);
-  const __mmask16 cos_neg = _mm512_test_epi32_mask(_mm512_add_epi32(qi, one), two);
-  const __m512 s = _mm512_mask_blend_ps(odd, sin_r, cos_r);
-  const __m512 c = _mm512_mask_blend_ps(odd, cos_r, sin_r);
-  const __m512 sign = _mm512_set1_ps(-0.0f);
-  *sin_out = _mm512_mask_xor_ps(s, sin_neg, s, sign);
-  *cos_out = _mm512_mask_xor_ps(c, cos_neg, c, sign);
+  const simd::vi qi = simd::to_int(q), qi1 = simd::to_int(simd::add(q, simd::set1(1.0f)));
+  const simd::mask16 odd = simd::test_bits(qi, 1);
+  const simd::mask16 sin_neg = simd::test_bits(qi, 2);
+  const simd::mask16 cos_neg = simd::test_bits(qi1, 2);
+  const simd::vf s = simd::blend(odd, sin_r, cos_r);
+  const simd::vf c = simd::blend(odd, cos_r, sin_r);
+  *sin_out = simd::negate_where(sin_neg, s);
+  *cos_out = simd::negate_where(cos_neg, c);
 }
 
 // direction +1 rotates by +a (forward), -1 by -a (backward).
@@ -81,25 +78,25 @@ void rope_rotate(const char* fn, const Tensor& src, const Tensor& positions, flo
     for (int64_t t = 0; t < T; ++t) {
       float* cs = ptable + omp_get_thread_num() * 2 * half;
       float* sn = cs + half;
-      const __m512 p = _mm512_set1_ps(static_cast<float>(pos[t]));
-      const __m512 dir = _mm512_set1_ps(direction);
+      const simd::vf p = simd::set1(static_cast<float>(pos[t]));
+      const simd::vf dir = simd::set1(direction);
       for (int64_t i = 0; i < half; i += 16) {
-        const __mmask16 m = lane_mask(half - i);
-        __m512 s, c;
-        sincos16(_mm512_mul_ps(p, load16(inv_freq + i, m)), &s, &c);
+        const simd::mask16 m = lane_mask(half - i);
+        simd::vf s, c;
+        sincos16(simd::mul(p, load16(inv_freq + i, m)), &s, &c);
         store16(cs + i, c, m);
-        store16(sn + i, _mm512_mul_ps(s, dir), m);
+        store16(sn + i, simd::mul(s, dir), m);
       }
       for (int64_t h = 0; h < H; ++h) {
         const S* xr = ps + (t * H + h) * hd;
         S* yr = pd + (t * H + h) * hd;
         for (int64_t i = 0; i < half; i += 16) {
-          const __mmask16 m = lane_mask(half - i);
-          const __m512 c = load16(cs + i, m), s = load16(sn + i, m);
+          const simd::mask16 m = lane_mask(half - i);
+          const simd::vf c = load16(cs + i, m), s = load16(sn + i, m);
           // Both halves are loaded before either is stored: dst may alias src.
-          const __m512 x1 = load16(xr + i, m), x2 = load16(xr + half + i, m);
-          store16(yr + i, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)), m);
-          store16(yr + half + i, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)), m);
+          const simd::vf x1 = load16(xr + i, m), x2 = load16(xr + half + i, m);
+          store16(yr + i, simd::fmsub(x1, c, simd::mul(x2, s)), m);
+          store16(yr + half + i, simd::fmadd(x2, c, simd::mul(x1, s)), m);
         }
       }
     }
