@@ -51,7 +51,7 @@ class Transformer {
   // micro-batch's share of them), so micro-batches add up to one batch.
   LossStats forward_backward(kernels::Context& ctx, const Tensor& inputs, const Tensor& targets,
                              double grad_scale, double loss_weight, bool backward);
-  // Pipeline parallelism (train/pipeline_schedule.cpp drives these):
+  // Pipeline parallelism (train/pipeline_runner.cpp drives these):
   // forward of this rank's chunk `chunk` on micro-batch `mb`. `in` is the
   // token ids (i32 [B, S]) on the chunk with the embedding, else the
   // previous stage's activations [B * S (/ tp under sp), D]; `targets` are

@@ -102,7 +102,7 @@ struct ParallelConfig {
   // shards, so ep divides dp * tp (the number of ranks).
   int64_t tp = 1;
   bool sequence_parallel = false;  // norms and residuals on token slices (needs tp > 1)
-  // Pipeline parallelism (train/pipeline_schedule.h): pp stages balanced by
+  // Pipeline parallelism (parallel/pipeline_schedule.h): pp stages balanced by
   // FLOPs (equal layer counts per chunk when interleaved), outermost in the rank order (rank = stage * ranks / pp +
   // position in the stage); each stage's ranks run dp x tp x ep as above.
   // vpp > 1: each rank holds vpp chunks (interleaved 1F1B).

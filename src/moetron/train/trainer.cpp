@@ -80,20 +80,12 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     pp_comm_ = world_->split(static_cast<int>(stage_rank()), world_->rank());
     // One chunk per rank: stages balanced by FLOPs; interleaved: virtual
     // stage c * pp + p holds layers [j L / (pp v), (j + 1) L / (pp v)).
-    const int64_t v = cfg_.parallel.vpp, per = cfg_.model.n_layers / (pp_ * v);
-    if (v == 1) {
-      const auto stages = balanced_stages(cfg_.model, cfg_.moe, cfg_.train.seq_len, pp_);
-      place.chunks.push_back(stages[static_cast<size_t>(pp_rank())]);
-      if (world_->rank() == 0) {
-        std::cout << "pipeline: " << pp_ << " stages of layers";
-        for (const auto& [a, b] : stages) std::cout << " [" << a << ", " << b << ")";
-        std::cout << " (balanced by FLOPs, the head on the last)\n";
-      }
-    } else {
-      for (int64_t c = 0; c < v; ++c) {
-        const int64_t j = c * pp_ + pp_rank();
-        place.chunks.emplace_back(j * per, (j + 1) * per);
-      }
+    place.chunks = parallel::stage_chunks(cfg_.model, cfg_.moe, cfg_.train.seq_len, pp_, cfg_.parallel.vpp, pp_rank());
+    if (cfg_.parallel.vpp == 1 && world_->rank() == 0) {
+      std::cout << "pipeline: " << pp_ << " stages of layers";
+      for (const auto& [a, b] : parallel::balanced_stages(cfg_.model, cfg_.moe, cfg_.train.seq_len, pp_))
+        std::cout << " [" << a << ", " << b << ")";
+      std::cout << " (balanced by FLOPs, the head on the last)\n";
     }
     place.embedding = pp_rank() == 0;
     place.head = pp_rank() == pp_ - 1;
@@ -123,7 +115,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   oo.schedule = {cfg_.optim.lr, cfg_.optim.min_lr_ratio, cfg_.optim.warmup_steps, cfg_.train.steps};
   const int64_t dp = dp_;
   acc_ = accumulation_steps(cfg_, dp);
-  if (pp_ > 1) (void)pipeline_schedule(cfg_.parallel.schedule, pp_, pp_rank(), acc_, cfg_.parallel.vpp);  // its rules
+  if (pp_ > 1) (void)parallel::pipeline_schedule(cfg_.parallel.schedule, pp_, pp_rank(), acc_, cfg_.parallel.vpp);  // its rules
   const int me = static_cast<int>(stage_rank());
   if (ranks > 1) {
     // Every rank of a stage holds a distinct token shard for the MoE layers (tp folded in).

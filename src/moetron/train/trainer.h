@@ -16,7 +16,7 @@
 #include "moetron/optim/loss_scaler.h"
 #include "moetron/optim/optimizer.h"
 #include "moetron/parallel/grad_reducer.h"
-#include "moetron/train/pipeline_schedule.h"
+#include "moetron/train/pipeline_runner.h"
 #include "moetron/train/config.h"
 
 namespace moetron::train {

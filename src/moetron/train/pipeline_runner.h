@@ -1,46 +1,20 @@
-// Pipeline parallelism: the order in which a pipeline rank runs forward and
-// backward of its micro-batches, and the runner that executes that order
-// with the stages' activations and gradients travelling by non-blocking
-// send and blocking receive.
-//
-// Virtual stage j = chunk * pp + rank (chunk c of v on each rank holds
-// layers of virtual stage c * pp + rank), so activations go rank 0 -> 1 ->
-// ... -> pp-1 -> rank 0's next chunk. Schedules:
-//   gpipe        every forward, then every backward;
-//   1f1b         pp - rank - 1 warm-up forwards, then one forward and one
-//                backward in turn, then the remaining backwards (PipeDream
-//                flush: at most pp micro-batches in flight);
-//   interleaved  1f1b over v chunks per rank (Megatron's schedule; needs
-//                microbatches % pp == 0), bubble (pp-1)/(v m + pp-1).
+// Pipeline parallelism's runner: executes a rank's schedule
+// (parallel/pipeline_schedule.h) over the model's chunks, with the stages'
+// activations and gradients travelling by non-blocking send and blocking
+// receive.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "moetron/comm/communicator.h"
 #include "moetron/nn/transformer.h"
+#include "moetron/parallel/pipeline_schedule.h"
 
 namespace moetron::train {
-
-struct PipeOp {
-  bool forward = true;
-  int64_t mb = 0;
-  int64_t chunk = 0;
-};
-
-// kind: "gpipe" | "1f1b" (with v > 1: interleaved 1F1B).
-std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64_t rank, int64_t microbatches,
-                                      int64_t v);
-// The idle fraction of an ideal pipeline: (pp - 1) / (v m + pp - 1).
-double ideal_bubble_fraction(int64_t pp, int64_t microbatches, int64_t v);
-
-// Layers [first, end) of each of pp stages: contiguous, at least one each,
-// minimising the largest stage's training FLOPs per token
-// (nn::layer_flops_per_token; the LM head's counted on the last stage, the
-// embedding gather as free).
-std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m, const nn::MoeConfig& e,
-                                                         int64_t seq_len, int64_t pp);
 
 class PipelineRunner {
  public:

@@ -9,10 +9,11 @@
 #include <set>
 #include <tuple>
 
+#include "moetron/core/error.h"
 #include "moetron/nn/flops.h"
-#include "moetron/train/pipeline_schedule.h"
+#include "moetron/parallel/pipeline_schedule.h"
 
-namespace moetron::train {
+namespace moetron::parallel {
 namespace {
 
 // Simulates all ranks; returns the makespan (time units) or -1 on deadlock.
@@ -161,4 +162,4 @@ TEST(PipelineSchedule, RulesNameWhatIsWrong) {
 }
 
 }  // namespace
-}  // namespace moetron::train
+}  // namespace moetron::parallel

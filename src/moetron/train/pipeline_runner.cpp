@@ -1,9 +1,7 @@
-#include "moetron/train/pipeline_schedule.h"
+#include "moetron/train/pipeline_runner.h"
 
 #include <algorithm>
 #include <chrono>
-
-#include "moetron/nn/flops.h"
 
 namespace moetron::train {
 
@@ -11,78 +9,6 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 }  // namespace
-
-std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64_t rank, int64_t m, int64_t v) {
-  MOETRON_CHECK(pp >= 1 && rank >= 0 && rank < pp && m >= 1 && v >= 1, "pipeline schedule of rank ", rank, " of ",
-                pp, " for ", m, " micro-batches over ", v, " chunks");
-  std::vector<PipeOp> ops;
-  if (kind == "gpipe") {
-    for (int64_t c = 0; c < v; ++c)
-      for (int64_t mb = 0; mb < m; ++mb) ops.push_back({true, mb, c});
-    for (int64_t c = v; c-- > 0;)
-      for (int64_t mb = 0; mb < m; ++mb) ops.push_back({false, mb, c});
-    return ops;
-  }
-  MOETRON_CHECK(kind == "1f1b", "parallel.schedule must be gpipe or 1f1b, got \"", kind, "\"");
-  MOETRON_CHECK(m >= pp, "1F1B needs at least as many micro-batches as stages (", m, " < parallel.pp = ", pp, ")");
-  MOETRON_CHECK(v == 1 || m % pp == 0, "interleaved 1F1B needs micro-batches (", m, ") divisible by parallel.pp = ",
-                pp);
-  const int64_t total = m * v;
-  // k-th forward (backward) of this rank: chunk and micro-batch (Megatron's interleaving).
-  const auto fwd = [&](int64_t k) { return PipeOp{true, (k / (pp * v)) * pp + k % pp, (k / pp) % v}; };
-  const auto bwd = [&](int64_t k) { return PipeOp{false, (k / (pp * v)) * pp + k % pp, v - 1 - (k / pp) % v}; };
-  const int64_t warmup = v == 1 ? std::min(pp - rank - 1, m) : std::min((pp - rank - 1) * 2 + (v - 1) * pp, total);
-  for (int64_t k = 0; k < warmup; ++k) ops.push_back(v == 1 ? PipeOp{true, k, 0} : fwd(k));
-  for (int64_t i = 0; i < total - warmup; ++i) {
-    ops.push_back(v == 1 ? PipeOp{true, warmup + i, 0} : fwd(warmup + i));
-    ops.push_back(v == 1 ? PipeOp{false, i, 0} : bwd(i));
-  }
-  for (int64_t k = total - warmup; k < total; ++k) ops.push_back(v == 1 ? PipeOp{false, k, 0} : bwd(k));
-  return ops;
-}
-
-double ideal_bubble_fraction(int64_t pp, int64_t m, int64_t v) {
-  return static_cast<double>(pp - 1) / static_cast<double>(v * m + pp - 1);
-}
-
-std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m, const nn::MoeConfig& e,
-                                                         int64_t seq_len, int64_t pp) {
-  const int64_t L = m.n_layers;
-  MOETRON_CHECK(pp >= 1 && pp <= L, "parallel.pp = ", pp, " stages for model.n_layers = ", L,
-                " (each stage needs a layer)");
-  std::vector<double> prefix(static_cast<size_t>(L + 1), 0.0);
-  for (int64_t i = 0; i < L; ++i) {
-    prefix[static_cast<size_t>(i + 1)] = prefix[static_cast<size_t>(i)] + nn::layer_flops_per_token(m, e, i, seq_len);
-  }
-  const double head = nn::head_flops_per_token(m);
-  const auto cost = [&](int64_t a, int64_t b) { return prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)] + (b == L ? head : 0.0); };
-  // best[s][i]: the smallest largest-stage cost of layers [0, i) in s + 1 stages.
-  const double inf = 1e300;
-  std::vector<std::vector<double>> best(static_cast<size_t>(pp), std::vector<double>(static_cast<size_t>(L + 1), inf));
-  std::vector<std::vector<int64_t>> cut(static_cast<size_t>(pp), std::vector<int64_t>(static_cast<size_t>(L + 1), 0));
-  for (int64_t i = 1; i <= L; ++i) best[0][static_cast<size_t>(i)] = cost(0, i);
-  for (int64_t s = 1; s < pp; ++s) {
-    for (int64_t i = s + 1; i <= L; ++i) {
-      for (int64_t j = s; j < i; ++j) {
-        const double c = std::max(best[static_cast<size_t>(s - 1)][static_cast<size_t>(j)], cost(j, i));
-        // Ties go to the later cut: earlier stages take more layers, leaving
-        // the last (which also runs the loss) lighter.
-        if (c <= best[static_cast<size_t>(s)][static_cast<size_t>(i)]) {
-          best[static_cast<size_t>(s)][static_cast<size_t>(i)] = c;
-          cut[static_cast<size_t>(s)][static_cast<size_t>(i)] = j;
-        }
-      }
-    }
-  }
-  std::vector<std::pair<int64_t, int64_t>> stages(static_cast<size_t>(pp));
-  int64_t end = L;
-  for (int64_t s = pp - 1; s >= 0; --s) {
-    const int64_t first = s == 0 ? 0 : cut[static_cast<size_t>(s)][static_cast<size_t>(end)];
-    stages[static_cast<size_t>(s)] = {first, end};
-    end = first;
-  }
-  return stages;
-}
 
 PipelineRunner::PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group, std::string schedule,
                                int64_t vpp)
@@ -128,13 +54,13 @@ PipelineRunner::StepResult PipelineRunner::train_step(kernels::Context& ctx, con
                                                       const std::function<void()>& before_backward) {
   const auto m = static_cast<int64_t>(inputs.size());
   const int64_t pp = pp_.size(), me = pp_.rank(), last = stages() - 1;
-  const std::vector<PipeOp> ops = pipeline_schedule(schedule_, pp, me, m, v_);
+  const std::vector<parallel::PipeOp> ops = parallel::pipeline_schedule(schedule_, pp, me, m, v_);
   // The last backward of each chunk completes its gradients.
   std::vector<int64_t> backwards_left(static_cast<size_t>(v_), m);
   StepResult res;
   wait_s_ = 0;
   bool armed = false;
-  for (const PipeOp& op : ops) {
+  for (const parallel::PipeOp& op : ops) {
     const auto mi = static_cast<size_t>(op.mb);
     const int64_t j = virtual_stage(op.chunk);
     const int64_t batch = inputs[mi].dim(0), seq = inputs[mi].dim(1), rows = activation_rows(batch * seq);

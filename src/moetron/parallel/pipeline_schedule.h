@@ -1,0 +1,49 @@
+// Pipeline parallelism's plan: which layers each pipeline rank holds and
+// the order in which it runs forward and backward of its micro-batches
+// (train/pipeline_runner.h executes it; planner/memory_model.h replays it).
+//
+// Virtual stage j = chunk * pp + rank (chunk c of v on each rank holds
+// layers of virtual stage c * pp + rank), so activations go rank 0 -> 1 ->
+// ... -> pp-1 -> rank 0's next chunk. Schedules:
+//   gpipe        every forward, then every backward;
+//   1f1b         pp - rank - 1 warm-up forwards, then one forward and one
+//                backward in turn, then the remaining backwards (PipeDream
+//                flush: at most pp micro-batches in flight);
+//   interleaved  1f1b over v chunks per rank (Megatron's schedule; needs
+//                microbatches % pp == 0), bubble (pp-1)/(v m + pp-1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moetron/nn/model_config.h"
+
+namespace moetron::parallel {
+
+struct PipeOp {
+  bool forward = true;
+  int64_t mb = 0;
+  int64_t chunk = 0;
+};
+
+// kind: "gpipe" | "1f1b" (with v > 1: interleaved 1F1B).
+std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64_t rank, int64_t microbatches,
+                                      int64_t v);
+// The idle fraction of an ideal pipeline: (pp - 1) / (v m + pp - 1).
+double ideal_bubble_fraction(int64_t pp, int64_t microbatches, int64_t v);
+
+// Layers [first, end) of each of pp stages: contiguous, at least one each,
+// minimising the largest stage's training FLOPs per token
+// (nn::layer_flops_per_token; the LM head's counted on the last stage, the
+// embedding gather as free).
+std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m, const nn::MoeConfig& e,
+                                                         int64_t seq_len, int64_t pp);
+
+// The layer chunks [first, end) pipeline rank `rank` holds: one
+// FLOP-balanced stage, or with vpp > 1 the interleaved virtual stages
+// c * pp + rank of L / (pp vpp) layers each.
+std::vector<std::pair<int64_t, int64_t>> stage_chunks(const nn::ModelConfig& m, const nn::MoeConfig& e,
+                                                      int64_t seq_len, int64_t pp, int64_t vpp, int64_t rank);
+
+}  // namespace moetron::parallel
