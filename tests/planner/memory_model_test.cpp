@@ -151,23 +151,28 @@ TEST(MemoryModel, PredictsTheAllocatorsPeakWithinTenPercent) {
 TEST(MemoryModel, ZeroOneSplitsTheOptimizerStateOverDataParallelRanks) {
   MemoryInputs in = inputs_of({"", "none", {}, nn::Precision::bf16(), 2});
   const MemoryEstimate one = estimate_memory(in);
+  EXPECT_EQ(one.peak_of(MemTag::comm), 0);  // one rank reduces nothing
   in.layout.dp = 4;
   const MemoryEstimate dp = estimate_memory(in);
-  // Plain dp replicates everything.
-  EXPECT_EQ(dp.peak, one.peak);
+  // Plain dp replicates everything and adds the reducer's fp32 buckets: one
+  // fp32 copy of every gradient (each bucket padded to a multiple of 4).
+  for (MemTag t : {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::activations, MemTag::workspace}) {
+    EXPECT_EQ(dp.peak_of(t), one.peak_of(t)) << mem_tag_name(t);
+  }
+  EXPECT_GE(dp.peak_of(MemTag::comm), 4 * one.param_count);
+  EXPECT_LE(dp.peak_of(MemTag::comm), 4 * one.param_count + 64 * 40);
   in.layout.zero1 = true;
   const MemoryEstimate z = estimate_memory(in);
   EXPECT_EQ(z.peak_of(MemTag::params), one.peak_of(MemTag::params));
   EXPECT_EQ(z.peak_of(MemTag::grads), one.peak_of(MemTag::grads));
   EXPECT_EQ(z.peak_of(MemTag::activations), one.peak_of(MemTag::activations));
-  // master + 2 moments (12 bytes per bf16 parameter, 8 for fp32 norms and
-  // router), split 4 ways (to the 64-byte rounding of each shard).
-  EXPECT_NEAR(static_cast<double>(z.peak_of(MemTag::optimizer)),
-              static_cast<double>(one.peak_of(MemTag::optimizer)) / 4,
-              0.01 * static_cast<double>(one.peak_of(MemTag::optimizer)));
+  // ZeRO-1: fp32 master + 2 moments for every element, split 4 ways (to the
+  // padding and 64-byte rounding of each bucket's chunk).
+  EXPECT_NEAR(static_cast<double>(z.peak_of(MemTag::optimizer)), 12.0 * static_cast<double>(one.param_count) / 4,
+              0.01 * 12.0 * static_cast<double>(one.param_count) / 4);
   EXPECT_GT(one.peak_of(MemTag::optimizer), 8 * one.param_count);
   EXPECT_LE(one.peak_of(MemTag::optimizer), 12 * one.param_count + 64 * 3 * 200);
-  in.layout.tp = 2;
+  in.layout.cp = 2;
   EXPECT_THROW(estimate_memory(in), Error);
 }
 

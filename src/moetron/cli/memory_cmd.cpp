@@ -23,9 +23,12 @@ CLI::App* add_memory_command(CLI::App& app, MemoryCommand& o) {
                   "also write the prediction as JSON to this file ('-': stdout only)");
   cmd->add_option("--memory-budget", o.budget,
                   "budget per rank, e.g. 24GiB (default: train.memory_budget)");
-  cmd->add_option("--dp", o.dp, "data-parallel ranks");
+  cmd->add_option("--dp", o.dp,
+                  "data-parallel ranks (the job has dp x parallel.tp x parallel.pp ranks; tp, ep, pp, vpp, "
+                  "sequence_parallel and zero come from the config's [parallel])");
   cmd->add_flag("--zero1", o.zero1,
-                "split the optimizer state over the data-parallel ranks (ZeRO-1)");
+                "split the optimizer state over the data-parallel ranks (ZeRO-1; or parallel.zero = true)");
+  cmd->add_option("--stage", o.stage, "pipeline stage to predict (default: the one with the largest peak)");
   cmd->add_option("--threads", o.threads, "OpenMP threads per rank (kernel scratch)");
   return cmd;
 }
@@ -35,13 +38,10 @@ int run_memory_command(const MemoryCommand& o) {
   if (!o.budget.empty()) sets.push_back("train.memory_budget=" + o.budget);
   const train::Config cfg = train::load_config(o.config, sets);
   MOETRON_CHECK(o.dp >= 1, "--dp must be >= 1, got ", o.dp);
-  planner::Layout layout;
-  layout.dp = o.dp;
-  layout.zero1 = o.zero1;
-  layout.ep = cfg.parallel.ep;  // ep, tp, pp, cp: not modelled yet; the model says so
-  layout.tp = cfg.parallel.tp;
-  layout.pp = cfg.parallel.pp;
-  layout.cp = cfg.parallel.cp;
+  planner::Layout layout = train::layout_of(cfg, o.dp * cfg.parallel.tp * cfg.parallel.pp, 0);
+  layout.zero1 = layout.zero1 || o.zero1;
+  MOETRON_CHECK(o.stage >= -1 && o.stage < layout.pp, "--stage must be in 0 .. parallel.pp - 1 = ", layout.pp - 1,
+                ", got ", o.stage);
   const nn::Precision prec = train::resolve_precision(cfg.train.precision, nullptr);
   const int64_t threads = o.threads > 0
                               ? o.threads
@@ -63,7 +63,9 @@ int run_memory_command(const MemoryCommand& o) {
     if (p != "custom" && p != cfg.recompute.policy) c.recompute.modules.clear();
     if (p != "sqrt") c.recompute.segment = 0;
     planner::MemoryInputs in = train::memory_inputs(c, prec, threads, layout);
-    rows.push_back({nn::describe(in.recompute), planner::estimate_memory(in)});
+    if (o.stage >= 0) in.layout.stage = o.stage;
+    rows.push_back({nn::describe(in.recompute),
+                    o.stage >= 0 ? planner::estimate_memory(in) : planner::estimate_worst_stage(in)});
     fits.push_back(planner::largest_fitting_micro_batch(in, budget));
   }
   nlohmann::json j = {{"config", o.config},
@@ -71,7 +73,16 @@ int run_memory_command(const MemoryCommand& o) {
                       {"micro_batch", cfg.train.micro_batch},
                       {"seq_len", cfg.train.seq_len},
                       {"grad_accum", cfg.train.grad_accum},
-                      {"layout", {{"dp", layout.dp}, {"zero1", layout.zero1}}},
+                      {"layout",
+                       {{"dp", layout.dp},
+                        {"zero1", layout.zero1},
+                        {"tp", layout.tp},
+                        {"sequence_parallel", layout.sequence_parallel},
+                        {"ep", layout.ep},
+                        {"pp", layout.pp},
+                        {"vpp", layout.vpp},
+                        {"schedule", layout.schedule},
+                        {"stage", o.stage >= 0 ? nlohmann::json(o.stage) : nlohmann::json("largest")}}},
                       {"threads", threads},
                       {"budget_bytes", budget},
                       {"per_rank", train::memory_json(rows)}};
@@ -82,8 +93,9 @@ int run_memory_command(const MemoryCommand& o) {
   }
   std::cout << "predicted peak per rank: " << dtype_name(prec.compute) << ", micro-batch "
             << cfg.train.micro_batch << " x " << cfg.train.seq_len << " tokens, grad_accum "
-            << cfg.train.grad_accum << ", dp " << layout.dp << (layout.zero1 ? " (ZeRO-1)" : "")
-            << ", " << threads << " threads\n"
+            << cfg.train.grad_accum << ", " << train::describe(layout)
+            << (layout.pp > 1 && o.stage < 0 ? " (the stage with the largest peak)" : "") << ", " << threads
+            << " threads\n"
             << train::memory_table(rows);
   for (size_t i = 0; i < rows.size(); ++i) {
     std::cout << "largest micro-batch within " << planner::format_bytes(budget) << " under "

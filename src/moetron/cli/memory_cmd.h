@@ -1,6 +1,7 @@
 // `moetron memory`: predicted per-rank peak bytes per allocator tag of a
-// training config, for one or several recompute policies and a data-parallel
-// layout, without building the model (planner/memory_model.h).
+// training config, for one or several recompute policies and the config's
+// [parallel] layout at a given data-parallel size, without building the
+// model (planner/memory_model.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -18,6 +19,7 @@ struct MemoryCommand {
   std::string budget;     // overrides train.memory_budget
   int64_t dp = 1;
   bool zero1 = false;
+  int64_t stage = -1;  // pipeline stage to predict; -1: the stage with the largest peak
   int64_t threads = 0;  // 0: train.threads, else this machine's OpenMP default
 };
 

@@ -10,128 +10,105 @@
 #include <sstream>
 
 #include "moetron/core/error.h"
+#include "moetron/parallel/bucket_plan.h"
+#include "moetron/parallel/pipeline_schedule.h"
+#include "moetron/planner/memory_replay.h"
 
 namespace moetron::planner {
 
 namespace {
 
 // ---------------------------------------------------------------------------
-// Replay of allocations: a Buf frees its bytes when its last handle goes, as
-// a Tensor does, so the replay below reads like the code it mirrors.
-class Sim {
- public:
-  int64_t cur(MemTag t) const { return cur_[static_cast<size_t>(t)]; }
-  void add(MemTag t, int64_t n) {
-    cur_[static_cast<size_t>(t)] += n;
-    total_ += n;
-    peak_[static_cast<size_t>(t)] =
-        std::max(peak_[static_cast<size_t>(t)], cur_[static_cast<size_t>(t)]);
-    total_peak_ = std::max(total_peak_, total_);
-  }
-  const std::array<int64_t, kNumMemTags>& peak() const { return peak_; }
-  int64_t total_peak() const { return total_peak_; }
-
- private:
-  std::array<int64_t, kNumMemTags> cur_{}, peak_{};
-  int64_t total_ = 0, total_peak_ = 0;
-};
-
-struct Held {
-  Held(Sim* s, MemTag t, int64_t n) : sim(s), tag(t), bytes(n) {}
-  ~Held() { sim->add(tag, -bytes); }
-  Held(const Held&) = delete;
-  Held& operator=(const Held&) = delete;
-  Sim* sim;
-  MemTag tag;
-  int64_t bytes;
-};
-using Buf = std::shared_ptr<Held>;
-
-struct Replay {
-  Sim sim;
-  Buf alloc(int64_t elems, DType dt, MemTag tag = MemTag::activations) {
-    const int64_t bytes = elems * static_cast<int64_t>(dtype_size(dt));
-    if (bytes <= 0) return nullptr;
-    const auto n = static_cast<int64_t>(Allocator::rounded(static_cast<size_t>(bytes)));
-    sim.add(tag, n);
-    return std::make_shared<Held>(&sim, tag, n);
-  }
-  Buf ws(int64_t elems, DType dt) { return alloc(elems, dt, MemTag::workspace); }
-};
-
-// ---------------------------------------------------------------------------
-// Parameters, gradients, optimizer state: as nn::Transformer and
-// optim::Optimizer allocate them.
+// Parameters, gradients, optimizer state: as nn::Transformer (for this
+// rank's stage, tp shard and experts) and the optimizers allocate them.
 
 struct Param {
   std::string name;
   int64_t numel;
   DType value, grad;
   bool hidden;
+  bool expert;   // a routed expert's matrix (placed by ep)
+  bool partial;  // gradient partial over tp (reduced over dp x tp)
+  bool sharded = false;        // a tp shard (Parameter::sharded())
+  int64_t rows = 0, cols = 0;  // of a matrix (the owner plan weighs matrices by their Newton-Schulz cost)
 };
 
 struct Inventory {
-  std::vector<Param> params;                          // one per nn::Parameter (views included)
+  std::vector<Param> params;                          // one per nn::Parameter (views included), in order
   std::vector<std::pair<int64_t, DType>> value_bufs;  // allocations tagged params
   std::vector<std::pair<int64_t, DType>> grad_bufs;   // allocations tagged grads
-  int64_t max_muon_workspace = 0;
 };
 
-Inventory inventory(const MemoryInputs& in) {
+Inventory inventory(const MemoryInputs& in, const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first,
+                    bool last) {
   const nn::ModelConfig& m = in.model;
   const nn::MoeConfig& e = in.moe;
+  const Layout& lay = in.layout;
   const DType c = in.precision.compute, a = in.precision.accum;
-  const DType g = a;  // every gradient is in the accumulation dtype
+  const DType g = in.matrix_grad == DType::f32 ? a : in.matrix_grad;  // hidden matrices' gradients
+  const bool tp = lay.tp > 1, sp = tp && lay.sequence_parallel;
   Inventory inv;
-  auto add = [&](const std::string& name, int64_t numel, DType value, DType grad, bool hidden) {
-    inv.params.push_back({name, numel, value, grad, hidden});
+  // Matrices are given as rows x cols: numel = rows * cols.
+  auto add = [&](const std::string& name, int64_t rows, int64_t cols, DType value, DType grad, bool hidden,
+                 bool partial, bool sharded = false) {
+    const int64_t numel = rows * cols;
+    inv.params.push_back({name, numel, value, grad, hidden, false, partial, sharded, rows, cols});
     inv.value_bufs.emplace_back(numel, value);
     inv.grad_bufs.emplace_back(numel, grad);
   };
-  auto view = [&](const std::string& name, int64_t numel, DType value, DType grad) {
-    inv.params.push_back({name, numel, value, grad, true});
+  auto view = [&](const std::string& name, int64_t rows, int64_t cols, DType value, DType grad, bool expert,
+                  bool partial, bool sharded = false) {
+    inv.params.push_back({name, rows * cols, value, grad, true, expert, partial, sharded, rows, cols});
   };
-  auto swiglu = [&](const std::string& prefix, int64_t hidden) {
+  // The dense FFN is tp-sharded; the shared experts (partial over tp) are not.
+  auto swiglu = [&](const std::string& prefix, int64_t hidden, bool partial) {
+    const bool sharded = tp && !partial;
     inv.value_bufs.emplace_back(2 * hidden * m.d_model, c);
     inv.grad_bufs.emplace_back(2 * hidden * m.d_model, g);
-    view(prefix + "gate_proj.weight", hidden * m.d_model, c, g);
-    view(prefix + "up_proj.weight", hidden * m.d_model, c, g);
-    add(prefix + "down_proj.weight", m.d_model * hidden, c, g, true);
+    view(prefix + "gate_proj.weight", hidden, m.d_model, c, g, false, partial, sharded);
+    view(prefix + "up_proj.weight", hidden, m.d_model, c, g, false, partial, sharded);
+    add(prefix + "down_proj.weight", m.d_model, hidden, c, g, true, partial, sharded);
   };
-  const int64_t d = m.d_model, hd = m.resolved_head_dim();
-  add("model.embed_tokens.weight", m.vocab_size * d, c, a, false);
-  for (int64_t i = 0; i < m.n_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    add(p + "input_layernorm.weight", d, a, a, false);
-    add(p + "post_attention_layernorm.weight", d, a, a, false);
-    add(p + "self_attn.q_proj.weight", m.n_heads * hd * d, c, g, true);
-    add(p + "self_attn.k_proj.weight", m.n_kv_heads * hd * d, c, g, true);
-    add(p + "self_attn.v_proj.weight", m.n_kv_heads * hd * d, c, g, true);
-    add(p + "self_attn.o_proj.weight", d * m.n_heads * hd, c, g, true);
-    if (!nn::layer_is_moe(e, i)) {
-      swiglu(p + "mlp.", m.ffn_hidden);
-      continue;
-    }
-    add(p + "block_sparse_moe.gate.weight", e.num_experts * d, a, a, false);
-    const int64_t f = e.expert_hidden;
-    inv.value_bufs.emplace_back(e.num_experts * 2 * f * d, c);
-    inv.grad_bufs.emplace_back(e.num_experts * 2 * f * d, g);
-    inv.value_bufs.emplace_back(e.num_experts * d * f, c);
-    inv.grad_bufs.emplace_back(e.num_experts * d * f, g);
-    for (int64_t j = 0; j < e.num_experts; ++j) {
-      const std::string ex = p + "block_sparse_moe.experts." + std::to_string(j) + ".";
-      view(ex + "w1.weight", f * d, c, g);
-      view(ex + "w3.weight", f * d, c, g);
-      view(ex + "w2.weight", d * f, c, g);
-    }
-    inv.value_bufs.emplace_back(e.num_experts, a);  // selection bias
-    if (e.shared_experts > 0) {
-      swiglu(p + "mlp.shared_experts.",
-             (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : f) * e.shared_experts);
+  const int64_t d = m.d_model, hd = m.resolved_head_dim(), v = m.vocab_size / lay.tp;
+  const int64_t h = m.n_heads / lay.tp, hkv = lay.tp > m.n_kv_heads ? 1 : m.n_kv_heads / lay.tp;
+  if (first) add("model.embed_tokens.weight", v, d, c, a, false, false);
+  for (const auto& [b0, b1] : chunks) {
+    for (int64_t i = b0; i < b1; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      add(p + "input_layernorm.weight", d, 1, a, a, false, sp);
+      add(p + "post_attention_layernorm.weight", d, 1, a, a, false, sp);
+      add(p + "self_attn.q_proj.weight", h * hd, d, c, g, true, false, tp);
+      add(p + "self_attn.k_proj.weight", hkv * hd, d, c, g, true, false, tp);
+      add(p + "self_attn.v_proj.weight", hkv * hd, d, c, g, true, false, tp);
+      add(p + "self_attn.o_proj.weight", d, h * hd, c, g, true, false, tp);
+      if (!nn::layer_is_moe(e, i)) {
+        swiglu(p + "mlp.", m.ffn_hidden / lay.tp, false);
+        continue;
+      }
+      // The MoE layers are not tp-sharded: every gradient is partial over tp.
+      add(p + "block_sparse_moe.gate.weight", e.num_experts, d, a, a, false, tp);
+      const int64_t f = e.expert_hidden, local = e.num_experts / lay.ep;
+      inv.value_bufs.emplace_back(local * 2 * f * d, c);
+      inv.grad_bufs.emplace_back(local * 2 * f * d, g);
+      inv.value_bufs.emplace_back(local * d * f, c);
+      inv.grad_bufs.emplace_back(local * d * f, g);
+      for (int64_t j = 0; j < local; ++j) {  // (names are this rank's; only the sizes matter here)
+        const std::string ex = p + "block_sparse_moe.experts." + std::to_string(j) + ".";
+        view(ex + "w1.weight", f, d, c, g, true, tp);
+        view(ex + "w3.weight", f, d, c, g, true, tp);
+        view(ex + "w2.weight", d, f, c, g, true, tp);
+      }
+      inv.value_bufs.emplace_back(e.num_experts, a);  // selection bias
+      if (e.shared_experts > 0) {
+        swiglu(p + "mlp.shared_experts.", (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : f) * e.shared_experts,
+               tp);
+      }
     }
   }
-  add("model.norm.weight", d, a, a, false);
-  if (!m.tie_embeddings) add("lm_head.weight", m.vocab_size * d, c, a, false);
+  if (last) {
+    add("model.norm.weight", d, 1, a, a, false, sp);
+    if (!m.tie_embeddings) add("lm_head.weight", v, d, c, a, false, false);
+  }
   return inv;
 }
 
@@ -143,402 +120,317 @@ bool uses_muon(const MemoryInputs& in, const Param& p) {
   return true;
 }
 
-// ---------------------------------------------------------------------------
-// Activations and workspace of one forward_backward, mirroring nn/.
-
-struct Dims {
-  int64_t b, s, t, d, h, hkv, hd, v, e, k, f, rows, threads;
-  DType c, a;
-  bool aux, z, use_bias;
+// parallel::flat_bucket_plan over the carried parameters: last registered
+// first, a bucket closed once it reaches bucket_bytes of fp32, each padded
+// to a multiple of the group size.
+struct Bucket {
+  int64_t numel = 0;
+  std::vector<std::pair<const Param*, int64_t>> slots;  // parameter, offset
 };
-
-// Per-thread scratch of the blockwise attention kernels (kernels/cpu/attention_*.cpp).
-constexpr int64_t kTile = 64;
-int64_t round_up(int64_t x, int64_t m) {
-  return (x + m - 1) / m * m;
-}
-
-void attention_forward_scratch(Replay& r, const Dims& x, std::vector<Buf>& held) {
-  const int64_t hdp = round_up(x.hd, 16), nkb = (x.s + kTile - 1) / kTile, tile = kTile * hdp;
-  for (int64_t th = 0; th < x.threads; ++th) {
-    for (int64_t n : {nkb * tile, nkb * tile, tile, kTile * hdp, kTile * kTile})
-      held.push_back(r.ws(n, x.c));
-    held.push_back(r.ws(nkb, DType::i64));
-    for (int64_t n : {kTile * kTile, kTile * hdp, kTile, kTile, kTile})
-      held.push_back(r.ws(n, DType::f32));
+template <typename Carries>
+std::vector<Bucket> flat_plan(const Inventory& inv, int64_t n, int64_t bucket_bytes, Carries carries) {
+  std::vector<Bucket> out;
+  Bucket cur;
+  const auto close = [&] {
+    cur.numel = (cur.numel + n - 1) / n * n;
+    out.push_back(std::move(cur));
+    cur = Bucket{};
+  };
+  for (size_t i = inv.params.size(); i-- > 0;) {
+    const Param& p = inv.params[i];
+    if (!carries(p)) continue;
+    cur.slots.emplace_back(&p, cur.numel);
+    cur.numel += p.numel;
+    if (cur.numel * 4 >= bucket_bytes) close();
   }
+  if (!cur.slots.empty()) close();
+  return out;
 }
 
-void attention_backward_scratch(Replay& r, const Dims& x, std::vector<Buf>& held) {
-  const int64_t hdp = round_up(x.hd, 16), nkb = (x.s + kTile - 1) / kTile, nqb = nkb;
-  const int64_t ktile = kTile * hdp, qtile = kTile * hdp, pk = dtype_size(x.c) == 2 ? 2 : 1;
-  if (x.h / x.hkv > 1) held.push_back(r.ws(2 * x.b * x.h * nkb * ktile, DType::f32));
-  for (int64_t th = 0; th < x.threads; ++th) {
-    for (int64_t n : {nkb * ktile, nkb * ktile, nkb * ktile, nqb * qtile, nqb * qtile})
-      held.push_back(r.ws(n, x.c));
-    if (pk > 1) {
-      held.push_back(r.ws(nqb * qtile, x.c));
-      held.push_back(r.ws(nqb * qtile, x.c));
+// parallel::owner_bucket_plan: Muon's matrices grouped until bucket_bytes,
+// each group's matrices dealt to the rank with the least Newton-Schulz work
+// so far (largest first), chunk = the largest rank's share; the rest flat.
+template <typename Owned, typename Carries>
+std::vector<Bucket> owner_plan(const Inventory& inv, int64_t n, int64_t bucket_bytes, Owned owned, Carries carries) {
+  std::vector<Bucket> out;
+  std::vector<double> load(static_cast<size_t>(n), 0.0);
+  std::vector<const Param*> group;
+  int64_t group_numel = 0;
+  Bucket flat;
+  const auto close_group = [&] {
+    if (group.empty()) return;
+    std::vector<const Param*> order = group;
+    std::stable_sort(order.begin(), order.end(), [](const Param* x, const Param* y) {
+      return parallel::newton_schulz_cost(x->rows, x->cols) > parallel::newton_schulz_cost(y->rows, y->cols);
+    });
+    std::vector<std::vector<const Param*>> per_rank(static_cast<size_t>(n));
+    for (const Param* p : order) {
+      const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[r] += parallel::newton_schulz_cost(p->rows, p->cols);
+      per_rank[r].push_back(p);
     }
-    held.push_back(r.ws(ktile, x.c));
-    for (int64_t n :
-         {nqb * kTile, nqb * kTile, nqb * qtile, ktile, ktile, kTile * kTile, kTile * kTile}) {
-      held.push_back(r.ws(n, DType::f32));
+    int64_t chunk = 1;
+    for (const auto& ps : per_rank) {
+      int64_t sum = 0;
+      for (const Param* p : ps) sum += p->numel;
+      chunk = std::max(chunk, sum);
     }
-    for (int64_t n : {kTile * kTile, kTile * kTile, kTile * kTile}) held.push_back(r.ws(n, x.c));
+    Bucket b;
+    for (size_t r = 0; r < per_rank.size(); ++r) {
+      int64_t off = static_cast<int64_t>(r) * chunk;
+      for (const Param* p : per_rank[r]) {
+        b.slots.emplace_back(p, off);
+        off += p->numel;
+      }
+    }
+    b.numel = chunk * n;
+    out.push_back(std::move(b));
+    group.clear();
+    group_numel = 0;
+  };
+  const auto close_flat = [&] {
+    if (flat.slots.empty()) return;
+    flat.numel = (flat.numel + n - 1) / n * n;
+    out.push_back(std::move(flat));
+    flat = Bucket{};
+  };
+  for (size_t i = inv.params.size(); i-- > 0;) {
+    const Param& p = inv.params[i];
+    if (!carries(p)) continue;
+    if (owned(p)) {
+      group.push_back(&p);
+      group_numel += p.numel;
+      if (group_numel * 4 >= bucket_bytes) close_group();
+    } else {
+      flat.slots.emplace_back(&p, flat.numel);
+      flat.numel += p.numel;
+      if (flat.numel * 4 >= bucket_bytes) close_flat();
+    }
+  }
+  close_group();
+  close_flat();
+  return out;
+}
+
+// A GradReducer's buffers over a group of n ranks; `sends` collects the
+// buckets an uncompressed all-reduce copies into a send buffer.
+void reducer_buffers(Replay& r, std::vector<Buf>& fixed, const std::vector<Bucket>& plan, int64_t n,
+                     bool reduce_scatter, const parallel::CompressOptions& co, std::vector<int64_t>& sends) {
+  for (const Bucket& b : plan) {
+    const int64_t chunk = b.numel / n;
+    fixed.push_back(r.alloc(b.numel, DType::f32, MemTag::comm));
+    if (reduce_scatter) fixed.push_back(r.alloc(chunk, DType::f32, MemTag::comm));
+    if (co.kind == parallel::CompressKind::none) {
+      if (!reduce_scatter) sends.push_back(b.numel);
+      continue;
+    }
+    const int64_t enc = parallel::encoded_bytes(co, chunk);
+    fixed.push_back(r.alloc(b.numel, DType::f32, MemTag::optimizer));
+    fixed.push_back(r.alloc(n * enc, DType::u8, MemTag::comm));
+    fixed.push_back(r.alloc(n * enc, DType::u8, MemTag::comm));
+    if (!reduce_scatter) {
+      fixed.push_back(r.alloc(chunk, DType::f32, MemTag::optimizer));
+      fixed.push_back(r.alloc(enc, DType::u8, MemTag::comm));
+      fixed.push_back(r.alloc(n * enc, DType::u8, MemTag::comm));
+    }
   }
 }
 
-struct AttnSaved {
-  Buf x, q, k, v, out, lse;
-};
-struct MlpSaved {
-  Buf x, gate_up, act;
-};
-struct MoeSaved {
-  Buf x, x_router, logits, scores, idx, weight, permuted, gate_up, act, expert_out;
-  MlpSaved shared;
-  bool has_shared = false;
-};
-struct BlockSaved {
-  Buf x, h, rstd1, rstd2;
-  AttnSaved attn;
-  MlpSaved mlp;
-  MoeSaved moe;
-  bool is_moe = false;
-};
+// The one-rank optimizer's slots for the parameters it updates: an fp32
+// master where the working copy is not fp32, the first moment (Muon's
+// momentum), the second for AdamW.
+void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const Param& p) {
+  const DType master = in.precision.accum;
+  if (p.value != master) fixed.push_back(r.alloc(p.numel, master, MemTag::optimizer));
+  const DType mom = in.moment_dtype == DType::f32 ? master : in.moment_dtype;
+  fixed.push_back(r.alloc(p.numel, mom, MemTag::optimizer));
+  if (!uses_muon(in, p)) fixed.push_back(r.alloc(p.numel, mom, MemTag::optimizer));
+}
 
-class StepReplay {
- public:
-  StepReplay(Replay& r, const MemoryInputs& in, const Dims& x) : r_(r), in_(in), x_(x) {
-    const auto& p = in.recompute;
-    drop_core_ = p.drops(nn::Recompute::attn_core);
-    drop_act_ = p.drops(nn::Recompute::moe_act);
-    drop_norm_ = p.drops(nn::Recompute::norm);
-    drop_dispatch_ = p.drops(nn::Recompute::moe_dispatch);
-  }
-
-  void run() {
-    const Dims& x = x_;
-    const auto n = static_cast<int64_t>(in_.model.n_layers);
-    const int64_t k = in_.recompute.segment, last = k > 0 ? (n - 1) / k * k : 0;
-    Buf positions = r_.alloc(x.t, DType::i32);
-    Buf h_final;
-    Buf losses;
-    Buf d_x;
-    {
-      Buf cur = r_.alloc(x.t * x.d, x.c);  // embedding output
-      blocks_.resize(static_cast<size_t>(n));
-      std::vector<Buf> ckpt, routing(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) {
-        if (k > 0 && i < last && i % k == 0) ckpt.push_back(cur);
-        cur = block_forward(i, cur);
-        if (i < last) {
-          if (blocks_[static_cast<size_t>(i)].is_moe)
-            routing[static_cast<size_t>(i)] = blocks_[static_cast<size_t>(i)].moe.idx;
-          blocks_[static_cast<size_t>(i)] = BlockSaved{};
+// ZeroOptimizer over the dense reducer's buckets: fp32 master, m and v of
+// this rank's chunk; the working copies' all-gather buffers; Muon's update
+// all-gather where a matrix straddles a chunk boundary (every matrix when
+// the orthogonalisation is replicated).
+void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const std::vector<Bucket>& plan,
+                int64_t n) {
+  const DType mom = in.moment_dtype;
+  for (const Bucket& b : plan) {
+    const int64_t chunk = b.numel / n;
+    fixed.push_back(r.alloc(chunk, DType::f32, MemTag::optimizer));
+    fixed.push_back(r.alloc(chunk, mom, MemTag::optimizer));
+    fixed.push_back(r.alloc(chunk, mom, MemTag::optimizer));
+    DType value = b.slots.empty() ? DType::f32 : b.slots.back().first->value;
+    bool muon = false, gather_u = false;
+    for (const auto& [p, offset] : b.slots) {
+      if (p->value != value) value = DType::f32;
+      if (uses_muon(in, *p)) {
+        muon = true;
+        if (offset / chunk != (offset + p->numel - 1) / chunk || in.muon_distribution == "replicated") {
+          gather_u = true;
         }
       }
-      Buf x_final = cur;
-      cur = nullptr;
-      Buf rstd = r_.alloc(x.t, x.a);
-      h_final = r_.alloc(x.t * x.d, x.c);
-      losses = r_.alloc(x.t, x.a);
-      Buf d_h = r_.alloc(x.t * x.d, x.c);
-      {
-        const int64_t chunk = std::min(in_.ce_chunk_tokens, x.t);
-        Buf logits = r_.ws(chunk * x.v, DType::f32);
-        Buf dl = x.c == DType::bf16 ? r_.ws(chunk * x.v, DType::bf16) : nullptr;
-        Buf hf = x.c == DType::bf16 ? r_.ws(chunk * x.d, DType::f32) : nullptr;
-      }
-      d_x = r_.alloc(x.t * x.d, x.c);
-      { Buf partial = norm_partial(); }
-      d_h = nullptr;
-      x_final = nullptr;
-      // backward_blocks
-      for (int64_t start = last, end = n; end > 0;
-           end = start, start = std::max<int64_t>(start - k, 0)) {
-        if (start < last) {
-          Buf in = std::move(ckpt[static_cast<size_t>(start / k)]);
-          for (int64_t i = start; i < end; ++i) {
-            routing[static_cast<size_t>(i)] = nullptr;  // the check drops the record
-            in = block_forward(i, in);
-          }
-        }
-        for (int64_t i = end - 1; i >= start; --i) d_x = block_backward(i);
-      }
-      ckpt.clear();
     }
-    {  // embedding backward scratch
-      Buf start = r_.ws(x.v + 1, DType::i64), order = r_.ws(x.t, DType::i64),
-          fill = r_.ws(x.v, DType::i64);
-    }
+    fixed.push_back(r.alloc(chunk, value, MemTag::comm));
+    fixed.push_back(r.alloc(b.numel, value, MemTag::comm));
+    if (muon) fixed.push_back(r.alloc(chunk, DType::f32, MemTag::comm));
+    if (gather_u) fixed.push_back(r.alloc(b.numel, DType::f32, MemTag::comm));
   }
-
- private:
-  Buf norm_partial() {
-    constexpr int64_t kMinChunkRows = 64, kMaxChunks = 64;
-    const int64_t rows = std::max(kMinChunkRows, (x_.t + kMaxChunks - 1) / kMaxChunks);
-    return r_.ws((x_.t + rows - 1) / rows * x_.d, DType::f32);
-  }
-
-  Buf block_forward(int64_t i, const Buf& in) {
-    const Dims& x = x_;
-    BlockSaved s;
-    s.x = in;
-    s.is_moe = nn::layer_is_moe(in_.moe, i);
-    s.rstd1 = r_.alloc(x.t, x.a);
-    Buf n1 = r_.alloc(x.t * x.d, x.c);
-    s.h = r_.alloc(x.t * x.d, x.c);
-    s.attn = attn_forward(n1);
-    if (drop_norm_) s.attn.x = nullptr;
-    s.rstd2 = r_.alloc(x.t, x.a);
-    Buf n2 = r_.alloc(x.t * x.d, x.c);
-    Buf out = r_.alloc(x.t * x.d, x.c);
-    if (s.is_moe) {
-      s.moe = moe_forward(n2);
-      if (drop_norm_) {
-        if (s.moe.x_router == s.moe.x) s.moe.x_router = nullptr;
-        s.moe.x = nullptr;
-        s.moe.shared.x = nullptr;
-      }
-    } else {
-      s.mlp = mlp_forward(n2, in_.model.ffn_hidden);
-      if (drop_norm_) s.mlp.x = nullptr;
-    }
-    blocks_[static_cast<size_t>(i)] = std::move(s);
-    return out;
-  }
-
-  AttnSaved attn_forward(const Buf& n1) {
-    const Dims& x = x_;
-    AttnSaved s;
-    s.x = n1;
-    s.q = r_.alloc(x.t * x.h * x.hd, x.c);
-    s.k = r_.alloc(x.t * x.hkv * x.hd, x.c);
-    s.v = r_.alloc(x.t * x.hkv * x.hd, x.c);
-    s.out = r_.alloc(x.t * x.h * x.hd, x.c);
-    s.lse = r_.alloc(x.b * x.h * x.s, x.a);
-    {
-      std::vector<Buf> scratch;
-      attention_forward_scratch(r_, x, scratch);
-    }
-    if (drop_core_) s.out = nullptr;
-    return s;
-  }
-
-  MlpSaved mlp_forward(const Buf& in, int64_t hidden) {
-    MlpSaved s;
-    s.x = in;
-    s.gate_up = r_.alloc(x_.t * 2 * hidden, x_.c);
-    s.act = r_.alloc(x_.t * hidden, x_.c);
-    if (drop_act_) s.act = nullptr;
-    return s;
-  }
-
-  int64_t shared_hidden() const {
-    const auto& e = in_.moe;
-    return (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : e.expert_hidden) *
-           e.shared_experts;
-  }
-
-  MoeSaved moe_forward(const Buf& in) {
-    const Dims& x = x_;
-    MoeSaved s;
-    s.x = in;
-    s.x_router = x.c == x.a ? in : r_.alloc(x.t * x.d, x.a);
-    s.logits = r_.alloc(x.t * x.e, x.a);
-    s.scores = r_.alloc(x.t * x.e, x.a);
-    s.idx = r_.alloc(x.t * x.k, DType::i32);
-    s.weight = r_.alloc(x.t * x.k, x.a);
-    s.permuted = r_.alloc(x.rows * x.d, x.c);
-    s.gate_up = r_.alloc(x.rows * 2 * x.f, x.c);
-    s.act = r_.alloc(x.rows * x.f, x.c);
-    s.expert_out = r_.alloc(x.rows * x.d, x.c);
-    if (in_.moe.shared_experts > 0) {
-      s.shared = mlp_forward(in, shared_hidden());
-      s.has_shared = true;
-    }
-    if (x.aux || x.z) Buf scratch = r_.alloc(x.t * x.e, x.a);
-    if (drop_act_) s.act = nullptr;
-    if (drop_dispatch_) {
-      s.permuted = nullptr;
-      if (s.x_router != s.x) s.x_router = nullptr;
-    }
-    return s;
-  }
-
-  Buf rebuild_norm() {
-    Buf rstd = r_.alloc(x_.t, x_.a);
-    return r_.alloc(x_.t * x_.d, x_.c);
-  }
-
-  Buf block_backward(int64_t i) {  // the caller holds d_out
-    const Dims& x = x_;
-    BlockSaved& s = blocks_[static_cast<size_t>(i)];
-    Buf d_n2 = r_.alloc(x.t * x.d, x.c);
-    if (drop_norm_) {
-      Buf n2 = rebuild_norm();
-      if (s.is_moe) {
-        s.moe.x = n2;
-        if (s.moe.has_shared) s.moe.shared.x = n2;
-      } else {
-        s.mlp.x = n2;
-      }
-    }
-    if (s.is_moe) {
-      moe_backward(s.moe);
-    } else {
-      mlp_backward(s.mlp, in_.model.ffn_hidden);
-    }
-    Buf d_h = r_.alloc(x.t * x.d, x.c);
-    { Buf partial = norm_partial(); }
-    if (drop_norm_) s.attn.x = rebuild_norm();
-    attn_backward(s.attn);
-    Buf d_x = r_.alloc(x.t * x.d, x.c);
-    { Buf partial = norm_partial(); }
-    s = BlockSaved{};
-    return d_x;
-  }
-
-  void mlp_backward(MlpSaved& s, int64_t hidden) {
-    if (!s.act) s.act = r_.alloc(x_.t * hidden, x_.c);
-    Buf d_act = r_.alloc(x_.t * hidden, x_.c);
-    Buf d_gate_up = r_.alloc(x_.t * 2 * hidden, x_.c);
-    s = MlpSaved{};
-  }
-
-  void moe_backward(MoeSaved& s) {
-    const Dims& x = x_;
-    if (s.has_shared) mlp_backward(s.shared, shared_hidden());
-    if (!s.act) s.act = r_.alloc(x.rows * x.f, x.c);
-    Buf d_expert_out = r_.alloc(x.rows * x.d, x.c);
-    Buf d_topk_weight = r_.alloc(x.t * x.k, x.a);
-    Buf d_act = r_.alloc(x.rows * x.f, x.c);
-    d_expert_out = nullptr;
-    Buf d_gate_up = r_.alloc(x.rows * 2 * x.f, x.c);
-    d_act = nullptr;
-    if (!s.permuted) s.permuted = r_.alloc(x.rows * x.d, x.c);
-    Buf d_permuted = r_.alloc(x.rows * x.d, x.c);
-    d_gate_up = nullptr;
-    { Buf d_routed = r_.alloc(x.t * x.d, x.c); }
-    Buf d_scores = x.aux ? r_.alloc(x.t * x.e, x.a) : nullptr;
-    Buf d_logits_z = x.z ? r_.alloc(x.t * x.e, x.a) : nullptr;
-    Buf d_logits = r_.alloc(x.t * x.e, x.a);
-    if (!s.x_router) s.x_router = x.c == x.a ? s.x : r_.alloc(x.t * x.d, x.a);
-    if (x.c != x.a) {
-      Buf dx_router = r_.alloc(x.t * x.d, x.a);
-      Buf dx_router_c = r_.alloc(x.t * x.d, x.c);
-    }
-    s = MoeSaved{};
-  }
-
-  void attn_backward(AttnSaved& s) {
-    const Dims& x = x_;
-    if (!s.out) {
-      s.out = r_.alloc(x.t * x.h * x.hd, x.c);
-      Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
-      std::vector<Buf> scratch;
-      attention_forward_scratch(r_, x, scratch);
-    }
-    Buf d_out = r_.alloc(x.t * x.h * x.hd, x.c);
-    Buf dq = r_.alloc(x.t * x.h * x.hd, x.c);
-    Buf dk = r_.alloc(x.t * x.hkv * x.hd, x.c);
-    Buf dv = r_.alloc(x.t * x.hkv * x.hd, x.c);
-    {
-      std::vector<Buf> scratch;
-      attention_backward_scratch(r_, x, scratch);
-    }
-    d_out = nullptr;
-    s = AttnSaved{};
-  }
-
-  Replay& r_;
-  const MemoryInputs& in_;
-  Dims x_;
-  bool drop_core_, drop_act_, drop_norm_, drop_dispatch_;
-  std::vector<BlockSaved> blocks_;
-};
-
-int64_t shard(int64_t n, int64_t parts) {
-  return (n + parts - 1) / parts;
 }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
 MemoryEstimate estimate_memory(const MemoryInputs& in) {
   const Layout& lay = in.layout;
-  MOETRON_CHECK(lay.dp >= 1, "memory model: dp must be >= 1");
-  if (lay.tp != 1 || lay.pp != 1 || lay.ep != 1 || lay.cp != 1) {
-    MOETRON_FAIL("memory model: tensor, pipeline, expert and context parallel layouts (tp ", lay.tp,
-                 ", pp ", lay.pp, ", ep ", lay.ep, ", cp ", lay.cp,
-                 ") are not modelled yet; only dp (with or without zero1)");
-  }
+  const nn::ModelConfig& m = in.model;
+  const nn::MoeConfig& e = in.moe;
+  MOETRON_CHECK(lay.dp >= 1 && lay.tp >= 1 && lay.pp >= 1 && lay.ep >= 1 && lay.vpp >= 1,
+                "memory model: every parallel degree must be >= 1");
+  MOETRON_CHECK(lay.cp == 1, "memory model: context parallelism (parallel.cp = ", lay.cp, ") is not modelled yet");
+  MOETRON_CHECK(lay.stage >= 0 && lay.stage < lay.pp, "memory model: stage ", lay.stage, " of parallel.pp = ", lay.pp);
   MOETRON_CHECK(in.micro_batch >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
                 "memory model: micro_batch, seq_len and grad_accum must be positive");
-  const Inventory inv = inventory(in);
+  MOETRON_CHECK(m.n_heads % lay.tp == 0 && m.vocab_size % lay.tp == 0 && m.ffn_hidden % lay.tp == 0,
+                "memory model: parallel.tp = ", lay.tp,
+                " must divide model.n_heads, model.vocab_size and model.ffn_hidden");
+  MOETRON_CHECK(e.num_experts % lay.ep == 0, "memory model: parallel.ep = ", lay.ep, " must divide moe.num_experts");
+  const bool sp = lay.tp > 1 && lay.sequence_parallel;
+  const int64_t t = in.micro_batch * in.seq_len;
+  MOETRON_CHECK(lay.tp == 1 || t % lay.tp == 0, "memory model: the ", t,
+                " tokens of a micro-batch must divide over parallel.tp = ", lay.tp);
+  const std::vector<std::pair<int64_t, int64_t>> chunks =
+      lay.pp == 1 ? std::vector<std::pair<int64_t, int64_t>>{{0, m.n_layers}}
+                  : parallel::stage_chunks(m, e, in.seq_len, lay.pp, lay.vpp, lay.stage);
+  const bool first = lay.stage == 0, last = lay.stage == lay.pp - 1;
+  const Inventory inv = inventory(in, chunks, first, last);
   Replay r;
   MemoryEstimate est;
-  // Parameters and gradients: every rank holds all of them (dp replicates).
   std::vector<Buf> fixed;
   for (const auto& [n, dt] : inv.value_bufs) fixed.push_back(r.alloc(n, dt, MemTag::params));
   for (const auto& [n, dt] : inv.grad_bufs) fixed.push_back(r.alloc(n, dt, MemTag::grads));
-  // Optimizer state: fp32 master where the working copy is not fp32, first
-  // moment (or Muon momentum), second moment for AdamW; split over dp under ZeRO-1.
-  const int64_t parts = lay.zero1 ? lay.dp : 1;
-  int64_t muon_ws = 0;
-  for (const Param& p : inv.params) {
-    est.param_count += p.numel;
-    const DType master = in.precision.accum;
-    const int64_t n = shard(p.numel, parts);
-    if (p.value != master) fixed.push_back(r.alloc(n, master, MemTag::optimizer));
-    const bool muon = uses_muon(in, p);
-    fixed.push_back(r.alloc(n, master, MemTag::optimizer));
-    if (!muon) fixed.push_back(r.alloc(n, master, MemTag::optimizer));
-    if (muon) muon_ws = std::max(muon_ws, p.numel);
+  for (const Param& p : inv.params) est.param_count += p.numel;
+
+  // Reducers as the trainer builds them (train/trainer.cpp): experts over
+  // their replicas, tp-partial gradients over the stage, the rest over dp.
+  const int64_t ranks = lay.dp * lay.tp;
+  const auto is_expert = [&](const Param& p) { return lay.ep > 1 && p.expert; };
+  const auto is_partial = [&](const Param& p) { return p.partial && !is_expert(p); };
+  const auto is_dense = [&](const Param& p) { return !is_expert(p) && !is_partial(p); };
+  std::vector<Bucket> dense_plan;
+  std::vector<int64_t> allreduce_sends;
+  if (ranks > 1 || lay.zero1) {
+    const ReducerInputs& ri = in.reducer;
+    if (lay.ep > 1 && ranks / lay.ep > 1) {
+      reducer_buffers(r, fixed, flat_plan(inv, ranks / lay.ep, ri.bucket_bytes, is_expert), ranks / lay.ep, false,
+                      ri.compress, allreduce_sends);
+    }
+    if (lay.tp > 1) {
+      reducer_buffers(r, fixed, flat_plan(inv, ranks, ri.bucket_bytes, is_partial), ranks, lay.zero1, ri.compress,
+                      allreduce_sends);
+    }
+    if (lay.dp > 1 || lay.zero1) {
+      dense_plan = lay.zero1 && in.optimizer == "muon" && in.muon_distribution == "owner"
+                       ? owner_plan(inv, lay.dp, ri.bucket_bytes, [&](const Param& p) { return uses_muon(in, p); },
+                                    is_dense)
+                       : flat_plan(inv, lay.dp, ri.bucket_bytes, is_dense);
+      reducer_buffers(r, fixed, dense_plan, lay.dp, lay.zero1, ri.compress, allreduce_sends);
+    }
+  }
+  // Optimizer state: ZeRO-1 holds the dense state in dp chunks and updates
+  // routed experts (under ep) whole; otherwise every parameter has its slots.
+  if (lay.zero1) {
+    zero_state(r, fixed, in, dense_plan, lay.dp);
+    for (const Param& p : inv.params) {
+      if (is_expert(p)) optimizer_state(r, fixed, in, p);
+    }
+  } else {
+    for (const Param& p : inv.params) optimizer_state(r, fixed, in, p);
   }
   // The step's batch buffers (inputs and targets of every micro-batch).
-  const int64_t t = in.micro_batch * in.seq_len;
-  for (int64_t m = 0; m < in.grad_accum; ++m) {
+  for (int64_t mb = 0; mb < in.grad_accum; ++mb) {
     fixed.push_back(r.alloc(t, DType::i32));
     fixed.push_back(r.alloc(t, DType::i32));
   }
-  Dims x{};
-  const nn::ModelConfig& m = in.model;
-  const nn::MoeConfig& e = in.moe;
+
+  Dims x;
   x.b = in.micro_batch;
   x.s = in.seq_len;
   x.t = t;
+  x.tp = lay.tp;
+  x.ep = lay.ep;
+  x.sp = sp;
+  x.tb = sp ? t / lay.tp : t;
+  x.tm = lay.tp > 1 ? t / lay.tp : t;
   x.d = m.d_model;
-  x.h = m.n_heads;
-  x.hkv = m.n_kv_heads;
+  x.h = m.n_heads / lay.tp;
+  x.hkv = lay.tp > m.n_kv_heads ? 1 : m.n_kv_heads / lay.tp;
   x.hd = m.resolved_head_dim();
-  x.v = m.vocab_size;
+  x.ffn = m.ffn_hidden / lay.tp;
+  x.v = m.vocab_size / lay.tp;
   x.e = std::max<int64_t>(e.num_experts, 1);
   x.k = e.top_k;
   x.f = e.expert_hidden;
-  x.rows = t * e.top_k;
+  x.shared_hidden = (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : e.expert_hidden) * e.shared_experts;
+  x.rows_local = x.tm * e.top_k;
   if (e.capacity_factor > 0) {
+    // Capacity per expert over the ep group's tokens (moe_dispatch.cpp);
+    // balanced routing gives each rank its share of the kept slots.
     const auto cap = static_cast<int64_t>(
-        std::ceil(static_cast<double>(t * e.top_k) * e.capacity_factor / static_cast<double>(x.e)));
-    x.rows = std::min(x.rows, cap * x.e);
+        std::ceil(static_cast<double>(lay.ep * x.tm * e.top_k) * e.capacity_factor / static_cast<double>(x.e)));
+    x.rows_local = std::min(x.rows_local, ceil_div(cap * x.e, lay.ep));
   }
+  x.rows_expert = x.rows_local;
   x.threads = std::max<int64_t>(in.threads, 1);
   x.c = in.precision.compute;
   x.a = in.precision.accum;
   x.aux = e.aux_loss_coef > 0;
   x.z = e.z_loss_coef > 0;
-  // One micro-batch's forward and backward at a time: the peak of one.
-  StepReplay(r, in, x).run();
-  {  // Muon's update of its largest matrix: u, o, the iterate and its update, two Gram matrices.
-    const int64_t side = static_cast<int64_t>(std::sqrt(static_cast<double>(muon_ws)));
+  replay_step(r, in, x, chunks, first, last);
+  {
+    // Uncompressed all-reduces copy each bucket into a send buffer held
+    // until the reduction completes (comm/mpi_communicator.cpp): at the end
+    // of backward every bucket's copy is in flight.
+    std::vector<Buf> sends;
+    for (int64_t n : allreduce_sends) sends.push_back(r.alloc(n, DType::f32, MemTag::comm));
+  }
+  {  // Muon's update of its largest matrix: u, o, the iterate and its update,
+     // two Gram matrices; a tp-sharded matrix is gathered and orthogonalised whole.
+    int64_t shard = 0, whole = 0;
+    for (const Param& p : inv.params) {
+      if (!uses_muon(in, p)) continue;
+      if (p.numel * (p.sharded ? lay.tp : 1) > whole) {
+        whole = p.numel * (p.sharded ? lay.tp : 1);
+        shard = p.sharded ? p.numel : 0;
+      }
+    }
     std::vector<Buf> ws;
-    for (int i = 0; i < 4 && muon_ws > 0; ++i) ws.push_back(r.ws(muon_ws, in.precision.accum));
-    for (int i = 0; i < 2 && muon_ws > 0; ++i) ws.push_back(r.ws(side * side, in.precision.accum));
+    const DType md = in.precision.accum;
+    if (shard > 0) {
+      ws.push_back(r.ws(shard, md));
+      ws.push_back(r.ws(shard, md));
+      ws.push_back(r.alloc(whole, md, MemTag::comm));
+      ws.push_back(r.alloc(whole, md, MemTag::comm));
+    }
+    if (whole > 0) {
+      const int64_t side = static_cast<int64_t>(std::sqrt(static_cast<double>(whole)));
+      for (int i = 0; i < (shard > 0 ? 3 : 4); ++i) ws.push_back(r.ws(whole, md));
+      for (int i = 0; i < 2; ++i) ws.push_back(r.ws(side * side, md));
+    }
   }
   est.peak = r.sim.peak();
   est.total_peak = r.sim.total_peak();
   return est;
+}
+
+MemoryEstimate estimate_worst_stage(MemoryInputs in) {
+  MemoryEstimate worst;
+  for (int64_t s = 0; s < in.layout.pp; ++s) {
+    in.layout.stage = s;
+    MemoryEstimate e = estimate_memory(in);
+    if (s == 0 || e.total_peak > worst.total_peak) worst = e;
+  }
+  return worst;
 }
 
 int64_t largest_fitting_micro_batch(MemoryInputs in, int64_t budget_bytes,
@@ -547,7 +439,7 @@ int64_t largest_fitting_micro_batch(MemoryInputs in, int64_t budget_bytes,
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
     in.micro_batch = mid;
-    if (estimate_memory(in).total_peak <= budget_bytes) {
+    if (estimate_worst_stage(in).total_peak <= budget_bytes) {
       lo = mid;
     } else {
       hi = mid - 1;

@@ -9,8 +9,11 @@
 // allocations and frees in the order the modules make them (forward, the
 // cross-entropy, backward with the policy's rebuilds), each size rounded as
 // the allocator rounds it, so the peak comes out of the same timeline the
-// allocator sees. tests/planner/memory_model_test.cpp holds the model to
-// within 10% of the allocator's measured peak.
+// allocator sees (planner/memory_replay.h). Communication buffers (the
+// reducers' gradient buckets, ZeRO-1's parameter all-gather, the ep
+// exchanges) are tagged comm. tests/planner/memory_model_test.cpp (one rank)
+// and memory_model_mpitest.cpp (dp, ZeRO-1, tp, ep and pp layouts) hold the
+// model to within 10% of the allocator's measured peak.
 #pragma once
 
 #include <array>
@@ -23,16 +26,33 @@
 #include "moetron/nn/model_config.h"
 #include "moetron/nn/parameter.h"
 #include "moetron/nn/recompute.h"
+#include "moetron/parallel/grad_compressor.h"
 
 namespace moetron::planner {
 
-// A parallel layout as it enters the memory model. Data parallelism is
-// modelled (each rank holds the whole model; with zero1 the optimizer state,
-// fp32 master weights and moments, is split over the dp ranks). tp, pp, ep
-// and cp are rejected until their layouts exist.
+// One rank's place in a parallel layout, as it enters the memory model.
+// dp ranks replicate the model (with zero1 the dense optimizer state is
+// split over them); tp shards heads, the dense FFN and the vocabulary (and
+// with sequence_parallel the block's token rows), and the MoE layers route
+// 1/tp of the tokens (parallel folding); ep places num_experts / ep experts
+// on each rank, whose rows are predicted for balanced routing (the one
+// input the model cannot know before running: an imbalanced router moves
+// the expert buffers, bounded by moe.capacity_factor when it is set); pp
+// holds `stage`'s layers and replays its schedule over grad_accum
+// micro-batches. cp is rejected until context parallelism exists.
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1, ep = 1, cp = 1;
   bool zero1 = false;
+  bool sequence_parallel = false;
+  int64_t vpp = 1;
+  std::string schedule = "1f1b";
+  int64_t stage = 0;  // pipeline rank predicted, 0 .. pp - 1
+};
+
+// Gradient buckets of the data-parallel reducers (parallel/grad_reducer.h).
+struct ReducerInputs {
+  int64_t bucket_bytes = 16 << 20;
+  parallel::CompressOptions compress;
 };
 
 struct MemoryInputs {
@@ -42,10 +62,20 @@ struct MemoryInputs {
   std::string optimizer = "adamw";          // adamw | muon
   std::vector<std::string> adamw_patterns;  // kept on AdamW under muon
   nn::RecomputePolicy recompute;
-  int64_t micro_batch = 1, seq_len = 1, grad_accum = 1;
+  int64_t micro_batch = 1, seq_len = 1;
+  int64_t grad_accum = 1;  // micro-batches per step (the pipeline's m under pp)
   int64_t ce_chunk_tokens = 1024;
   int64_t threads = 1;  // OpenMP threads: per-thread kernel scratch
   Layout layout;
+  ReducerInputs reducer;
+  // Storage of the hidden matrices' gradients and of the optimizer moments
+  // (f32, or bf16 where train.grad_dtype / optim.moment_dtype say so).
+  DType matrix_grad = DType::f32;
+  DType moment_dtype = DType::f32;
+  // ZeRO-1 with Muon (optim.muon_distribution): "owner" buckets whole
+  // matrices per rank; "replicated" gathers every update; "gather" gathers
+  // the matrices a chunk boundary cuts.
+  std::string muon_distribution = "owner";
 };
 
 struct MemoryEstimate {
@@ -55,9 +85,13 @@ struct MemoryEstimate {
   int64_t peak_of(MemTag t) const { return peak[static_cast<size_t>(t)]; }
 };
 
+// One rank's prediction (layout.stage's, under pp).
 MemoryEstimate estimate_memory(const MemoryInputs& in);
+// The largest total peak over the pipeline stages (every stage's rank of a
+// layout fits when this does).
+MemoryEstimate estimate_worst_stage(MemoryInputs in);
 
-// Largest micro-batch (1 .. max_micro_batch) whose predicted total peak fits
+// Largest micro-batch (1 .. max_micro_batch) whose predicted total peak (the worst stage's) fits
 // in `budget_bytes`; 0 when even 1 does not fit.
 int64_t largest_fitting_micro_batch(MemoryInputs in, int64_t budget_bytes,
                                     int64_t max_micro_batch = 4096);

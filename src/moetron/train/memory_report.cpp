@@ -19,10 +19,43 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec
   in.recompute = recompute_policy(cfg);
   in.micro_batch = cfg.train.micro_batch;
   in.seq_len = cfg.train.seq_len;
-  in.grad_accum = cfg.train.grad_accum;
+  in.grad_accum = accumulation_steps(cfg, layout.dp);
   in.threads = threads;
   in.layout = layout;
+  in.reducer.bucket_bytes = static_cast<int64_t>(cfg.parallel.bucket_mb * 1048576.0);
+  in.reducer.compress.kind = parallel::parse_compress_kind(cfg.parallel.compression);
+  in.reducer.compress.block = cfg.parallel.compression_block;
+  in.reducer.compress.topk_ratio = cfg.parallel.topk_ratio;
+  in.muon_distribution = cfg.optim.muon_distribution;
   return in;
+}
+
+planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank) {
+  const ParallelConfig& p = cfg.parallel;
+  MOETRON_CHECK(world_size % (p.pp * p.tp) == 0, "parallel.pp * parallel.tp = ", p.pp * p.tp,
+                " does not divide the ", world_size, " ranks");
+  planner::Layout l;
+  l.pp = p.pp;
+  l.tp = p.tp;
+  l.ep = p.ep;
+  l.cp = p.cp;
+  l.dp = world_size / (p.pp * p.tp);
+  l.zero1 = p.zero;
+  l.sequence_parallel = p.sequence_parallel;
+  l.vpp = p.vpp;
+  l.schedule = p.schedule;
+  l.stage = rank / (world_size / p.pp);  // pp is outermost in the rank order
+  return l;
+}
+
+std::string describe(const planner::Layout& l) {
+  std::ostringstream os;
+  os << "dp " << l.dp << (l.zero1 ? " (ZeRO-1)" : "");
+  if (l.tp > 1) os << ", tp " << l.tp << (l.sequence_parallel ? " (sp)" : "");
+  if (l.ep > 1) os << ", ep " << l.ep;
+  if (l.pp > 1) os << ", pp " << l.pp << (l.vpp > 1 ? " x vpp " + std::to_string(l.vpp) : "") << " " << l.schedule
+                   << " stage " << l.stage;
+  return os.str();
 }
 
 int64_t memory_budget_bytes(const Config& cfg) {
@@ -73,15 +106,14 @@ nlohmann::json memory_json(const std::vector<MemoryRow>& rows) {
 
 std::string memory_plan(const Config& cfg, const nn::Precision& prec, int64_t threads, int rank,
                         const planner::Layout& layout) {
-  planner::MemoryInputs in = memory_inputs(cfg, prec, threads, layout);
-  in.grad_accum = accumulation_steps(cfg, layout.dp);
+  const planner::MemoryInputs in = memory_inputs(cfg, prec, threads, layout);
   const planner::MemoryEstimate est = planner::estimate_memory(in);
   const int64_t budget = memory_budget_bytes(cfg);
   const int64_t fits = planner::largest_fitting_micro_batch(in, budget);
   std::ostringstream os;
   os << "memory (rank " << rank << ", predicted): " << dtype_name(prec.compute) << ", recompute "
-     << nn::describe(in.recompute) << ", micro-batch " << in.micro_batch << " x " << in.seq_len
-     << " tokens\n";
+     << nn::describe(in.recompute) << ", micro-batch " << in.micro_batch << " x " << in.seq_len << " tokens, "
+     << describe(layout) << (layout.ep > 1 ? " (balanced routing assumed)" : "") << "\n";
   os << memory_table({{"predicted peak", est}});
   os << "memory budget " << planner::format_bytes(budget)
      << (cfg.train.memory_budget == "auto" ? " (available memory)" : " (train.memory_budget)")

@@ -451,17 +451,9 @@ TrainResult Trainer::run() {
   const double fpt = flops_per_token();
   const double job_peak = peak_flops_ * static_cast<double>(world_->size());
   if (world_->rank() == 0) {
-    planner::Layout layout;
-    layout.dp = dp_;
-    layout.zero1 = cfg_.parallel.zero;
-    if (ep_ > 1 || tp_ > 1 || pp_ > 1) {
-      // The model replays one rank's allocations exactly; under ep the
-      // exchanged rows depend on the routing, and tp is not modelled yet.
-      std::cout << "memory: not predicted for parallel.ep = " << ep_ << ", parallel.tp = " << tp_ << ", parallel.pp = " << pp_
-                << " (the memory model covers dp and ZeRO-1 layouts); measured peaks follow step 1\n";
-    } else {
-      std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank(), layout) << std::flush;
-    }
+    std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank(),
+                             layout_of(cfg_, world_->size(), world_->rank()))
+              << std::flush;
   }
   cpu_allocator().reset_peaks();
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
@@ -545,6 +537,7 @@ TrainResult Trainer::run() {
       const optim::StepInfo info = opt_->step(*ctx_, step, 1.0 / loss_scale, rec.grad_norm);
       rec.lr = info.lr;
     }
+    if (res.history.empty()) res.first_step_memory = cpu_allocator().stats();  // before any evaluation
     const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
     rec.step_s = secs;
     rec.tokens_per_s = static_cast<double>(step_tokens) / secs;

@@ -51,6 +51,9 @@ struct TrainResult {
   double first_loss = 0, last_loss = 0;
   double val_loss = 0;  // last validation loss (NaN if never evaluated)
   std::vector<StepRecord> history;
+  // This rank's allocator after the first step's update: peaks per tag over
+  // the step, with everything built before it (what planner::estimate_memory predicts).
+  MemStats first_step_memory;
 };
 
 class Trainer {

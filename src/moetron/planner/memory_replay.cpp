@@ -1,0 +1,459 @@
+#include "moetron/planner/memory_replay.h"
+
+#include <algorithm>
+#include <map>
+
+#include "moetron/core/error.h"
+#include "moetron/planner/memory_model.h"
+
+namespace moetron::planner {
+
+Buf Replay::alloc(int64_t elems, DType dt, MemTag tag) {
+  const int64_t bytes = elems * static_cast<int64_t>(dtype_size(dt));
+  if (bytes <= 0) return nullptr;
+  const auto n = static_cast<int64_t>(Allocator::rounded(static_cast<size_t>(bytes)));
+  sim.add(tag, n);
+  return std::make_shared<Held>(&sim, tag, n);
+}
+
+namespace {
+
+// Per-thread scratch of the blockwise attention kernels (kernels/cpu/attention_*.cpp).
+constexpr int64_t kTile = 64;
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+void attention_forward_scratch(Replay& r, const Dims& x, std::vector<Buf>& held) {
+  const int64_t hdp = round_up(x.hd, 16), nkb = (x.s + kTile - 1) / kTile, tile = kTile * hdp;
+  for (int64_t th = 0; th < x.threads; ++th) {
+    for (int64_t n : {nkb * tile, nkb * tile, tile, kTile * hdp, kTile * kTile}) held.push_back(r.ws(n, x.c));
+    held.push_back(r.ws(nkb, DType::i64));
+    for (int64_t n : {kTile * kTile, kTile * hdp, kTile, kTile, kTile}) held.push_back(r.ws(n, DType::f32));
+  }
+}
+
+void attention_backward_scratch(Replay& r, const Dims& x, std::vector<Buf>& held) {
+  const int64_t hdp = round_up(x.hd, 16), nkb = (x.s + kTile - 1) / kTile, nqb = nkb;
+  const int64_t ktile = kTile * hdp, qtile = kTile * hdp, pk = dtype_size(x.c) == 2 ? 2 : 1;
+  if (x.h / x.hkv > 1) held.push_back(r.ws(2 * x.b * x.h * nkb * ktile, DType::f32));
+  for (int64_t th = 0; th < x.threads; ++th) {
+    for (int64_t n : {nkb * ktile, nkb * ktile, nkb * ktile, nqb * qtile, nqb * qtile}) held.push_back(r.ws(n, x.c));
+    if (pk > 1) {
+      held.push_back(r.ws(nqb * qtile, x.c));
+      held.push_back(r.ws(nqb * qtile, x.c));
+    }
+    held.push_back(r.ws(ktile, x.c));
+    for (int64_t n : {nqb * kTile, nqb * kTile, nqb * qtile, ktile, ktile, kTile * kTile, kTile * kTile}) {
+      held.push_back(r.ws(n, DType::f32));
+    }
+    for (int64_t n : {kTile * kTile, kTile * kTile, kTile * kTile}) held.push_back(r.ws(n, x.c));
+  }
+}
+
+struct AttnSaved {
+  Buf x, q, k, v, out, lse, positions;
+};
+struct MlpSaved {
+  Buf x, gate_up, act;
+};
+struct MoeSaved {
+  Buf x, x_router, logits, scores, idx, weight, permuted, gate_up, act, expert_out;
+  MlpSaved shared;
+  bool has_shared = false;
+};
+struct BlockSaved {
+  Buf x, h, rstd1, rstd2;
+  AttnSaved attn;
+  MlpSaved mlp;
+  MoeSaved moe;
+  bool is_moe = false;
+};
+
+// What a pipeline chunk keeps per micro-batch between its forward and backward.
+struct ChunkStash {
+  std::vector<BlockSaved> blocks;
+  Buf positions, rstd, d_h, x_final;
+};
+
+class StepReplay {
+ public:
+  StepReplay(Replay& r, const MemoryInputs& in, const Dims& x) : r_(r), in_(in), x_(x) {
+    const auto& p = in.recompute;
+    drop_core_ = p.drops(nn::Recompute::attn_core);
+    drop_act_ = p.drops(nn::Recompute::moe_act);
+    drop_norm_ = p.drops(nn::Recompute::norm);
+    drop_dispatch_ = p.drops(nn::Recompute::moe_dispatch);
+    blocks_.resize(static_cast<size_t>(in.model.n_layers));
+  }
+
+  // One stage holding every layer: Transformer::forward_backward.
+  void run_whole() {
+    const Dims& x = x_;
+    const auto n = static_cast<int64_t>(in_.model.n_layers);
+    const int64_t k = in_.recompute.segment, last = k > 0 ? (n - 1) / k * k : 0;
+    Buf positions = r_.alloc(x.t, DType::i32);
+    Buf h_final, losses, d_x;
+    {
+      Buf cur = embed();
+      std::vector<Buf> ckpt, routing(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        if (k > 0 && i < last && i % k == 0) ckpt.push_back(cur);
+        cur = block_forward(i, cur);
+        if (i < last) {
+          if (blocks_[static_cast<size_t>(i)].is_moe) routing[static_cast<size_t>(i)] = blocks_[static_cast<size_t>(i)].moe.idx;
+          blocks_[static_cast<size_t>(i)] = BlockSaved{};
+        }
+      }
+      Buf x_final = cur;
+      cur = nullptr;
+      Buf rstd = r_.alloc(x.tb, x.a);
+      h_final = r_.alloc(x.tb * x.d, x.c);
+      Buf h_full = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;  // column-parallel input of the head
+      losses = r_.alloc(x.t, x.a);
+      Buf d_h = r_.alloc(x.t * x.d, x.c);
+      head_workspace();
+      d_x = r_.alloc(x.tb * x.d, x.c);
+      { Buf partial = norm_partial(); }
+      d_h = nullptr;
+      x_final = nullptr;
+      for (int64_t start = last, end = n; end > 0; end = start, start = std::max<int64_t>(start - k, 0)) {
+        if (start < last) {
+          Buf in = std::move(ckpt[static_cast<size_t>(start / k)]);
+          for (int64_t i = start; i < end; ++i) {
+            routing[static_cast<size_t>(i)] = nullptr;  // the check drops the record
+            in = block_forward(i, in);
+          }
+        }
+        for (int64_t i = end - 1; i >= start; --i) d_x = block_backward(i);
+      }
+      ckpt.clear();
+    }
+    embed_backward(d_x);
+  }
+
+  // A pipeline stage: its chunks run in the schedule's order; sent tensors
+  // are held until the next send (PipelineRunner releases delivered ones then).
+  void run_pipeline(const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage, bool last_stage) {
+    const Dims& x = x_;
+    const int64_t m = in_.grad_accum, v = static_cast<int64_t>(chunks.size()), pp = in_.layout.pp;
+    const std::vector<parallel::PipeOp> ops =
+        parallel::pipeline_schedule(in_.layout.schedule, pp, in_.layout.stage, m, v);
+    std::map<std::pair<int64_t, int64_t>, ChunkStash> stash;
+    std::vector<Buf> sends;
+    const auto send = [&](Buf b) {
+      sends.clear();
+      sends.push_back(std::move(b));
+    };
+    for (const parallel::PipeOp& op : ops) {
+      const bool first = op.chunk == 0 && first_stage, last = op.chunk == v - 1 && last_stage;
+      const auto [b0, b1] = chunks[static_cast<size_t>(op.chunk)];
+      if (op.forward) {
+        ChunkStash st;
+        Buf cur = first ? embed() : r_.alloc(x.tb * x.d, x.c);  // the received activations
+        st.positions = r_.alloc(x.t, DType::i32);
+        for (int64_t i = b0; i < b1; ++i) {
+          cur = block_forward(i, cur);
+          st.blocks.push_back(std::move(blocks_[static_cast<size_t>(i)]));
+          blocks_[static_cast<size_t>(i)] = BlockSaved{};
+        }
+        if (last) {
+          st.rstd = r_.alloc(x.tb, x.a);
+          Buf h = r_.alloc(x.tb * x.d, x.c);
+          Buf h_full = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
+          Buf losses = r_.alloc(x.t, x.a);
+          st.d_h = r_.alloc(x.t * x.d, x.c);
+          head_workspace();
+          st.x_final = cur;
+          cur = nullptr;
+        } else {
+          send(std::move(cur));
+        }
+        stash[{op.chunk, op.mb}] = std::move(st);
+      } else {
+        auto it = stash.find({op.chunk, op.mb});
+        MOETRON_CHECK(it != stash.end(), "memory model: pipeline backward without its forward");
+        ChunkStash st = std::move(it->second);
+        stash.erase(it);
+        Buf d_x = last ? nullptr : r_.alloc(x.tb * x.d, x.c);  // the received gradient
+        if (last) {
+          d_x = r_.alloc(x.tb * x.d, x.c);
+          Buf partial = norm_partial();
+        }
+        for (int64_t i = b1; i-- > b0;) {
+          blocks_[static_cast<size_t>(i)] = std::move(st.blocks[static_cast<size_t>(i - b0)]);
+          d_x = block_backward(i);
+        }
+        st = ChunkStash{};
+        if (first) {
+          embed_backward(d_x);
+        } else {
+          send(std::move(d_x));
+        }
+      }
+    }
+    sends.clear();
+  }
+
+ private:
+  Buf embed() {
+    const Dims& x = x_;
+    Buf full = r_.alloc(x.t * x.d, x.c);
+    if (!x.sp) return full;
+    return r_.alloc(x.tb * x.d, x.c);  // reduce-scattered to this rank's slice
+  }
+
+  void embed_backward(const Buf& d_x) {
+    const Dims& x = x_;
+    Buf d_full = x.sp ? r_.alloc(x.t * x.d, x.c) : d_x;
+    Buf start = r_.ws(in_.model.vocab_size + 1, DType::i64), order = r_.ws(x.t, DType::i64),
+        fill = r_.ws(in_.model.vocab_size, DType::i64);
+  }
+
+  // The cross-entropy's chunk buffers (kernels/cpu/cross_entropy.cpp, nn/vocab_parallel_ce.cpp).
+  void head_workspace() {
+    const Dims& x = x_;
+    const int64_t chunk = std::min(in_.ce_chunk_tokens, x.t);
+    if (x.tp > 1) {
+      Buf logits = r_.ws(chunk * x.v, DType::f32), mx = r_.ws(chunk, DType::f32), sums = r_.ws(2 * chunk, DType::f32);
+      Buf h32 = x.c == DType::bf16 ? r_.ws(chunk * x.d, DType::f32) : nullptr;
+      Buf dl = x.c == DType::bf16 ? r_.ws(chunk * x.v, DType::bf16) : nullptr;
+      return;
+    }
+    Buf logits = r_.ws(chunk * x.v, DType::f32);
+    Buf dl = x.c == DType::bf16 ? r_.ws(chunk * x.v, DType::bf16) : nullptr;
+    Buf hf = x.c == DType::bf16 ? r_.ws(chunk * x.d, DType::f32) : nullptr;
+  }
+
+  Buf norm_partial() {
+    constexpr int64_t kMinChunkRows = 64, kMaxChunks = 64;
+    const int64_t rows = std::max(kMinChunkRows, (x_.tb + kMaxChunks - 1) / kMaxChunks);
+    return r_.ws((x_.tb + rows - 1) / rows * x_.d, DType::f32);
+  }
+
+  // Block::forward; the saved state goes to blocks_[i].
+  Buf block_forward(int64_t i, const Buf& in) {
+    const Dims& x = x_;
+    BlockSaved s;
+    s.x = in;
+    s.is_moe = nn::layer_is_moe(in_.moe, i);
+    s.rstd1 = r_.alloc(x.tb, x.a);
+    Buf n1 = r_.alloc(x.tb * x.d, x.c);
+    s.h = r_.alloc(x.tb * x.d, x.c);
+    s.attn = attn_forward(n1);
+    if (drop_norm_) s.attn.x = nullptr;
+    s.rstd2 = r_.alloc(x.tb, x.a);
+    Buf n2 = r_.alloc(x.tb * x.d, x.c);
+    Buf out = r_.alloc(x.tb * x.d, x.c);
+    if (s.is_moe) {
+      // Under tp without sp the MoE takes a view of this rank's token slice
+      // and its output is all-gathered from a slice-sized buffer.
+      Buf moe_out = x.tp > 1 && !x.sp ? r_.alloc(x.tm * x.d, x.c) : nullptr;
+      s.moe = moe_forward(n2);
+      if (drop_norm_) {
+        if (s.moe.x_router == s.moe.x) s.moe.x_router = nullptr;
+        s.moe.x = nullptr;
+        s.moe.shared.x = nullptr;
+      }
+    } else {
+      s.mlp = mlp_forward(n2, x.ffn, true);
+      if (drop_norm_) s.mlp.x = nullptr;
+    }
+    blocks_[static_cast<size_t>(i)] = std::move(s);
+    return out;
+  }
+
+  // The column-parallel input: all-gathered under sp, else the given tensor.
+  Buf column_input(const Buf& given) { return x_.sp ? r_.alloc(x_.t * x_.d, x_.c) : given; }
+  // A row-parallel output under sp: the [t, D] partial, reduce-scattered into a slice.
+  void row_output() {
+    if (!x_.sp) return;
+    Buf partial = r_.alloc(x_.t * x_.d, x_.c);
+    Buf slice = r_.alloc(x_.tb * x_.d, x_.c);
+  }
+
+  AttnSaved attn_forward(const Buf& n1) {
+    const Dims& x = x_;
+    AttnSaved s;
+    s.x = column_input(n1);
+    s.q = r_.alloc(x.t * x.h * x.hd, x.c);
+    s.k = r_.alloc(x.t * x.hkv * x.hd, x.c);
+    s.v = r_.alloc(x.t * x.hkv * x.hd, x.c);
+    s.out = r_.alloc(x.t * x.h * x.hd, x.c);
+    s.lse = r_.alloc(x.b * x.h * x.s, x.a);
+    {
+      std::vector<Buf> scratch;
+      attention_forward_scratch(r_, x, scratch);
+    }
+    row_output();
+    if (drop_core_) s.out = nullptr;
+    return s;
+  }
+
+  // tensor_parallel: the dense FFN (sharded over tp); the shared experts are not.
+  MlpSaved mlp_forward(const Buf& in, int64_t hidden, bool tensor_parallel) {
+    MlpSaved s;
+    const int64_t t = tensor_parallel ? x_.t : x_.tm;
+    s.x = tensor_parallel ? column_input(in) : in;
+    s.gate_up = r_.alloc(t * 2 * hidden, x_.c);
+    s.act = r_.alloc(t * hidden, x_.c);
+    if (tensor_parallel) row_output();
+    if (drop_act_) s.act = nullptr;
+    return s;
+  }
+
+  // MoeLayer::to_experts / from_experts: the exchanged rows staged in a
+  // comm buffer of the experts' rows, then permuted into `rows_out` rows.
+  Buf exchange(int64_t rows_out) {
+    Buf staged = r_.alloc(x_.rows_expert * x_.d, x_.c, MemTag::comm);
+    return r_.alloc(rows_out * x_.d, x_.c);
+  }
+  // MoeLayer::dispatch: the permuted local rows, sent to their experts' ranks under ep.
+  Buf dispatch() {
+    Buf local = r_.alloc(x_.rows_local * x_.d, x_.c);
+    return x_.ep == 1 ? local : exchange(x_.rows_expert);
+  }
+
+  MoeSaved moe_forward(const Buf& in) {
+    const Dims& x = x_;
+    MoeSaved s;
+    s.x = in;
+    s.x_router = x.c == x.a ? in : r_.alloc(x.tm * x.d, x.a);
+    s.logits = r_.alloc(x.tm * x.e, x.a);
+    s.scores = r_.alloc(x.tm * x.e, x.a);
+    s.idx = r_.alloc(x.tm * x.k, DType::i32);
+    s.weight = r_.alloc(x.tm * x.k, x.a);
+    if (x.ep > 1) Buf counts = r_.alloc((x.e + 1) * (x.ep + 1), DType::i64, MemTag::comm);
+    s.permuted = dispatch();
+    s.gate_up = r_.alloc(x.rows_expert * 2 * x.f, x.c);
+    s.act = r_.alloc(x.rows_expert * x.f, x.c);
+    s.expert_out = r_.alloc(x.rows_expert * x.d, x.c);
+    if (x.ep > 1) s.expert_out = exchange(x.rows_local);
+    if (in_.moe.shared_experts > 0) {
+      s.shared = mlp_forward(in, x.shared_hidden, false);
+      s.has_shared = true;
+    }
+    if (x.aux || x.z) Buf scratch = r_.alloc(x.tm * x.e, x.a);
+    if (drop_act_) s.act = nullptr;
+    if (drop_dispatch_) {
+      s.permuted = nullptr;
+      if (s.x_router != s.x) s.x_router = nullptr;
+    }
+    return s;
+  }
+
+  Buf rebuild_norm() {
+    Buf rstd = r_.alloc(x_.tb, x_.a);
+    return r_.alloc(x_.tb * x_.d, x_.c);
+  }
+
+  Buf block_backward(int64_t i) {  // the caller holds d_out
+    const Dims& x = x_;
+    BlockSaved& s = blocks_[static_cast<size_t>(i)];
+    Buf d_n2 = r_.alloc(x.tb * x.d, x.c);
+    if (drop_norm_) {
+      Buf n2 = rebuild_norm();
+      if (s.is_moe) {
+        s.moe.x = n2;
+        if (s.moe.has_shared) s.moe.shared.x = n2;
+      } else {
+        s.mlp.x = column_input(n2);
+      }
+    }
+    if (s.is_moe) {
+      Buf d_slice = x.tp > 1 && !x.sp ? r_.alloc(x.tm * x.d, x.c) : nullptr;
+      moe_backward(s.moe);
+    } else {
+      mlp_backward(s.mlp, x.ffn, true);
+    }
+    Buf d_h = r_.alloc(x.tb * x.d, x.c);
+    { Buf partial = norm_partial(); }
+    if (drop_norm_) s.attn.x = column_input(rebuild_norm());
+    attn_backward(s.attn);
+    Buf d_x = r_.alloc(x.tb * x.d, x.c);
+    { Buf partial = norm_partial(); }
+    s = BlockSaved{};
+    return d_x;
+  }
+
+  void mlp_backward(MlpSaved& s, int64_t hidden, bool tensor_parallel) {
+    const int64_t t = tensor_parallel ? x_.t : x_.tm;
+    Buf dy = tensor_parallel && x_.sp ? r_.alloc(x_.t * x_.d, x_.c) : nullptr;
+    if (!s.act) s.act = r_.alloc(t * hidden, x_.c);
+    Buf d_act = r_.alloc(t * hidden, x_.c);
+    Buf d_gate_up = r_.alloc(t * 2 * hidden, x_.c);
+    if (tensor_parallel) row_output();
+    s = MlpSaved{};
+  }
+
+  void moe_backward(MoeSaved& s) {
+    const Dims& x = x_;
+    if (s.has_shared) mlp_backward(s.shared, x.shared_hidden, false);
+    if (!s.act) s.act = r_.alloc(x.rows_expert * x.f, x.c);
+    Buf d_expert_out = r_.alloc(x.rows_local * x.d, x.c);
+    Buf d_topk_weight = r_.alloc(x.tm * x.k, x.a);
+    if (x.ep > 1) d_expert_out = exchange(x.rows_expert);
+    Buf d_act = r_.alloc(x.rows_expert * x.f, x.c);
+    d_expert_out = nullptr;
+    Buf d_gate_up = r_.alloc(x.rows_expert * 2 * x.f, x.c);
+    d_act = nullptr;
+    if (!s.permuted) s.permuted = dispatch();
+    Buf d_permuted = r_.alloc(x.rows_expert * x.d, x.c);
+    d_gate_up = nullptr;
+    if (x.ep > 1) d_permuted = exchange(x.rows_local);
+    { Buf d_routed = r_.alloc(x.tm * x.d, x.c); }
+    Buf d_scores = x.aux ? r_.alloc(x.tm * x.e, x.a) : nullptr;
+    Buf d_logits_z = x.z ? r_.alloc(x.tm * x.e, x.a) : nullptr;
+    Buf d_logits = r_.alloc(x.tm * x.e, x.a);
+    if (!s.x_router) s.x_router = x.c == x.a ? s.x : r_.alloc(x.tm * x.d, x.a);
+    if (x.c != x.a) {
+      Buf dx_router = r_.alloc(x.tm * x.d, x.a);
+      Buf dx_router_c = r_.alloc(x.tm * x.d, x.c);
+    }
+    s = MoeSaved{};
+  }
+
+  void attn_backward(AttnSaved& s) {
+    const Dims& x = x_;
+    Buf dy = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
+    if (!s.out) {
+      s.out = r_.alloc(x.t * x.h * x.hd, x.c);
+      Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
+      std::vector<Buf> scratch;
+      attention_forward_scratch(r_, x, scratch);
+    }
+    Buf d_out = r_.alloc(x.t * x.h * x.hd, x.c);
+    Buf dq = r_.alloc(x.t * x.h * x.hd, x.c);
+    Buf dk = r_.alloc(x.t * x.hkv * x.hd, x.c);
+    Buf dv = r_.alloc(x.t * x.hkv * x.hd, x.c);
+    {
+      std::vector<Buf> scratch;
+      attention_backward_scratch(r_, x, scratch);
+    }
+    d_out = nullptr;
+    if (x.tp > in_.model.n_kv_heads) {
+      // Replicated kv heads: each weight gradient is summed over the ranks sharing it.
+      Buf dw = r_.ws(x.hkv * x.hd * x.d, in_.precision.accum);
+    }
+    row_output();
+    s = AttnSaved{};
+  }
+
+  Replay& r_;
+  const MemoryInputs& in_;
+  Dims x_;
+  bool drop_core_, drop_act_, drop_norm_, drop_dispatch_;
+  std::vector<BlockSaved> blocks_;
+};
+
+}  // namespace
+
+void replay_step(Replay& r, const MemoryInputs& in, const Dims& x,
+                 const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage, bool last_stage) {
+  StepReplay step(r, in, x);
+  if (in.layout.pp == 1) {
+    step.run_whole();
+  } else {
+    step.run_pipeline(chunks, first_stage, last_stage);
+  }
+}
+
+}  // namespace moetron::planner
