@@ -49,6 +49,11 @@ int run_memory_command(const MemoryCommand& o) {
   std::vector<std::string> policies;
   if (o.policies == "all") {
     policies = {"none", "selective", "full", "sqrt"};
+    if (cfg.parallel.pp > 1) {
+      policies = {"none", "selective"};  // full and sqrt keep segments pipeline stages do not
+      std::cout << "parallel.pp = " << cfg.parallel.pp << ": recompute policies none and selective "
+                << "(full and sqrt are not available under pipeline parallelism)\n";
+    }
   } else if (!o.policies.empty()) {
     policies = train::split_list(o.policies);
   } else {
@@ -93,7 +98,11 @@ int run_memory_command(const MemoryCommand& o) {
   }
   std::cout << "predicted peak per rank: " << dtype_name(prec.compute) << ", micro-batch "
             << cfg.train.micro_batch << " x " << cfg.train.seq_len << " tokens, grad_accum "
-            << cfg.train.grad_accum << ", " << train::describe(layout)
+            << cfg.train.grad_accum << ", " << train::describe([&] {
+                 planner::Layout shown = layout;
+                 shown.stage = o.stage;
+                 return shown;
+               }())
             << (layout.pp > 1 && o.stage < 0 ? " (the stage with the largest peak)" : "") << ", " << threads
             << " threads\n"
             << train::memory_table(rows);

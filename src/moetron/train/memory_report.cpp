@@ -54,7 +54,7 @@ std::string describe(const planner::Layout& l) {
   if (l.tp > 1) os << ", tp " << l.tp << (l.sequence_parallel ? " (sp)" : "");
   if (l.ep > 1) os << ", ep " << l.ep;
   if (l.pp > 1) os << ", pp " << l.pp << (l.vpp > 1 ? " x vpp " + std::to_string(l.vpp) : "") << " " << l.schedule
-                   << " stage " << l.stage;
+                   << (l.stage >= 0 ? " stage " + std::to_string(l.stage) : std::string());
   return os.str();
 }
 

@@ -21,7 +21,7 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec
                                     const planner::Layout& layout = {});
 // The layout of rank `rank` of a job of world_size ranks (pp outermost).
 planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank);
-// "dp 2, tp 2 (sp), ep 2, pp 2 1f1b stage 0".
+// "dp 2, tp 2 (sp), ep 2, pp 2 1f1b stage 0" (no stage when l.stage < 0).
 std::string describe(const planner::Layout& l);
 // train.memory_budget in bytes: "auto" is the machine's available memory now.
 int64_t memory_budget_bytes(const Config& cfg);
