@@ -45,6 +45,11 @@ class Block {
   // counts no expert load; returns the output like forward.
   Tensor recompute_forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
                            int64_t batch, int64_t seq, double loss_weight);
+  // A checkpointed MoE block's recorded routing (empty for a dense block).
+  Tensor take_routing_record() { return moe_ ? moe_->take_routing_record() : Tensor(); }
+  void put_routing_record(Tensor record) {
+    if (moe_) moe_->put_routing_record(std::move(record));
+  }
 
  private:
   const TensorParallel* tp_;

@@ -81,6 +81,10 @@ class MoeLayer {
   void set_keep_routing(bool keep) { keep_routing_ = keep; }
   void set_recompute_pass(bool on) { recompute_pass_ = on; }
   int64_t routing_checks() const { return routing_checks_; }
+  // The routing a checkpointed forward recorded, moved out and back in
+  // (pipeline stages keep one per micro-batch in flight).
+  Tensor take_routing_record() { return std::exchange(routing_record_, Tensor()); }
+  void put_routing_record(Tensor record) { routing_record_ = std::move(record); }
 
  private:
   std::string prefix_;

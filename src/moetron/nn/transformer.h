@@ -125,8 +125,14 @@ class Transformer {
   std::vector<std::pair<size_t, size_t>> block_params_;  // [begin, end) in params_.all() per block
   std::vector<std::pair<size_t, size_t>> chunks_;        // [begin, end) in blocks_ per chunk
   struct ChunkStash {
-    std::vector<Block::State> blocks;
+    std::vector<Block::State> blocks;  // per block of the chunk (empty for a checkpointed one)
     Tensor ids, x_final, rstd, d_h;
+    // Segment checkpoints (recompute full / sqrt): each segment's input and
+    // its checkpointed blocks' routing records, for the rebuild in backward.
+    std::vector<Tensor> segment_inputs, routing;
+    Tensor positions;
+    int64_t batch = 0, seq = 0;
+    double loss_weight = 0;
   };
   std::map<std::pair<int64_t, int64_t>, ChunkStash> stash_;  // by (chunk, micro-batch)
   comm::Communicator* balance_group_ = nullptr;
@@ -141,6 +147,9 @@ class Transformer {
   Tensor backward_blocks(kernels::Context& ctx, Tensor d_x);
   void release_checkpoints();
   int64_t last_segment_start() const;
+  // The first block (index into blocks_) of the last segment of the chunk
+  // [begin, end): blocks before it are checkpointed.
+  size_t last_segment_start(size_t begin, size_t end) const;
   RecomputePolicy recompute_;
   struct Checkpoints {
     std::vector<Tensor> inputs;  // input of segment j's first block

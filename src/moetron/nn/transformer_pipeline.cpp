@@ -2,6 +2,9 @@
 // each micro-batch's saved tensors are swapped out of the blocks after its
 // forward and back in before its backward, so any number of micro-batches
 // can be in flight on a stage (1F1B keeps up to pp, GPipe all of them).
+// Under recompute full / sqrt each chunk is checkpointed on its own: its
+// micro-batch keeps the segments' inputs and routing records, and backward
+// rebuilds a segment from its input before running back through it.
 #include "moetron/kernels/embedding.h"
 #include "moetron/kernels/norm.h"
 #include "moetron/nn/transformer.h"
@@ -12,7 +15,6 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, int64_t chunk, int64_t 
                                   const Tensor& targets, int64_t batch, int64_t seq, double grad_scale,
                                   double loss_weight, bool backward, LossStats& stats) {
   MOETRON_CHECK(chunk >= 0 && chunk < num_chunks(), "pipeline chunk ", chunk, " of ", num_chunks());
-  MOETRON_CHECK(recompute_.segment == 0, "pipeline stages keep no recompute segments (recompute.policy full/sqrt)");
   const bool first = chunk == 0 && embed_, last = chunk == num_chunks() - 1 && head_;
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
   ChunkStash st;
@@ -26,18 +28,28 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, int64_t chunk, int64_t 
     x = in;
   }
   const Tensor positions = positions_of(batch, seq);
+  st.positions = positions;
+  st.batch = batch;
+  st.seq = seq;
+  st.loss_weight = loss_weight;
   MoeStats ms;
   const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
+  const size_t last_segment = backward ? last_segment_start(b0, b1) : b0;
+  const auto k = static_cast<size_t>(recompute_.segment);
   for (size_t i = b0; i < b1; ++i) {
+    if (i < last_segment && (i - b0) % k == 0) st.segment_inputs.push_back(x);
     need(block_params_[i].first, block_params_[i].second);
     x = blocks_[i]->forward(ctx, x, positions, batch, seq, loss_weight, ms);
-    if (backward) {
-      Block::State s;
-      blocks_[i]->swap_state(s);
-      st.blocks.push_back(std::move(s));
-    } else {
+    Block::State s;
+    if (!backward) {
       blocks_[i]->release();
+    } else if (i < last_segment) {
+      st.routing.push_back(blocks_[i]->take_routing_record());
+      blocks_[i]->release();
+    } else {
+      blocks_[i]->swap_state(s);
     }
+    if (backward) st.blocks.push_back(std::move(s));
   }
   stats.aux_loss += ms.aux_loss;
   stats.z_loss += ms.z_loss;
@@ -78,10 +90,23 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
   }
   MOETRON_CHECK(d_x.defined(), "pipeline backward of chunk ", chunk, " without the next stage's gradient");
   const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
-  for (size_t i = b1; i-- > b0;) {
-    blocks_[i]->swap_state(st.blocks[i - b0]);
-    d_x = blocks_[i]->backward(ctx, d_x);
-    if (final_grads) grads_ready(block_params_[i].first, block_params_[i].second);
+  const size_t last_segment = last_segment_start(b0, b1);
+  const auto k = static_cast<size_t>(recompute_.segment);
+  for (size_t start = last_segment, end = b1; end > b0; end = start, start = start - b0 >= k ? start - k : b0) {
+    if (start < last_segment) {
+      Tensor x = std::move(st.segment_inputs[(start - b0) / k]);
+      for (size_t i = start; i < end; ++i) {
+        blocks_[i]->put_routing_record(std::move(st.routing[i - b0]));
+        x = blocks_[i]->recompute_forward(ctx, x, st.positions, st.batch, st.seq, st.loss_weight);
+      }
+    } else {
+      for (size_t i = start; i < end; ++i) blocks_[i]->swap_state(st.blocks[i - b0]);
+    }
+    for (size_t i = end; i-- > start;) {
+      d_x = blocks_[i]->backward(ctx, d_x);
+      if (final_grads) grads_ready(block_params_[i].first, block_params_[i].second);
+    }
+    if (start == b0) break;
   }
   if (!first) return d_x;
   const Tensor d_full = column_parallel_input(tp_, d_x);

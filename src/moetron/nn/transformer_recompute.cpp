@@ -13,17 +13,24 @@ namespace moetron::nn {
 void Transformer::set_recompute(const RecomputePolicy& policy) {
   MOETRON_CHECK(policy.segment >= 0, "recompute segment must be >= 0, got ", policy.segment);
   recompute_ = policy;
-  const int64_t last = last_segment_start();
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    blocks_[i]->set_recompute(policy.modules);
-    blocks_[i]->set_checkpointed(static_cast<int64_t>(i) < last);
+  // Segments never cross a pipeline chunk: each chunk is checkpointed on its own.
+  for (const auto& [begin, end] : chunks_) {
+    const size_t last = last_segment_start(begin, end);
+    for (size_t i = begin; i < end; ++i) {
+      blocks_[i]->set_recompute(policy.modules);
+      blocks_[i]->set_checkpointed(i < last);
+    }
   }
 }
 
-int64_t Transformer::last_segment_start() const {
-  const auto n = static_cast<int64_t>(blocks_.size());
+size_t Transformer::last_segment_start(size_t begin, size_t end) const {
+  const auto n = static_cast<int64_t>(end - begin);
   const int64_t k = recompute_.segment;
-  return k > 0 ? (n - 1) / k * k : 0;
+  return begin + static_cast<size_t>(k > 0 && n > 0 ? (n - 1) / k * k : 0);
+}
+
+int64_t Transformer::last_segment_start() const {
+  return static_cast<int64_t>(last_segment_start(0, blocks_.size()));
 }
 
 void Transformer::release_checkpoints() {

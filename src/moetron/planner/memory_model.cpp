@@ -295,9 +295,6 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
                 "memory model: parallel.tp = ", lay.tp,
                 " must divide model.n_heads, model.vocab_size and model.ffn_hidden");
   MOETRON_CHECK(e.num_experts % lay.ep == 0, "memory model: parallel.ep = ", lay.ep, " must divide moe.num_experts");
-  MOETRON_CHECK(lay.pp == 1 || in.recompute.segment == 0, "memory model: recompute.policy full/sqrt keeps "
-                "segments that pipeline stages do not (as the trainer, parallel.pp = ", lay.pp, " needs none, "
-                "selective or custom)");
   const bool sp = lay.tp > 1 && lay.sequence_parallel;
   const int64_t t = in.micro_batch * in.seq_len;
   MOETRON_CHECK(lay.tp == 1 || t % lay.tp == 0, "memory model: the ", t,

@@ -72,6 +72,7 @@ struct BlockSaved {
 struct ChunkStash {
   std::vector<BlockSaved> blocks;
   Buf positions, rstd, d_h, x_final;
+  std::vector<Buf> segment_inputs, routing;  // recompute full / sqrt
 };
 
 class StepReplay {
@@ -83,6 +84,7 @@ class StepReplay {
     drop_norm_ = p.drops(nn::Recompute::norm);
     drop_dispatch_ = p.drops(nn::Recompute::moe_dispatch);
     blocks_.resize(static_cast<size_t>(in.model.n_layers));
+    k_ = in.recompute.segment;
   }
 
   // One stage holding every layer: Transformer::forward_backward.
@@ -150,10 +152,18 @@ class StepReplay {
         ChunkStash st;
         Buf cur = first ? embed() : r_.alloc(x.tb * x.d, x.c);  // the received activations
         st.positions = r_.alloc(x.t, DType::i32);
+        const int64_t last_segment = last_segment_start(b0, b1);
         for (int64_t i = b0; i < b1; ++i) {
+          if (i < last_segment && (i - b0) % k_ == 0) st.segment_inputs.push_back(cur);
           cur = block_forward(i, cur);
-          st.blocks.push_back(std::move(blocks_[static_cast<size_t>(i)]));
-          blocks_[static_cast<size_t>(i)] = BlockSaved{};
+          BlockSaved& s = blocks_[static_cast<size_t>(i)];
+          if (i < last_segment) {
+            st.routing.push_back(s.is_moe ? s.moe.idx : nullptr);  // the routing record
+            st.blocks.emplace_back();
+          } else {
+            st.blocks.push_back(std::move(s));
+          }
+          s = BlockSaved{};
         }
         if (last) {
           st.rstd = r_.alloc(x.tb, x.a);
@@ -178,9 +188,21 @@ class StepReplay {
           d_x = r_.alloc(x.tb * x.d, x.c);
           Buf partial = norm_partial();
         }
-        for (int64_t i = b1; i-- > b0;) {
-          blocks_[static_cast<size_t>(i)] = std::move(st.blocks[static_cast<size_t>(i - b0)]);
-          d_x = block_backward(i);
+        const int64_t last_segment = last_segment_start(b0, b1);
+        for (int64_t start = last_segment, end = b1; end > b0; end = start, start = std::max(start - k_, b0)) {
+          if (start < last_segment) {
+            Buf in = std::move(st.segment_inputs[static_cast<size_t>((start - b0) / k_)]);
+            for (int64_t i = start; i < end; ++i) {
+              st.routing[static_cast<size_t>(i - b0)] = nullptr;  // the check drops the record
+              in = block_forward(i, in);
+            }
+          } else {
+            for (int64_t i = start; i < end; ++i) {
+              blocks_[static_cast<size_t>(i)] = std::move(st.blocks[static_cast<size_t>(i - b0)]);
+            }
+          }
+          for (int64_t i = end - 1; i >= start; --i) d_x = block_backward(i);
+          if (start == b0) break;
         }
         st = ChunkStash{};
         if (first) {
@@ -437,9 +459,13 @@ class StepReplay {
     s = AttnSaved{};
   }
 
+  // Transformer::last_segment_start of a chunk: blocks before it are checkpointed.
+  int64_t last_segment_start(int64_t b0, int64_t b1) const { return k_ > 0 ? b0 + (b1 - b0 - 1) / k_ * k_ : b0; }
+
   Replay& r_;
   const MemoryInputs& in_;
   Dims x_;
+  int64_t k_ = 0;  // blocks per checkpointed segment
   bool drop_core_, drop_act_, drop_norm_, drop_dispatch_;
   std::vector<BlockSaved> blocks_;
 };

@@ -401,9 +401,6 @@ void validate(const Config& c) {
     check_rule(!m.tie_embeddings, "parallel.pp",
                "> 1 with model.tie_embeddings = true is not supported (embedding and head live on different stages)");
     check_rule(!pl.zero, "parallel.pp", "> 1 with parallel.zero = true is not supported yet");
-    check_rule(c.recompute.policy == "none" || c.recompute.policy == "selective" || c.recompute.policy == "custom",
-               "recompute.policy",
-               str_cat("\"", c.recompute.policy, "\" keeps segment checkpoints, which pipeline stages (parallel.pp > 1) do not yet"));
   }
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
