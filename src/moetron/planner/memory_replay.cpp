@@ -183,11 +183,9 @@ class StepReplay {
         MOETRON_CHECK(it != stash.end(), "memory model: pipeline backward without its forward");
         ChunkStash st = std::move(it->second);
         stash.erase(it);
-        Buf d_x = last ? nullptr : r_.alloc(x.tb * x.d, x.c);  // the received gradient
-        if (last) {
-          d_x = r_.alloc(x.tb * x.d, x.c);
-          Buf partial = norm_partial();
-        }
+        // The received gradient, or on the last stage the final norm's backward output.
+        Buf d_x = r_.alloc(x.tb * x.d, x.c);
+        if (last) Buf partial = norm_partial();
         const int64_t last_segment = last_segment_start(b0, b1);
         for (int64_t start = last_segment, end = b1; end > b0; end = start, start = std::max(start - k_, b0)) {
           if (start < last_segment) {
