@@ -1,9 +1,12 @@
 // AdamW: CPU against the fp64 reference over several steps (bias correction
-// with step > 1), weight decay, grad_scale, bf16 grads, f32/bf16 param copies.
+// with step > 1), weight decay, grad_scale, bf16 grads, f32/bf16 param copies,
+// f32 and bf16 moments.
 #include "moetron/kernels/adamw.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "util/test_util.h"
@@ -67,6 +70,75 @@ TEST(AdamW, CpuMatchesReferenceOverSeveralSteps) {
       }
     }
   }
+}
+
+// bf16 moments (optim.moment_dtype): both backends update m and v in their
+// own precision and round them to bf16 once per step, after using the
+// unrounded values for the update. Near a bf16 tie the fp32 and fp64 values
+// round one bf16 ulp (2^-8 relative) apart, and later steps carry that
+// difference on scaled by beta: v (a sum of positive terms) agrees to ~2
+// ulps relative. m = b1 m + (1 - b1) g can cancel to near zero from terms
+// as large as max|m|, so its error is ~2 bf16 ulps of those terms (absolute
+// 2^-7 max|m|), not of the result. The weights see it through m / sqrt(v),
+// ~1% of an update of size lr = 1e-2: 1e-4 absolute.
+constexpr double kBf16MomentRtol = 1.6e-2;
+constexpr test::Tolerance kMasterBf16Moments{1e-5, 1e-4};
+// The same arithmetic with f32 moments before the store: the portable vector
+// backend lets the compiler fuse a * b + c differently per instantiation
+// (~1 fp32 ulp, 6e-8 here), far below what rounding the moments first would
+// change (~lr 2^-8 = 4e-5).
+constexpr test::Tolerance kSameFp32Update{0, 1e-6};
+
+double max_abs(const Tensor& t) {
+  const Tensor f = test::to_dtype(t, DType::f32);
+  double m = 0;
+  for (int64_t i = 0; i < f.numel(); ++i) m = std::max(m, static_cast<double>(std::fabs(f.data<float>()[i])));
+  return m;
+}
+
+TEST(AdamW, Bf16MomentsMatchReferenceAndRoundTheFp32Update) {
+  Context cpu(Backend::cpu), ref(Backend::reference);
+  for (DType grad_dtype : {DType::f32, DType::bf16}) {
+    for (int64_t n : {1, 17, 4099}) {
+      SCOPED_TRACE(testing::Message() << "grad " << dtype_name(grad_dtype) << " n=" << n);
+      Tensor w = random_tensor({n}, DType::f32, "w");
+      Tensor m = Tensor::zeros({n}, DType::bf16), v = Tensor::zeros({n}, DType::bf16);
+      Tensor w_ref = w.clone(), m_ref = m.clone(), v_ref = v.clone();
+      // The same step with fp32 moments: step 1 from zero moments must give
+      // the same weights (the update uses the unrounded moments) and moments
+      // that round to the bf16 ones (to nearest even).
+      Tensor w32 = w.clone(), m32 = Tensor::zeros({n}, DType::f32), v32 = Tensor::zeros({n}, DType::f32);
+      Tensor copy = poisoned({n}, DType::bf16);
+      AdamWArgs args;
+      args.lr = 1e-2f;
+      args.weight_decay = 0.1f;
+      args.grad_scale = 0.5f;
+      for (int64_t step = 1; step <= 5; ++step) {
+        args.step = step;
+        Tensor g = random_tensor({n}, grad_dtype, str_cat("g", step), -2.0f, 2.0f);
+        adamw_step(cpu, w, g, m, v, args, copy);
+        adamw_step(ref, w_ref, g, m_ref, v_ref, args, Tensor());
+        if (step == 1) {
+          adamw_step(cpu, w32, g, m32, v32, args, Tensor());
+          EXPECT_TRUE(test::all_close(w, w32, kSameFp32Update)) << "the update must use the fp32 moments";
+          EXPECT_TRUE(test::all_close(m, test::to_dtype(m32, DType::bf16), {0, 0}));
+          EXPECT_TRUE(test::all_close(v, test::to_dtype(v32, DType::bf16), {0, 0}));
+        }
+        EXPECT_TRUE(test::all_close(m, m_ref, {kBf16MomentRtol, std::ldexp(max_abs(m_ref), -7)})) << "m, step " << step;
+        EXPECT_TRUE(test::all_close(v, v_ref, {kBf16MomentRtol, 1e-9})) << "v, step " << step;
+        EXPECT_TRUE(test::all_close(w, w_ref, kMasterBf16Moments)) << "master, step " << step;
+        EXPECT_TRUE(test::all_close(copy, test::to_dtype(w, DType::bf16), {0, 0}));
+      }
+    }
+  }
+  // m and v share one dtype.
+  Tensor w = Tensor::zeros({8}, DType::f32), g = Tensor::zeros({8}, DType::f32);
+  for (Context* ctx : {&cpu, &ref}) {
+    EXPECT_THROW(adamw_step(*ctx, w, g, Tensor::zeros({8}, DType::bf16), Tensor::zeros({8}, DType::f32), {}, Tensor()),
+                 Error);
+  }
+  EXPECT_THROW(adamw_step(cpu, w, g, Tensor::zeros({8}, DType::f16), Tensor::zeros({8}, DType::f16), {}, Tensor()),
+               Error);
 }
 
 TEST(AdamW, LateStepsAndLargeScaleMatchReference) {

@@ -213,15 +213,18 @@ TEST(GroupedMatmulWeightGrad, MatchesReferenceAndEmptyGroupsGiveBetaTimesDw) {
   for (auto [n, k] : {std::pair<int64_t, int64_t>{33, 7}, {7, 130}, {130, 33}, {1, 1}}) {
     for (DType in : {DType::f32, DType::bf16}) {
       Tensor dy = random_tensor({kRows, n}, in, "dy"), x = random_tensor({kRows, k}, in, "x");
-      for (float beta : {0.0f, 1.0f, -0.5f}) {
-        // beta == 0: every dw[e] is written, empty groups with zeros.
-        Tensor dw = beta == 0.0f ? poisoned({groups, n, k}, DType::f32)
-                                 : random_tensor({groups, n, k}, DType::f32, "dw");
-        Tensor expect = dw.clone();
-        grouped_matmul_weight_grad(cpu, dy, x, kOffsets, dw, beta);
-        grouped_matmul_weight_grad(ref, dy, x, kOffsets, expect, beta);
-        EXPECT_TRUE(close(dw, expect)) << "n " << n << " k " << k << " " << dtype_name(in)
-                                       << " beta " << beta;
+      // bf16 dw (train.grad_dtype = bf16): fp32 sums, one rounding into dw.
+      for (DType out : {DType::f32, DType::bf16}) {
+        for (float beta : {0.0f, 1.0f, -0.5f}) {
+          // beta == 0: every dw[e] is written, empty groups with zeros.
+          Tensor dw = beta == 0.0f ? poisoned({groups, n, k}, out)
+                                   : random_tensor({groups, n, k}, out, "dw");
+          Tensor expect = dw.clone();
+          grouped_matmul_weight_grad(cpu, dy, x, kOffsets, dw, beta);
+          grouped_matmul_weight_grad(ref, dy, x, kOffsets, expect, beta);
+          EXPECT_TRUE(close(dw, expect)) << "n " << n << " k " << k << " " << dtype_name(in)
+                                         << " -> " << dtype_name(out) << " beta " << beta;
+        }
       }
     }
   }
@@ -278,6 +281,7 @@ TEST(GroupedMatmulReference, ExpertGradientIdentitiesMatchFiniteDifferences) {
 
 TEST(Matmul, BadShapesAndDtypesAreErrors) {
   for (Backend be : {Backend::cpu, Backend::reference}) {
+    SCOPED_TRACE(be == Backend::cpu ? "cpu" : "reference");
     Context ctx(be);
     const Tensor a = Tensor::zeros({4, 3}, DType::f32), b = Tensor::zeros({3, 5}, DType::f32);
     const Tensor c = Tensor::zeros({4, 5}, DType::f32);
@@ -312,8 +316,9 @@ TEST(Matmul, BadShapesAndDtypesAreErrors) {
                  Error);  // rows differ
     EXPECT_THROW(grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 4}, DType::f32), 0.0f),
                  Error);
-    EXPECT_THROW(grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 3}, DType::bf16), 0.0f),
-                 Error);  // dw must be f32 (f64 on the reference)
+    EXPECT_NO_THROW(grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 3}, DType::bf16), 0.0f));
+    EXPECT_THROW(grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 3}, DType::i32), 0.0f),
+                 Error);  // dw must be a float (f16 is staged through f32 on the CPU)
   }
 }
 

@@ -21,7 +21,10 @@ struct AdamWArgs {
 
 // g = grad_scale * grad; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // master -= lr * (wd * master + (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)).
-// master, m, v: f32 [n] (reference also f64); grad: f32 or bf16 [n];
+// master: f32 [n] (reference also f64); m, v: [n], both f32 or both bf16
+// (reference: the master's dtype or bf16) — bf16 moments are loaded into
+// fp32, updated, used for the update, then stored rounded to nearest even;
+// grad: f32 or bf16 [n];
 // param_copy: undefined, or [n] f32/bf16 receiving the updated master (the working copy).
 MOETRON_KERNEL_DECL(void adamw_step(Context& ctx, const Tensor& master, const Tensor& grad,
                                     const Tensor& m, const Tensor& v, const AdamWArgs& args,

@@ -36,7 +36,8 @@ MOETRON_KERNEL_DECL(void grouped_matmul(Context& ctx, const Tensor& x, const Ten
                                         bool trans_w, float beta))
 
 // Weight gradient of grouped_matmul with trans_w: dw[e] = beta * dw[e] + dy_e^T x_e,
-// dy: [T, N], x: [T, K], dw: [E, N, K] (f32, or the reference's f64).
+// dy: [T, N], x: [T, K], dw: [E, N, K] (f32 or bf16 — bf16: fp32 sums,
+// rounded once into dw —, or the reference's f64).
 // A group with no rows gives beta * dw[e].
 MOETRON_KERNEL_DECL(void grouped_matmul_weight_grad(Context& ctx, const Tensor& dy,
                                                     const Tensor& x,

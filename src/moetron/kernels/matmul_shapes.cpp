@@ -98,10 +98,11 @@ GroupedDims check_grouped_weight_grad(const Tensor& dy, const Tensor& x,
   const char* fn = "grouped_matmul_weight_grad";
   check_input_dtypes(dy, "dy", x, "x", policy, fn);
   if (policy == DtypePolicy::cpu) {
-    MOETRON_CHECK(dw.dtype() == DType::f32, fn, ": dw must be f32 on the CPU backend, got ", dw.str());
+    MOETRON_CHECK(dw.dtype() == DType::f32 || dw.dtype() == DType::bf16, fn,
+                  ": dw must be f32 or bf16 on the CPU backend, got ", dw.str());
   } else {
-    MOETRON_CHECK(dw.dtype() == DType::f32 || dw.dtype() == DType::f64, fn,
-                  ": dw must be f32 or f64, got ", dw.str());
+    MOETRON_CHECK(dw.dtype() == DType::f32 || dw.dtype() == DType::bf16 || dw.dtype() == DType::f64, fn,
+                  ": dw must be f32, bf16 or f64, got ", dw.str());
   }
   MOETRON_CHECK(dy.rank() == 2, fn, ": dy must be [T, N], got ", dy.str());
   MOETRON_CHECK(x.rank() == 2, fn, ": x must be [T, K], got ", x.str());

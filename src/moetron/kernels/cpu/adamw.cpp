@@ -1,6 +1,7 @@
-// AdamW on the CPU: one streaming pass over master, m, v and grad (f32 or
-// bf16), AVX-512, OpenMP over fixed blocks. Bias corrections are formed in
-// double once per call, then used as fp32 factors.
+// AdamW on the CPU: one streaming pass over master, m, v (f32 or bf16:
+// loaded into fp32, updated in fp32, stored rounded to nearest even) and
+// grad (f32 or bf16), 16-lane vectors, OpenMP over fixed blocks. Bias
+// corrections are formed in double once per call, then used as fp32 factors.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -32,9 +33,10 @@ Factors make_factors(const AdamWArgs& a) {
           f(a.grad_scale)};
 }
 
-// G: grad storage, P: param_copy storage (void: none).
-template <typename G, typename P>
-void adamw_loop(float* w, const G* grad, float* m, float* v, P* copy, int64_t n, const Factors& k) {
+// G: grad storage, M: moment storage, P: param_copy storage (void: none).
+// The update uses the fp32 moments before their store rounds them.
+template <typename G, typename M, typename P>
+void adamw_loop(float* w, const G* grad, M* m, M* v, P* copy, int64_t n, const Factors& k) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) firstprivate(w, grad, m, v, copy, n, k) \
     if (n > kParallelElems)
@@ -60,18 +62,18 @@ void adamw_loop(float* w, const G* grad, float* m, float* v, P* copy, int64_t n,
   }
 }
 
-template <typename G>
+template <typename G, typename M>
 void adamw_with_grad(const Tensor& master, const G* grad, const Tensor& m, const Tensor& v,
                      const Tensor& param_copy, const Factors& k) {
   float* w = ptr<float>(master);
   const int64_t n = master.numel();
   if (!param_copy.defined()) {
-    adamw_loop<G, void>(w, grad, ptr<float>(m), ptr<float>(v), nullptr, n, k);
+    adamw_loop<G, M, void>(w, grad, ptr<M>(m), ptr<M>(v), nullptr, n, k);
     return;
   }
   dispatch_f32_bf16(param_copy.dtype(), "adamw_step param_copy", [&](auto tag) {
     using P = decltype(tag);
-    adamw_loop<G, P>(w, grad, ptr<float>(m), ptr<float>(v), ptr<P>(param_copy), n, k);
+    adamw_loop<G, M, P>(w, grad, ptr<M>(m), ptr<M>(v), ptr<P>(param_copy), n, k);
   });
 }
 
@@ -84,13 +86,16 @@ void adamw_step(Context&, const Tensor& master, const Tensor& grad, const Tensor
                 "adamw_step: master must be f32 [n], got ", master.str());
   const Shape shape = master.shape();
   check_shape(grad, "adamw grad", shape);
-  check_tensor(m, "adamw m", shape, DType::f32);
-  check_tensor(v, "adamw v", shape, DType::f32);
+  check_shape(m, "adamw m", shape);
+  check_tensor(v, "adamw v", shape, m.dtype());
   if (param_copy.defined()) check_shape(param_copy, "adamw param_copy", shape);
   const Factors k = make_factors(args);
-  dispatch_f32_bf16(grad.dtype(), "adamw_step grad", [&](auto tag) {
-    using G = decltype(tag);
-    adamw_with_grad<G>(master, ptr<G>(grad), m, v, param_copy, k);
+  dispatch_f32_bf16(grad.dtype(), "adamw_step grad", [&](auto gtag) {
+    using G = decltype(gtag);
+    dispatch_f32_bf16(m.dtype(), "adamw_step moments", [&](auto mtag) {
+      using M = decltype(mtag);
+      adamw_with_grad<G, M>(master, ptr<G>(grad), m, v, param_copy, k);
+    });
   });
 }
 

@@ -75,7 +75,7 @@ void grouped_matmul_weight_grad(Context& ctx, const Tensor& dy, const Tensor& x,
     s.k = offsets[e + 1] - offsets[e];
     s.trans_a = true;
     s.ab = dy.dtype();
-    s.c = DType::f32;
+    s.c = dw.dtype();  // bf16: gemm sums in fp32 and rounds once into dw (with beta * dw)
     s.beta = beta;
     gemm(st, s, bytes_at(dy, offsets[e] * d.n), bytes_at(x, offsets[e] * d.k),
          bytes_at_mut(dw, e * d.n * d.k), VaryingDim::k);

@@ -1,5 +1,6 @@
 // AdamW in double, exactly the formula of adamw.h; state is rounded into
-// its own dtype once per step.
+// its own dtype once per step (m and v: the master's dtype or bf16), after
+// the update has used the unrounded moments.
 #include <cmath>
 
 #include "moetron/kernels/adamw.h"
@@ -14,8 +15,10 @@ void adamw_step(Context&, const Tensor& master, const Tensor& grad, const Tensor
                 "adamw_step: master must be a float [n] tensor, got ", master.str());
   const Shape shape = master.shape();
   check_shape(grad, "adamw grad", shape);
-  check_tensor(m, "adamw m", shape, master.dtype());
-  check_tensor(v, "adamw v", shape, master.dtype());
+  check_shape(m, "adamw m", shape);
+  check_tensor(v, "adamw v", shape, m.dtype());
+  MOETRON_CHECK(m.dtype() == master.dtype() || m.dtype() == DType::bf16,
+                "adamw_step: m and v must be in the master's dtype or bf16, got ", m.str());
   MOETRON_CHECK(is_floating(grad.dtype()), "adamw_step: grad must be a float tensor, got ",
                 grad.str());
   if (param_copy.defined()) check_shape(param_copy, "adamw param_copy", shape);
