@@ -105,6 +105,76 @@ TEST(Optimizer, ClipsByTheGlobalNorm) {
   EXPECT_NEAR(info.clip_coef, 0.5 / (info.grad_norm + 1e-6), 1e-12);
 }
 
+TEST(Optimizer, Bf16MomentsRoundTheFp32StateOncePerStep) {
+  kernels::Context cpu(kernels::Backend::cpu);
+  for (const char* name : {"adamw", "muon"}) {
+    SCOPED_TRACE(name);
+    nn::ParameterSet ps32 = small_set(), ps16 = small_set();
+    OptimizerOptions o;
+    o.name = name;
+    o.grad_clip = 0;
+    o.schedule = {0.02, 1.0, 0, 10};
+    Optimizer opt32(ps32, o);
+    o.moment_dtype = DType::bf16;
+    Optimizer opt16(ps16, o);
+    // Step 1 from zero state: the same fp32 update, the state rounded once.
+    opt32.step(cpu, 1, 1.0);
+    opt16.step(cpu, 1, 1.0);
+    const std::vector<StateTensor> s32 = opt32.state(), s16 = opt16.state();
+    ASSERT_EQ(s32.size(), s16.size());
+    for (size_t i = 0; i < s32.size(); ++i) {
+      EXPECT_EQ(s16[i].tensor.dtype(), DType::bf16) << s16[i].name;
+      EXPECT_TRUE(test::all_close(s16[i].tensor, test::to_dtype(s32[i].tensor, DType::bf16), {0, 0})) << s16[i].name;
+    }
+    // (1e-6: the compiler may fuse a * b + c differently per kernel
+    // instantiation, ~1 fp32 ulp; a rounded moment would move ~lr 2^-8 = 8e-5.)
+    for (const auto& p : ps32.all()) {
+      EXPECT_TRUE(test::all_close(ps16.get(p->name).value, p->value, {0, 1e-6})) << p->name;
+      EXPECT_EQ(opt16.master(p->name).dtype(), DType::f32);  // masters stay fp32
+    }
+    // Later steps differ by the rounding only: ~1% of an update of ~lr.
+    for (int64_t step = 2; step <= 4; ++step) {
+      opt32.step(cpu, step, 1.0);
+      opt16.step(cpu, step, 1.0);
+    }
+    for (const auto& p : ps32.all()) {
+      EXPECT_TRUE(test::all_close(ps16.get(p->name).value, p->value, {0, 2e-3})) << p->name;
+    }
+  }
+}
+
+TEST(Optimizer, Bf16GradientsKeepFp32Masters) {
+  // A bf16 working copy with a bf16 gradient (train.grad_dtype = bf16): the
+  // master is fp32 (not the gradient's dtype) and both rules read the grad.
+  kernels::Context cpu(kernels::Backend::cpu);
+  for (const char* name : {"adamw", "muon"}) {
+    SCOPED_TRACE(name);
+    nn::ParameterSet ps16, ps32;
+    for (nn::ParameterSet* ps : {&ps16, &ps32}) {
+      const DType g = ps == &ps16 ? DType::bf16 : DType::f32;
+      ps->add("model.layers.0.mlp.down_proj.weight", {12, 8}, DType::bf16, g, nn::ParallelKind::row,
+              nn::InitKind::normal, 0.5f, true);
+      ps->initialize(3);
+    }
+    Tensor g32 = Tensor::empty({12, 8}, DType::f32);
+    fill_uniform(g32, 4, "g", -1, 1);
+    kernels::convert(cpu, g32, ps16.get("model.layers.0.mlp.down_proj.weight").grad);
+    // The fp32-gradient run gets the same (bf16-representable) values.
+    kernels::convert(cpu, ps16.get("model.layers.0.mlp.down_proj.weight").grad,
+                     ps32.get("model.layers.0.mlp.down_proj.weight").grad);
+    OptimizerOptions o;
+    o.name = name;
+    o.grad_clip = 0.5;
+    o.schedule = {0.02, 1.0, 0, 10};
+    Optimizer a(ps16, o), b(ps32, o);
+    EXPECT_EQ(a.master("model.layers.0.mlp.down_proj.weight").dtype(), DType::f32);
+    const StepInfo ia = a.step(cpu, 1, 1.0), ib = b.step(cpu, 1, 1.0);
+    EXPECT_DOUBLE_EQ(ia.grad_norm, ib.grad_norm);
+    EXPECT_TRUE(test::all_close(a.master("model.layers.0.mlp.down_proj.weight"),
+                                b.master("model.layers.0.mlp.down_proj.weight"), {0, 0}));
+  }
+}
+
 TEST(LrSchedule, WarmupThenCosineToTheFloor) {
   const LrSchedule s{1.0, 0.1, 10, 110};
   EXPECT_DOUBLE_EQ(s.at(1), 0.1);

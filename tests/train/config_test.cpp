@@ -42,6 +42,26 @@ lr = 1e-3
   EXPECT_EQ(c.optim.lr, 0.5);
 }
 
+TEST(Config, PrecisionMemoryModesAreValidatedByKey) {
+  const auto msg = [](const std::vector<std::string>& sets) {
+    return error_of([&] { parse_config("", "x.toml", sets); });
+  };
+  const Config d = parse_config("", "x.toml");
+  EXPECT_EQ(d.optim.moment_dtype, "fp32");
+  EXPECT_EQ(d.train.grad_dtype, "fp32");
+  const Config c = parse_config("", "x.toml", {"optim.moment_dtype=bf16", "train.precision=bf16", "train.grad_dtype=bf16"});
+  EXPECT_EQ(c.optim.moment_dtype, "bf16");
+  EXPECT_EQ(c.train.grad_dtype, "bf16");
+  EXPECT_NE(msg({"optim.moment_dtype=fp16"}).find("'optim.moment_dtype': must be fp32 or bf16, got \"fp16\""),
+            std::string::npos);
+  EXPECT_NE(msg({"train.grad_dtype=f32"}).find("'train.grad_dtype': must be fp32 or bf16"), std::string::npos);
+  // bf16 gradients need bf16 compute, named explicitly ("auto" is fp32 on CPUs without AVX512-BF16).
+  for (const char* p : {"train.precision=fp32", "train.precision=auto", "train.precision=fp16"}) {
+    const std::string e = msg({"train.grad_dtype=bf16", p});
+    EXPECT_NE(e.find("'train.grad_dtype': = bf16 needs train.precision = bf16"), std::string::npos) << p << ": " << e;
+  }
+}
+
 TEST(Config, UnknownKeyNamesTheNearestValidKey) {
   const std::string e1 = error_of([] { parse_config("[model]\nd_modle = 3\n", "a.toml"); });
   EXPECT_NE(e1.find("unknown config key 'model.d_modle'"), std::string::npos) << e1;

@@ -92,11 +92,6 @@ Reference run_reference(const train::Config& cfg, const std::string& run_dir) {
   return ref;
 }
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 std::vector<float> block_of(const nn::Parameter& p, const std::vector<float>& full) {
   if (!p.sharded()) return full;
   const int64_t rows = p.value.dim(0), cols = p.value.numel() / rows;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moetron/train/trainer.h"
+#include "util/test_util.h"
 
 namespace moetron::test {
 
@@ -34,8 +35,6 @@ struct Reference {
   std::map<std::string, std::vector<float>> first_grads;
 };
 Reference run_reference(const train::Config& cfg, const std::string& run_dir);
-// a followed by b.
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
 // Copies checkpoint step-5 of run `from` into a fresh run directory `name`; collective.
 std::string copy_step5(const std::string& job, const std::string& from, const std::string& name);
 

@@ -145,4 +145,9 @@ double max_normalized_error(const Tensor& actual, const Tensor& expected) {
   return ::testing::AssertionSuccess();
 }
 
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 }  // namespace moetron::test

@@ -47,4 +47,7 @@ double max_normalized_error(const Tensor& actual, const Tensor& expected);
 // The awkward sizes every kernel test sweeps: 1, 7, 33, 130 and so on.
 inline const std::vector<int64_t> kAwkwardSizes = {1, 7, 33, 130};
 
+// a followed by b (config --set lists: a base plus one case's keys).
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
+
 }  // namespace moetron::test

@@ -8,6 +8,7 @@
 #include "moetron/ckpt/safetensors.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/kernels/elementwise.h"
 
 namespace moetron::ckpt {
 
@@ -237,7 +238,15 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vec
       const int64_t lo = std::max(offset, sl.offset);
       const int64_t hi = std::min(offset + saved.numel(), sl.offset + sl.values.numel());
       if (lo >= hi) continue;
-      sl.values.slice(lo - sl.offset, hi - sl.offset).copy_from(saved.slice(lo - offset, hi - offset));
+      // Saved in the live dtype: copied bit for bit; saved with another
+      // optim.moment_dtype: converted (rounded to nearest even, or widened).
+      const Tensor dst = sl.values.slice(lo - sl.offset, hi - sl.offset), src = saved.slice(lo - offset, hi - offset);
+      if (src.dtype() == dst.dtype()) {
+        dst.copy_from(src);
+      } else {
+        kernels::Context conv(kernels::Backend::reference);
+        kernels::convert(conv, src, dst);
+      }
       filled[i] += hi - lo;
     }
   }

@@ -42,7 +42,7 @@ int run_memory_command(const MemoryCommand& o) {
   layout.zero1 = layout.zero1 || o.zero1;
   MOETRON_CHECK(o.stage >= -1 && o.stage < layout.pp, "--stage must be in 0 .. parallel.pp - 1 = ", layout.pp - 1,
                 ", got ", o.stage);
-  const nn::Precision prec = train::resolve_precision(cfg.train.precision, nullptr);
+  const nn::Precision prec = train::resolve_precision(cfg.train, nullptr);
   const int64_t threads = o.threads > 0
                               ? o.threads
                               : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads());

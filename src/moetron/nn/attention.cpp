@@ -24,7 +24,7 @@ SelfAttention::SelfAttention(const ModelConfig& cfg, const std::string& prefix, 
   // 1/sqrt(2L) so the residual's variance does not grow with depth.
   const auto out_std = static_cast<float>(cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
   auto add = [&](const char* name, int64_t out, int64_t in, ParallelKind kind, float s) {
-    return &params.add(prefix + name, {out, in}, prec.compute, prec.accum, kind, InitKind::normal, s,
+    return &params.add(prefix + name, {out, in}, prec.compute, prec.matrix_grad(), kind, InitKind::normal, s,
                        true);
   };
   const int64_t n = tp_->size, r = tp_->rank;

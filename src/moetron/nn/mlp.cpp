@@ -11,12 +11,12 @@ SwiGluMlp::SwiGluMlp(int64_t d_model, int64_t hidden, const std::string& prefix,
   MOETRON_CHECK(hidden % tp_->size == 0, prefix, ": ", hidden, " hidden units do not divide over parallel.tp = ",
                 tp_->size);
   w13_ = Tensor::empty({2 * f_, d_}, prec.compute, MemTag::params);
-  w13_grad_ = Tensor::zeros({2 * f_, d_}, prec.accum, MemTag::grads);
+  w13_grad_ = Tensor::zeros({2 * f_, d_}, prec.matrix_grad(), MemTag::grads);
   Parameter& gate = params.add_view(prefix + "gate_proj.weight", w13_.slice(0, f_), w13_grad_.slice(0, f_),
                                     ParallelKind::column, InitKind::normal, init_std, true);
   Parameter& up = params.add_view(prefix + "up_proj.weight", w13_.slice(f_, 2 * f_), w13_grad_.slice(f_, 2 * f_),
                                   ParallelKind::column, InitKind::normal, init_std, true);
-  down_ = &params.add(prefix + "down_proj.weight", {d_, f_}, prec.compute, prec.accum,
+  down_ = &params.add(prefix + "down_proj.weight", {d_, f_}, prec.compute, prec.matrix_grad(),
                       ParallelKind::row, InitKind::normal, out_std, true);
   if (tp_->on()) {
     const int64_t first = tp_->rank * f_;

@@ -144,9 +144,9 @@ MoeLayer::MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::st
   router_ = &params.add(prefix + "block_sparse_moe.gate.weight", {e_, d_}, prec.accum, prec.accum,
                         ParallelKind::replicated, InitKind::normal, std, false);
   w13_ = Tensor::empty({e_local_, 2 * f_, d_}, prec.compute, MemTag::params);
-  w13_grad_ = Tensor::zeros({e_local_, 2 * f_, d_}, prec.accum, MemTag::grads);
+  w13_grad_ = Tensor::zeros({e_local_, 2 * f_, d_}, prec.matrix_grad(), MemTag::grads);
   w2_ = Tensor::empty({e_local_, d_, f_}, prec.compute, MemTag::params);
-  w2_grad_ = Tensor::zeros({e_local_, d_, f_}, prec.accum, MemTag::grads);
+  w2_grad_ = Tensor::zeros({e_local_, d_, f_}, prec.matrix_grad(), MemTag::grads);
   for (int64_t jl = 0; jl < e_local_; ++jl) {
     const int64_t j = e_first_ + jl;  // global index: the name every layout shares
     const std::string ex = prefix + "block_sparse_moe.experts." + std::to_string(j) + ".";

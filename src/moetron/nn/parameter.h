@@ -27,9 +27,18 @@ enum class InitKind { normal, ones, zeros };
 // weights' working copies (f32, bf16, or f64 for the reference-backend
 // gradient checks). accum: dtype of gradients, norms' weights, the router and
 // softmax statistics (f32, or f64 with compute f64).
+//
+// bf16_matrix_grads (train.grad_dtype = "bf16", with compute bf16): the
+// gradients of the hidden matrices (attention q/k/v/o, dense and shared
+// SwiGLU, routed experts) are stored in bf16 (half their bytes; each
+// backward GEMM accumulates in fp32 and rounds once into them). Embeddings,
+// head, norms and router keep accum gradients.
 struct Precision {
   DType compute = DType::f32;
   DType accum = DType::f32;
+  bool bf16_matrix_grads = false;
+  // The dtype of the hidden matrices' gradients: accum unless bf16_matrix_grads.
+  DType matrix_grad() const { return bf16_matrix_grads ? DType::bf16 : accum; }
   static Precision fp32() { return {DType::f32, DType::f32}; }
   static Precision bf16() { return {DType::bf16, DType::f32}; }
   // fp16 storage, fp32 math on CPUs (see kernels/f16_staging.h); needs loss scaling.
@@ -40,7 +49,7 @@ struct Precision {
 struct Parameter {
   std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
   Tensor value;      // working copy used by the kernels
-  Tensor grad;       // dtype Precision::accum, accumulated by backward
+  Tensor grad;       // dtype Precision::accum (hidden matrices: matrix_grad()), accumulated by backward
   ParallelKind kind = ParallelKind::replicated;
   InitKind init = InitKind::normal;
   float init_std = 0.02f;

@@ -18,6 +18,8 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
   MOETRON_CHECK(model.vocab_size % tp_.size == 0, "model.vocab_size = ", model.vocab_size,
                 " does not divide over parallel.tp = ", tp_.size, " (the vocab-parallel embedding and head)");
   MOETRON_CHECK(!tp_.on() || prec.accum == DType::f32, "tensor parallelism needs fp32 statistics (accum f32)");
+  MOETRON_CHECK(!prec.bf16_matrix_grads || prec.compute == DType::bf16,
+                "bf16 matrix gradients (train.grad_dtype = bf16) need bf16 compute (train.precision = bf16)");
   tp_.group = nullptr;
   tp_.kv_group = nullptr;
   const int64_t v_local = model.vocab_size / tp_.size;

@@ -37,6 +37,10 @@ bool rule_decays(const OptimizerOptions& o, const nn::Parameter& p) {
   return p.value.rank() >= 2 && !matches_any(p.name, o.no_decay_patterns);
 }
 
+DType moment_storage(const OptimizerOptions& o, DType master) {
+  return master == DType::f32 ? o.moment_dtype : master;
+}
+
 double muon_rms_scale(int64_t rows, int64_t cols) {
   return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
 }
@@ -46,11 +50,15 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
     : opts_(std::move(opts)) {
   MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
                 opts_.name, "'");
+  MOETRON_CHECK(opts_.moment_dtype == DType::f32 || opts_.moment_dtype == DType::bf16,
+                "optim.moment_dtype must be fp32 or bf16, got ", dtype_name(opts_.moment_dtype));
   for (auto& p : params.all()) {
     if (include && !include(*p)) continue;
     Slot s;
     s.param = p.get();
-    const DType master = p->grad.dtype();  // the accumulation dtype: f32, or f64 in fp64 mode
+    // f32, or f64 in fp64 mode (the gradient may be bf16: Precision::matrix_grad).
+    const DType master = p->value.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    const DType moments = moment_storage(opts_, master);
     if (p->value.dtype() == master) {
       s.master = p->value;
     } else {
@@ -60,8 +68,8 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
     }
     s.muon = uses_muon(*p);
     s.decay = rule_decays(opts_, *p);
-    s.m = Tensor::zeros(p->value.shape(), master, MemTag::optimizer);
-    if (!s.muon) s.v = Tensor::zeros(p->value.shape(), master, MemTag::optimizer);
+    s.m = Tensor::zeros(p->value.shape(), moments, MemTag::optimizer);
+    if (!s.muon) s.v = Tensor::zeros(p->value.shape(), moments, MemTag::optimizer);
     slots_.push_back(std::move(s));
   }
 }
@@ -111,17 +119,26 @@ StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
 
 void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult) {
   // m = beta m + (1 - beta) g; u = nesterov ? (1 - beta) g + beta m : m.
+  // A bf16 momentum is widened into an fp32 workspace, updated and used
+  // there, and rounded back once.
   const auto beta = static_cast<float>(opts_.muon_momentum);
   const Tensor& g = s.param->grad;
-  kernels::scale(ctx, s.m, beta, s.m);
-  kernels::axpy(ctx, static_cast<float>((1.0 - beta) * grad_mult), g, s.m);
+  const bool narrow = s.m.dtype() != s.master.dtype();
+  Tensor m = s.m;
+  if (narrow) {
+    m = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
+    kernels::convert(ctx, s.m, m);
+  }
+  kernels::scale(ctx, m, beta, m);
+  kernels::axpy(ctx, static_cast<float>((1.0 - beta) * grad_mult), g, m);
   Tensor u = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
   if (opts_.muon_nesterov) {
-    kernels::scale(ctx, s.m, beta, u);
+    kernels::scale(ctx, m, beta, u);
     kernels::axpy(ctx, static_cast<float>((1.0 - beta) * grad_mult), g, u);
   } else {
-    u.copy_from(s.m);
+    u.copy_from(m);
   }
+  if (narrow) kernels::convert(ctx, m, s.m);
   Tensor o = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
   const bool whole = tp_on() && s.param->sharded();
   if (whole) {

@@ -27,6 +27,11 @@ struct OptimizerOptions {
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   int muon_ns_steps = 5;
+  // Storage of AdamW's exp_avg / exp_avg_sq and Muon's momentum: f32, or
+  // bf16 (half the optimizer memory of the moments; loaded into fp32,
+  // updated in fp32, stored rounded to nearest even once per step). The
+  // fp32 master weights stay fp32; fp64 (gradient-check) runs keep f64.
+  DType moment_dtype = DType::f32;
   // Parameter groups by name (glob patterns, fnmatch syntax): parameters
   // matching `adamw_patterns` stay on AdamW even when Muon would take them;
   // parameters matching `no_decay_patterns` get no weight decay.
@@ -54,6 +59,10 @@ struct StepInfo {
   double clip_coef = 1;
 };
 
+// The dtype the moments of a parameter with `master` dtype are stored in:
+// o.moment_dtype for fp32 masters, the master's own dtype otherwise (f64).
+DType moment_storage(const OptimizerOptions& o, DType master);
+
 // A named piece of optimizer state, for checkpoints ("<param>.exp_avg", ...).
 struct StateTensor {
   std::string name;
@@ -64,6 +73,10 @@ struct StateTensor {
 // [offset, offset + values.numel()) of the flattened tensor of `total`
 // elements. A one-rank optimizer holds everything (offset 0); a sharded one
 // (ZeRO-1) a slice, so checkpoints store slices and re-cut them on load.
+// Slices are saved in the live state's dtype (bf16 moments as bf16, so a
+// resume is bit-exact) and converted on load when the live dtype differs
+// (optim.moment_dtype changed between runs: rounded to nearest even, or
+// widened exactly).
 struct StateSlice {
   std::string name;
   Tensor values;  // 1-D view of the live state
@@ -139,7 +152,7 @@ class Optimizer final : public ParamOptimizer {
   struct Slot {
     nn::Parameter* param;
     Tensor master;    // f32 (f64 in fp64 mode); aliases param->value when same dtype
-    Tensor m, v;      // AdamW moments, or m = Muon momentum
+    Tensor m, v;      // AdamW moments, or m = Muon momentum (moment_storage dtype)
     bool muon;
     bool decay;
   };

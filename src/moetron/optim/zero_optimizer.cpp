@@ -14,6 +14,8 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
     : opts_(std::move(opts)), reducer_(reducer), redundant_(redundant_newton_schulz) {
   MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
                 opts_.name, "'");
+  MOETRON_CHECK(opts_.moment_dtype == DType::f32 || opts_.moment_dtype == DType::bf16,
+                "optim.moment_dtype must be fp32 or bf16, got ", dtype_name(opts_.moment_dtype));
   MOETRON_CHECK(reducer_.options().mode == parallel::ReduceMode::reduce_scatter,
                 "the ZeRO-1 optimizer needs a reduce-scatter gradient reducer");
   const int64_t rank = reducer_.comm().rank();
@@ -42,8 +44,9 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
       any_muon |= rule_uses_muon(opts_, *slot.param);
     }
     sh.master = Tensor::zeros({b.chunk}, DType::f32, MemTag::optimizer);
-    sh.m = Tensor::zeros({b.chunk}, DType::f32, MemTag::optimizer);
-    sh.v = Tensor::zeros({b.chunk}, DType::f32, MemTag::optimizer);
+    const DType moments = moment_storage(opts_, DType::f32);
+    sh.m = Tensor::zeros({b.chunk}, moments, MemTag::optimizer);
+    sh.v = Tensor::zeros({b.chunk}, moments, MemTag::optimizer);
     for (const Segment& sg : sh.segments) {
       const Tensor src = sg.param->value.reshape({sg.param->value.numel()}).slice(sg.param_lo, sg.param_lo + sg.len);
       kernels::convert(conv, src, sh.master.slice(sg.chunk_lo, sg.chunk_lo + sg.len));
@@ -115,9 +118,16 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
         adamw_segment(ctx, sh, b.shard, sg, info.lr, mult, step);
         continue;
       }
-      // The one-rank Muon's momentum and Nesterov steps, on this slice.
+      // The one-rank Muon's momentum and Nesterov steps, on this slice (a
+      // bf16 momentum widened into fp32, updated there, rounded back once).
       const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
-      const Tensor m = sh.m.slice(lo, hi), g = b.shard.slice(lo, hi), u = sh.u_own.slice(lo, hi);
+      const Tensor stored = sh.m.slice(lo, hi), g = b.shard.slice(lo, hi), u = sh.u_own.slice(lo, hi);
+      const bool narrow = stored.dtype() != DType::f32;
+      Tensor m = stored;
+      if (narrow) {
+        m = Tensor::empty({sg.len}, DType::f32, MemTag::workspace);
+        kernels::convert(ctx, stored, m);
+      }
       kernels::scale(ctx, m, beta, m);
       kernels::axpy(ctx, g_mult, g, m);
       if (opts_.muon_nesterov) {
@@ -126,6 +136,7 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
       } else {
         u.copy_from(m);
       }
+      if (narrow) kernels::convert(ctx, m, stored);
     }
     if (!sh.u_own.defined()) continue;
     if (sh.gather_u) dp.allgather(sh.u_own, sh.u_full);

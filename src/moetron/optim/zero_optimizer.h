@@ -65,7 +65,8 @@ class ZeroOptimizer final : public ParamOptimizer {
   };
   struct Shard {
     std::vector<Segment> segments;
-    Tensor master, m, v;  // f32 [chunk]
+    Tensor master;        // f32 [chunk]
+    Tensor m, v;          // [chunk], optim.moment_dtype
     Tensor values_own;    // working-copy dtype [chunk]: all-gather source
     Tensor values_full;   // working-copy dtype [bucket numel]: all-gather destination
     Tensor u_own, u_full; // f32 Muon update, only when the bucket holds a Muon matrix

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "moetron/core/error.h"
+#include "moetron/kernels/elementwise.h"
 
 namespace moetron::parallel {
 
@@ -19,8 +20,11 @@ GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, Reduc
     b.numel = spec.numel;
     b.chunk = spec.numel / n;
     for (const BucketSlot& slot : spec.slots) {
-      MOETRON_CHECK(slot.param->grad.dtype() == DType::f32, "data parallelism reduces f32 gradients; '",
-                    slot.param->name, "' has ", dtype_name(slot.param->grad.dtype()));
+      // bf16 gradients (train.grad_dtype) are widened into the fp32 bucket
+      // and rounded back after an all-reduce: the sum itself runs in fp32.
+      const DType gd = slot.param->grad.dtype();
+      MOETRON_CHECK(gd == DType::f32 || gd == DType::bf16, "data parallelism reduces f32 or bf16 gradients; '",
+                    slot.param->name, "' has ", dtype_name(gd));
       MOETRON_CHECK(slot.offset >= 0 && slot.offset + slot.numel <= spec.numel, "parameter '", slot.param->name,
                     "' lies outside its bucket");
       MOETRON_CHECK(where_.emplace(slot.param, std::make_pair(buckets_.size(), b.slots.size())).second,
@@ -112,7 +116,7 @@ void GradReducer::start(size_t b) {
   }
 }
 
-void GradReducer::grad_ready(kernels::Context& /*ctx*/, nn::Parameter& p) {
+void GradReducer::grad_ready(kernels::Context& ctx, nn::Parameter& p) {
   if (!armed_) return;
   const auto it = where_.find(&p);
   MOETRON_CHECK(it != where_.end(), "gradient reducer does not know parameter '", p.name, "'");
@@ -120,12 +124,17 @@ void GradReducer::grad_ready(kernels::Context& /*ctx*/, nn::Parameter& p) {
   Bucket& bk = buckets_[b];
   if (pending_[b] == 0) pending_[b] = static_cast<int64_t>(bk.slots.size());
   const BucketSlot& slot = bk.slots[s];
-  bk.flat.slice(slot.offset, slot.offset + slot.numel).copy_from(p.grad.reshape({slot.numel}));
+  const Tensor dst = bk.flat.slice(slot.offset, slot.offset + slot.numel), src = p.grad.reshape({slot.numel});
+  if (src.dtype() == dst.dtype()) {
+    dst.copy_from(src);
+  } else {
+    kernels::convert(ctx, src, dst);
+  }
   if (--pending_[b] == 0 && opts_.overlap) start(b);
   dp_.poll();
 }
 
-void GradReducer::finish(kernels::Context& /*ctx*/) {
+void GradReducer::finish(kernels::Context& ctx) {
   MOETRON_CHECK(armed_, "gradient reducer finished without an armed backward");
   for (size_t b = 0; b < buckets_.size(); ++b) {
     MOETRON_CHECK(pending_[b] == 0, "bucket ", b, " is missing ", pending_[b],
@@ -145,7 +154,12 @@ void GradReducer::finish(kernels::Context& /*ctx*/) {
   if (opts_.mode == ReduceMode::allreduce) {
     for (Bucket& bk : buckets_) {
       for (const BucketSlot& slot : bk.slots) {
-        slot.param->grad.reshape({slot.numel}).copy_from(bk.flat.slice(slot.offset, slot.offset + slot.numel));
+        const Tensor dst = slot.param->grad.reshape({slot.numel}), src = bk.flat.slice(slot.offset, slot.offset + slot.numel);
+        if (src.dtype() == dst.dtype()) {
+          dst.copy_from(src);
+        } else {
+          kernels::convert(ctx, src, dst);
+        }
       }
     }
   }

@@ -3,7 +3,9 @@
 // Parameters are packed into fp32 buckets by a plan (parallel/bucket_plan.h;
 // by default flat, in reverse registration order, roughly the order backward
 // finishes them: head and last block first, embedding last). During the last micro-batch's
-// backward, every gradient the model reports ready is copied into its bucket;
+// backward, every gradient the model reports ready is copied into its bucket
+// (a bf16 gradient, train.grad_dtype, widened exactly; an all-reduced sum is
+// rounded back into it);
 // the moment a bucket's last gradient arrives its reduction starts
 // (non-blocking), so communication runs under the rest of backward. finish()
 // waits for all of them. Each bucket is padded to a multiple of the dp size

@@ -71,6 +71,7 @@ const std::vector<Field>& fields() {
       field("optim.muon_distribution", &Config::optim, &OptimConfig::muon_distribution),
       field("optim.adamw_params", &Config::optim, &OptimConfig::adamw_params),
       field("optim.no_decay_params", &Config::optim, &OptimConfig::no_decay_params),
+      field("optim.moment_dtype", &Config::optim, &OptimConfig::moment_dtype),
       field("data.path", &Config::data, &DataConfig::path),
       field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
       field("train.seq_len", &Config::train, &TrainingConfig::seq_len),
@@ -80,6 +81,7 @@ const std::vector<Field>& fields() {
       field("train.steps", &Config::train, &TrainingConfig::steps),
       field("train.seed", &Config::train, &TrainingConfig::seed),
       field("train.precision", &Config::train, &TrainingConfig::precision),
+      field("train.grad_dtype", &Config::train, &TrainingConfig::grad_dtype),
       field("train.loss_scale_init", &Config::train, &TrainingConfig::loss_scale_init),
       field("train.loss_scale_window", &Config::train, &TrainingConfig::loss_scale_window),
       field("train.log_every", &Config::train, &TrainingConfig::log_every),
@@ -344,6 +346,8 @@ void validate(const Config& c) {
   check_rule(o.muon_distribution == "owner" || o.muon_distribution == "gather" || o.muon_distribution == "replicated",
              "optim.muon_distribution",
              str_cat("must be owner, gather or replicated, got \"", o.muon_distribution, "\""));
+  check_rule(o.moment_dtype == "fp32" || o.moment_dtype == "bf16", "optim.moment_dtype",
+             str_cat("must be fp32 or bf16, got \"", o.moment_dtype, "\""));
   check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in (0, 1)");
   const auto& t = c.train;
   check_rule(t.seq_len > 0 && t.seq_len <= m.max_seq_len, "train.seq_len",
@@ -405,6 +409,11 @@ void validate(const Config& c) {
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
              "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
+  check_rule(t.grad_dtype == "fp32" || t.grad_dtype == "bf16", "train.grad_dtype",
+             str_cat("must be fp32 or bf16, got \"", t.grad_dtype, "\""));
+  check_rule(t.grad_dtype == "fp32" || t.precision == "bf16", "train.grad_dtype",
+             str_cat("= bf16 needs train.precision = bf16, got \"", t.precision,
+                     "\" (\"auto\" may resolve to fp32: set bf16 explicitly)"));
   check_rule(t.loss_scale_init > 0, "train.loss_scale_init", "must be positive");
   check_rule(t.loss_scale_window >= 1, "train.loss_scale_window", "must be >= 1");
   check_rule(t.log_every > 0, "train.log_every", "must be positive");

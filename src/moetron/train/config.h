@@ -38,6 +38,9 @@ struct OptimConfig {
   // Parameter groups by name, comma-separated globs (e.g. "*.o_proj.weight"):
   std::string adamw_params = "";     // kept on AdamW under optim.name = "muon"
   std::string no_decay_params = "";  // no weight decay (1-D parameters never decay)
+  // Storage of AdamW's moments and Muon's momentum: "fp32" or "bf16" (half
+  // their bytes; computed in fp32, stored rounded to nearest even).
+  std::string moment_dtype = "fp32";
 };
 
 struct DataConfig {
@@ -56,6 +59,10 @@ struct TrainingConfig {
   int64_t steps = 200;
   uint64_t seed = 1234;
   std::string precision = "auto";  // auto | bf16 | fp16 | fp32
+  // Gradients of the hidden matrices (attention, dense and expert FFNs):
+  // "fp32", or "bf16" (needs precision = "bf16"; embeddings, head, norms and
+  // router keep fp32 gradients).
+  std::string grad_dtype = "fp32";
   double loss_scale_init = 65536.0;  // fp16: initial dynamic loss scale (2^16)
   int64_t loss_scale_window = 2000;  // fp16: clean steps before the scale doubles
   int64_t log_every = 10;

@@ -26,9 +26,14 @@ namespace moetron::train {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-nn::Precision resolve_precision(const std::string& precision, std::string* notice) {
+nn::Precision resolve_precision(const TrainingConfig& train, std::string* notice) {
+  const std::string& precision = train.precision;
   if (precision == "fp32") return nn::Precision::fp32();
-  if (precision == "bf16") return nn::Precision::bf16();
+  if (precision == "bf16") {
+    nn::Precision p = nn::Precision::bf16();
+    p.bf16_matrix_grads = train.grad_dtype == "bf16";  // the config allows it with bf16 only
+    return p;
+  }
   if (precision == "fp16") {
     __builtin_cpu_init();
     if (notice && !__builtin_cpu_supports("avx512fp16")) {
@@ -46,7 +51,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     : cfg_(std::move(cfg)), run_dir_(std::move(run_dir)), world_(std::move(world)) {
   if (!world_) world_ = comm::make_local_communicator();
   std::string notice;
-  prec_ = resolve_precision(cfg_.train.precision, &notice);
+  prec_ = resolve_precision(cfg_.train, &notice);
   if (!notice.empty()) std::cerr << "notice: " << notice << "\n";
   fp16_ = prec_.compute == DType::f16;
   scaler_ = optim::LossScaler(cfg_.train.loss_scale_init, cfg_.train.loss_scale_window);
@@ -110,6 +115,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   oo.muon_momentum = cfg_.optim.muon_momentum;
   oo.muon_nesterov = cfg_.optim.muon_nesterov;
   oo.muon_ns_steps = static_cast<int>(cfg_.optim.muon_ns_steps);
+  oo.moment_dtype = cfg_.optim.moment_dtype == "bf16" ? DType::bf16 : DType::f32;
   oo.adamw_patterns = optim::split_patterns(cfg_.optim.adamw_params);
   oo.no_decay_patterns = optim::split_patterns(cfg_.optim.no_decay_params);
   oo.schedule = {cfg_.optim.lr, cfg_.optim.min_lr_ratio, cfg_.optim.warmup_steps, cfg_.train.steps};
@@ -224,7 +230,11 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
                 << "'; starting from step 0\n";
     }
   }
-  // Peak of the dtype we train in, measured now on this machine: the MFU denominator.
+  // Peak of the dtype we train in, measured now on this machine: the MFU
+  // denominator. Its own context: a bf16 GEMM widened to fp32 (no native
+  // bf16 matmul) grows the context's scratch to 8 MiB, which training's
+  // context must not keep.
+  kernels::Context probe(kernels::Backend::cpu, static_cast<int>(cfg_.train.threads));
   const int64_t n = 1024;
   Tensor a = Tensor::zeros({n, n}, prec_.compute, MemTag::workspace);
   Tensor b = Tensor::zeros({n, n}, prec_.compute, MemTag::workspace);
@@ -234,7 +244,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   double best = 1e30;
   for (int i = 0; i < 4; ++i) {
     const auto t0 = clock_type::now();
-    kernels::matmul(*ctx_, a, b, c, {});
+    kernels::matmul(probe, a, b, c, {});
     best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count());
   }
   peak_flops_ = 2.0 * static_cast<double>(n * n * n) / best;
@@ -451,9 +461,14 @@ TrainResult Trainer::run() {
   const double fpt = flops_per_token();
   const double job_peak = peak_flops_ * static_cast<double>(world_->size());
   if (world_->rank() == 0) {
-    std::cout << memory_plan(cfg_, prec_, num_compute_threads(), world_->rank(),
-                             layout_of(cfg_, world_->size(), world_->rank()))
-              << std::flush;
+    // One prediction per pipeline stage (its first rank's: the ranks of a
+    // stage differ only by the routing under ep).
+    for (int64_t s = 0; s < pp_; ++s) {
+      const int64_t r = s * stage_size();
+      std::cout << memory_plan(cfg_, prec_, num_compute_threads(), static_cast<int>(r),
+                               layout_of(cfg_, world_->size(), r))
+                << std::flush;
+    }
   }
   cpu_allocator().reset_peaks();
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {

@@ -25,7 +25,8 @@ namespace moetron::train {
 // honoured. fp16 (with dynamic loss scaling) stores activations and weights'
 // working copies in fp16; on a CPU without fp16 arithmetic the kernels compute
 // in fp32 on staged copies (kernels/f16_staging.h), and `notice` says so.
-nn::Precision resolve_precision(const std::string& precision, std::string* notice);
+// train.grad_dtype = bf16 turns on the bf16 matrix gradients.
+nn::Precision resolve_precision(const TrainingConfig& train, std::string* notice);
 
 struct StepRecord {
   int64_t step = 0;
