@@ -36,6 +36,8 @@ std::vector<Case> cases() {
     out.push_back({"dp2", {}, 2});
     out.push_back({"dp2 zero1", {"parallel.zero=true"}, 2});
     out.push_back({"dp2 int8 gradients", {"parallel.compression=int8"}, 2});
+    out.push_back({"dp2 bf16 grads", {"train.precision=bf16", "train.grad_dtype=bf16"}, 2});
+    out.push_back({"dp2 zero1 bf16 moments", {"parallel.zero=true", "optim.moment_dtype=bf16"}, 2});
     out.push_back({"tp2", {"parallel.tp=2"}, 1});
     out.push_back({"tp2 sp selective", {"parallel.tp=2", "parallel.sequence_parallel=true", "recompute.policy=selective"}, 1});
     out.push_back({"ep2", {"parallel.ep=2"}, 2});
@@ -47,6 +49,9 @@ std::vector<Case> cases() {
   } else {
     out.push_back({"dp2 tp2 sp", {"parallel.tp=2", "parallel.sequence_parallel=true"}, 2});
     out.push_back({"ep4", {"parallel.ep=4"}, 4});
+    out.push_back({"ep2 dp4 bf16 grads+moments",
+                   {"parallel.ep=2", "train.precision=bf16", "train.grad_dtype=bf16", "optim.moment_dtype=bf16"},
+                   4});
     out.push_back({"ep2 dp4 capacity", {"parallel.ep=2", "moe.capacity_factor=1.25"}, 4});
     out.push_back({"pp2 ep2", {"parallel.pp=2", "parallel.ep=2"}, 2});
     out.push_back({"pp2 tp2 muon", {"parallel.pp=2", "parallel.tp=2", "optim.name=muon"}, 1});
@@ -92,7 +97,7 @@ TEST(MemoryModelLayouts, PredictsEachRanksPeakWithinTenPercent) {
     }
     for (int tg = 0; tg < kNumMemTags; ++tg) got.peak[static_cast<size_t>(tg)] -= before.current[static_cast<size_t>(tg)];
     got.total_peak -= before.total_current;
-    const MemoryInputs in = train::memory_inputs(cfg, nn::Precision::fp32(), 1, train::layout_of(cfg, world().size(), rank));
+    const MemoryInputs in = train::memory_inputs(cfg, train::resolve_precision(cfg.train, nullptr), 1, train::layout_of(cfg, world().size(), rank));
     const MemoryEstimate est = estimate_memory(in);
     const auto meas = [&](MemTag tg) { return got.peak[static_cast<size_t>(tg)]; };
     EXPECT_EQ(est.peak_of(MemTag::params), meas(MemTag::params));

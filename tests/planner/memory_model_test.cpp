@@ -26,7 +26,15 @@ struct Case {
   int64_t grad_accum = 1;
   const char* optimizer = "adamw";
   double capacity_factor = 0;
+  DType moments = DType::f32;  // optim.moment_dtype
 };
+
+// train.grad_dtype = bf16: the hidden matrices' gradients in bf16.
+nn::Precision bf16_grads() {
+  nn::Precision p = nn::Precision::bf16();
+  p.bf16_matrix_grads = true;
+  return p;
+}
 
 MemoryInputs inputs_of(const Case& c) {
   MemoryInputs in;
@@ -51,6 +59,8 @@ MemoryInputs inputs_of(const Case& c) {
   in.seq_len = 96;
   in.grad_accum = c.grad_accum;
   in.ce_chunk_tokens = 128;
+  in.matrix_grad = c.prec.matrix_grad();
+  in.moment_dtype = c.moments;
   return in;
 }
 
@@ -73,6 +83,7 @@ MemStats measure(const MemoryInputs& in) {
     model.ce_chunk_tokens = in.ce_chunk_tokens;
     optim::OptimizerOptions oo;
     oo.name = in.optimizer;
+    oo.moment_dtype = in.moment_dtype;
     oo.schedule = {1e-3, 0.1, 0, 10};
     optim::Optimizer opt(model.params(), oo);
     std::vector<Tensor> ins, tgts;
@@ -123,6 +134,10 @@ TEST(MemoryModel, PredictsTheAllocatorsPeakWithinTenPercent) {
       {"sqrt fp32 mb2", "sqrt", {}, nn::Precision::fp32(), 2},
       {"sqrt bf16 mb3 muon", "sqrt", {}, nn::Precision::bf16(), 3, 1, "muon"},
       {"custom norm+moe_act bf16 mb2", "custom", {"norm", "moe_act"}, nn::Precision::bf16(), 2},
+      {"none bf16 grads mb2", "none", {}, bf16_grads(), 2},
+      {"selective bf16 moments mb2", "selective", {}, nn::Precision::bf16(), 2, 1, "adamw", 0, DType::bf16},
+      {"full bf16 grads+moments mb2 accum 2", "full", {}, bf16_grads(), 2, 2, "adamw", 0, DType::bf16},
+      {"sqrt bf16 grads+moments mb2 muon", "sqrt", {}, bf16_grads(), 2, 1, "muon", 0, DType::bf16},
   };
   std::printf("%-34s %12s %12s %7s %12s %12s %7s %10s %10s\n", "case", "act pred", "act meas",
               "err", "total pred", "total meas", "err", "ws pred", "ws meas");

@@ -27,6 +27,8 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec
   in.reducer.compress.block = cfg.parallel.compression_block;
   in.reducer.compress.topk_ratio = cfg.parallel.topk_ratio;
   in.muon_distribution = cfg.optim.muon_distribution;
+  in.matrix_grad = prec.matrix_grad();
+  in.moment_dtype = cfg.optim.moment_dtype == "bf16" ? DType::bf16 : DType::f32;
   return in;
 }
 
