@@ -15,6 +15,7 @@
 #include "bench_util.h"
 #include "moetron/core/allocator.h"
 #include "moetron/core/rng.h"
+#include "moetron/kernels/matmul.h"
 #include "moetron/nn/transformer.h"
 #include "moetron/optim/optimizer.h"
 #include "moetron/planner/memory_model.h"
@@ -59,8 +60,12 @@ Setup narrow(int64_t layers) {
   return s;
 }
 
-planner::MemoryInputs inputs_of(const Setup& s, nn::Precision prec, const nn::RecomputePolicy& p) {
+planner::MemoryInputs inputs_of(const Setup& s, nn::Precision prec, const nn::RecomputePolicy& p,
+                                DType moments = DType::f32) {
   planner::MemoryInputs in;
+  in.matrix_grad = prec.matrix_grad();
+  in.moment_dtype = moments;
+  in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   in.model = s.model;
   in.moe = s.moe;
   in.precision = prec;
@@ -75,10 +80,11 @@ planner::MemoryInputs inputs_of(const Setup& s, nn::Precision prec, const nn::Re
 // under the current policy and returns its seconds and measured peaks.
 class Harness {
  public:
-  Harness(const Setup& s, nn::Precision prec, int threads)
+  Harness(const Setup& s, nn::Precision prec, int threads, DType moments = DType::f32)
       : s_(s), ctx_(kernels::Backend::cpu, threads), model_(s.model, s.moe, prec) {
     model_.initialize(1);
     optim::OptimizerOptions oo;
+    oo.moment_dtype = moments;
     oo.schedule = {1e-4, 0.1, 0, 1000};
     opt_ = std::make_unique<optim::Optimizer>(model_.params(), oo);
     in_ = Tensor::empty({s.batch, s.seq}, DType::i32);
@@ -173,32 +179,50 @@ void bench_policies(Runner& runner) {
   }
 }
 
+// fp32 training against bf16 training in its memory modes: the bf16 working
+// copy alone, then bf16 hidden-matrix gradients (train.grad_dtype) and bf16
+// moments (optim.moment_dtype), each alone and together.
 void bench_precision(Runner& runner) {
   Setup s = long_bench_moe();
   if (runner.quick()) {
     s.model.n_layers = 2;
     s.seq = 512;
   }
+  struct Mode {
+    const char* name;
+    nn::Precision prec;
+    DType moments;
+  };
+  nn::Precision bf16_grads = nn::Precision::bf16();
+  bf16_grads.bf16_matrix_grads = true;
+  const std::vector<Mode> modes = {{"f32", nn::Precision::fp32(), DType::f32},
+                                   {"bf16", nn::Precision::bf16(), DType::f32},
+                                   {"bf16+grads", bf16_grads, DType::f32},
+                                   {"bf16+moments", nn::Precision::bf16(), DType::bf16},
+                                   {"bf16+grads+moments", bf16_grads, DType::bf16}};
   const nn::RecomputePolicy none;
-  for (bool bf16 : {true, false}) {
-    const nn::Precision prec = bf16 ? nn::Precision::bf16() : nn::Precision::fp32();
+  double fp32_total = 0;
+  for (const Mode& m : modes) {
     cpu_allocator().release_cached();
     const int64_t before = cpu_allocator().total_current();
     cpu_allocator().reset_peaks();
     Harness::Step st{};
     {
-      Harness h(s, prec, runner.threads());
+      Harness h(s, m.prec, runner.threads(), m.moments);
       st = h.step(none);
     }
-    const planner::MemoryEstimate est = planner::estimate_memory(inputs_of(s, prec, none));
-    Result res;
-    res.name = std::string("memory/bench-moe-s") + std::to_string(s.seq) + "/total/" +
-               (bf16 ? "bf16" : "f32");
-    res.metrics["seconds"] = st.seconds;
+    const planner::MemoryEstimate est = planner::estimate_memory(inputs_of(s, m.prec, none, m.moments));
     // Model construction, optimizer state and the step: the run's whole peak.
-    res.metrics["total_peak_mb"] = static_cast<double>(cpu_allocator().total_peak() - before) / 1e6;
+    const double total = static_cast<double>(cpu_allocator().total_peak() - before) / 1e6;
+    if (fp32_total == 0) fp32_total = total;
+    Result res;
+    res.name = std::string("memory/bench-moe-s") + std::to_string(s.seq) + "/total/" + m.name;
+    res.metrics["seconds"] = st.seconds;
+    res.metrics["total_peak_mb"] = total;
     res.metrics["total_predicted_mb"] = static_cast<double>(est.total_peak) / 1e6;
+    res.metrics["below_fp32"] = 1.0 - total / fp32_total;
     res.metrics["activation_peak_mb"] = static_cast<double>(st.activation_peak) / 1e6;
+    res.metrics["activation_predicted_mb"] = static_cast<double>(est.peak_of(MemTag::activations)) / 1e6;
     runner.record(res);
   }
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "moetron/core/rng.h"
+#include "moetron/kernels/matmul.h"
 #include "moetron/nn/transformer.h"
 #include "moetron/optim/optimizer.h"
 
@@ -61,6 +62,7 @@ MemoryInputs inputs_of(const Case& c) {
   in.ce_chunk_tokens = 128;
   in.matrix_grad = c.prec.matrix_grad();
   in.moment_dtype = c.moments;
+  in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   return in;
 }
 

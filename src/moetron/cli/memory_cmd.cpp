@@ -75,6 +75,8 @@ int run_memory_command(const MemoryCommand& o) {
   }
   nlohmann::json j = {{"config", o.config},
                       {"precision", std::string(dtype_name(prec.compute))},
+                      {"grad_dtype", cfg.train.grad_dtype},
+                      {"moment_dtype", cfg.optim.moment_dtype},
                       {"micro_batch", cfg.train.micro_batch},
                       {"seq_len", cfg.train.seq_len},
                       {"grad_accum", cfg.train.grad_accum},
@@ -96,7 +98,8 @@ int run_memory_command(const MemoryCommand& o) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << "predicted peak per rank: " << dtype_name(prec.compute) << ", micro-batch "
+  std::cout << "predicted peak per rank: " << train::describe_precision(train::memory_inputs(cfg, prec, threads, layout))
+            << ", micro-batch "
             << cfg.train.micro_batch << " x " << cfg.train.seq_len << " tokens, grad_accum "
             << cfg.train.grad_accum << ", " << train::describe([&] {
                  planner::Layout shown = layout;

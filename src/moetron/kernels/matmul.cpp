@@ -1,4 +1,5 @@
 #include "moetron/kernels/matmul.h"
+#include "moetron/kernels/cpu/matmul_gemm.h"
 #include "moetron/kernels/f16_staging.h"
 
 namespace moetron::kernels {
@@ -30,6 +31,14 @@ void grouped_matmul_weight_grad(Context& ctx, const Tensor& dy, const Tensor& x,
     });
   }
   MOETRON_KERNEL_DISPATCH(ctx, grouped_matmul_weight_grad, dy, x, offsets, dw, beta);
+}
+
+bool cpu_widens_bf16_matmul() {
+  static const bool widens = [] {
+    Context ctx(Backend::cpu, 1);
+    return !cpu::has_native_bf16_matmul(ctx.cpu_state());
+  }();
+  return widens;
 }
 
 }  // namespace moetron::kernels

@@ -44,4 +44,9 @@ MOETRON_KERNEL_DECL(void grouped_matmul_weight_grad(Context& ctx, const Tensor& 
                                                     std::span<const int64_t> offsets,
                                                     const Tensor& dw, float beta))
 
+// Whether the CPU backend widens bf16 GEMM operands to fp32 on this machine
+// (oneDNN has no bf16 matmul without AVX512_CORE): its contexts then keep
+// fp32 scratch as large as the largest GEMM's operands (planner/gemm_scratch.h).
+bool cpu_widens_bf16_matmul();
+
 }  // namespace moetron::kernels

@@ -12,6 +12,7 @@
 #include "moetron/core/error.h"
 #include "moetron/parallel/bucket_plan.h"
 #include "moetron/parallel/pipeline_schedule.h"
+#include "moetron/planner/gemm_scratch.h"
 #include "moetron/planner/memory_replay.h"
 
 namespace moetron::planner {
@@ -386,6 +387,14 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   x.a = in.precision.accum;
   x.aux = e.aux_loss_coef > 0;
   x.z = e.z_loss_coef > 0;
+  if (in.widened_bf16_gemm) {
+    // Held from the start: what every step after the first holds (the first
+    // grows the slots as its GEMMs come, so this bounds it from above).
+    const GemmScratch g = widened_gemm_scratch(in, x, chunks, last);
+    for (int64_t n : {g.staged_out, g.widened_a, g.widened_b}) {
+      if (n > 0) fixed.push_back(r.ws(n, DType::f32));
+    }
+  }
   replay_step(r, in, x, chunks, first, last);
   {
     // Uncompressed all-reduces copy each bucket into a send buffer held

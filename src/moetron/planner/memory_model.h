@@ -72,6 +72,9 @@ struct MemoryInputs {
   // (f32, or bf16 where train.grad_dtype / optim.moment_dtype say so).
   DType matrix_grad = DType::f32;
   DType moment_dtype = DType::f32;
+  // The CPU backend widens bf16 GEMMs to fp32 here (kernels::cpu_widens_bf16_matmul):
+  // its persistent scratch (planner/gemm_scratch.h) is counted as workspace.
+  bool widened_bf16_gemm = false;
   // ZeRO-1 with Muon (optim.muon_distribution): "owner" buckets whole
   // matrices per rank; "replicated" gathers every update; "gather" gathers
   // the matrices a chunk boundary cuts.

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "moetron/core/error.h"
+#include "moetron/kernels/matmul.h"
 #include "moetron/optim/optimizer.h"
 
 namespace moetron::train {
@@ -29,7 +30,16 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec
   in.muon_distribution = cfg.optim.muon_distribution;
   in.matrix_grad = prec.matrix_grad();
   in.moment_dtype = cfg.optim.moment_dtype == "bf16" ? DType::bf16 : DType::f32;
+  in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   return in;
+}
+
+std::string describe_precision(const planner::MemoryInputs& in) {
+  std::string s(dtype_name(in.precision.compute));
+  std::string modes;
+  if (in.matrix_grad == DType::bf16) modes = "bf16 grads";
+  if (in.moment_dtype == DType::bf16) modes += std::string(modes.empty() ? "" : ", ") + "bf16 moments";
+  return modes.empty() ? s : s + " (" + modes + ")";
 }
 
 planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank) {
@@ -113,7 +123,7 @@ std::string memory_plan(const Config& cfg, const nn::Precision& prec, int64_t th
   const int64_t budget = memory_budget_bytes(cfg);
   const int64_t fits = planner::largest_fitting_micro_batch(in, budget);
   std::ostringstream os;
-  os << "memory (rank " << rank << ", predicted): " << dtype_name(prec.compute) << ", recompute "
+  os << "memory (rank " << rank << ", predicted): " << describe_precision(in) << ", recompute "
      << nn::describe(in.recompute) << ", micro-batch " << in.micro_batch << " x " << in.seq_len << " tokens, "
      << describe(layout) << (layout.ep > 1 ? " (balanced routing assumed)" : "") << "\n";
   os << memory_table({{"predicted peak", est}});

@@ -23,6 +23,9 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec
 planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank);
 // "dp 2, tp 2 (sp), ep 2, pp 2 1f1b stage 0" (no stage when l.stage < 0).
 std::string describe(const planner::Layout& l);
+// "bf16", "bf16 (bf16 grads, bf16 moments)": the compute dtype and the
+// precision memory modes in use.
+std::string describe_precision(const planner::MemoryInputs& in);
 // train.memory_budget in bytes: "auto" is the machine's available memory now.
 int64_t memory_budget_bytes(const Config& cfg);
 

@@ -97,22 +97,6 @@ void store_bf16(const float* src, uint16_t* c, int64_t n, float beta) {
   }
 }
 
-// Whether oneDNN can build a bf16 matmul here (asked once per state).
-bool has_native_bf16_matmul(CpuState& st) {
-  if (st.native_bf16_matmul < 0) {
-    GemmSpec probe;
-    probe.m = probe.n = probe.k = 16;
-    probe.ab = DType::bf16;
-    const GemmDescs d = gemm_descs(probe, memory::data_type::f32);
-    try {
-      (void)dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), st.engine);
-      st.native_bf16_matmul = 1;
-    } catch (const dnnl::error&) {
-      st.native_bf16_matmul = 0;
-    }
-  }
-  return st.native_bf16_matmul == 1;
-}
 
 // n bf16 values widened to fp32 (exact).
 void widen_bf16(const void* src, float* dst, int64_t n) {
@@ -170,6 +154,23 @@ GemmDescs gemm_descs(const GemmSpec& s, memory::data_type c_dtype, VaryingDim ru
   return {memory::desc({s.batch, m, k}, ab, {mul(m, k), a_str[0], a_str[1]}),
           memory::desc({bb, k, n}, ab, {mul(k, n), b_str[0], b_str[1]}),
           memory::desc({s.batch, m, n}, c_dtype, {mul(m, n), n, 1})};
+}
+
+// Asked once per state: whether oneDNN can build a bf16 matmul here.
+bool has_native_bf16_matmul(CpuState& st) {
+  if (st.native_bf16_matmul < 0) {
+    GemmSpec probe;
+    probe.m = probe.n = probe.k = 16;
+    probe.ab = DType::bf16;
+    const GemmDescs d = gemm_descs(probe, memory::data_type::f32);
+    try {
+      (void)dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), st.engine);
+      st.native_bf16_matmul = 1;
+    } catch (const dnnl::error&) {
+      st.native_bf16_matmul = 0;
+    }
+  }
+  return st.native_bf16_matmul == 1;
 }
 
 void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c, VaryingDim varying) {

@@ -39,6 +39,10 @@ enum class VaryingDim : uint8_t { none, m, k };
 void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c,
           VaryingDim varying = VaryingDim::none);
 
+// Whether oneDNN runs bf16 x bf16 matmuls on this CPU (else gemm widens the
+// operands into the state's fp32 scratch slots).
+bool has_native_bf16_matmul(CpuState& st);
+
 // oneDNN memory descriptors of a GEMM (2-D, or 3-D when batch > 1) with the
 // given dst dtype; exposed so benchmarks can build the same primitive by hand.
 struct GemmDescs {
