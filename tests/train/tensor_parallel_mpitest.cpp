@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "moetron/ckpt/export.h"
 #include "moetron/ckpt/safetensors.h"
@@ -163,8 +166,9 @@ TEST(TensorParallel, RecomputePoliciesUnderTensorParallelEqualOneRank) {
   }
 }
 
-// Saved under tp (full tensors: gathered over tp), resumed without tp, and
-// the one-rank checkpoint resumed under tp: both continue the one-rank run.
+// Saved under tp (each rank writes its own blocks; nothing is gathered),
+// resumed without tp and at another tp, and the one-rank checkpoint resumed
+// under tp: all continue the one-rank run.
 TEST(TensorParallel, CheckpointsResumeInAnotherLayout) {
   const std::vector<std::string> common = {"optim.name=muon", "checkpoint.every=5"};
   const Reference& ref = reference("ckpt", common);
@@ -178,7 +182,23 @@ TEST(TensorParallel, CheckpointsResumeInAnotherLayout) {
     EXPECT_THROW(t.run(), Error);
   }
   if (world().rank() == 0) {
-    // Whole tensors (tp shards gathered): the export holds every tensor of
+    // Per-rank pieces: rank 0's file holds its block of q_proj (and the
+    // metadata placing it), the other tp ranks of the first dp replica theirs.
+    const std::string step5 = saved + "/checkpoints/step-5";
+    const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(step5 + "/manifest.json")).at("state");
+    EXPECT_EQ(manifest.at("layout").at("tp").get<int64_t>(), world().size() / l.dp);
+    const int64_t tp = world().size() / l.dp;
+    EXPECT_GE(manifest.at("model_files").size(), static_cast<size_t>(tp));
+    const std::string q = "model.layers.0.self_attn.q_proj.weight";
+    ckpt::SafetensorsReader rank0(step5 + "/model.safetensors");
+    const Config cfg = tp_config(1);
+    const int64_t q_rows = cfg.model.n_heads * cfg.model.resolved_head_dim();
+    EXPECT_EQ(rank0.shape(q), Shape({q_rows / tp, cfg.model.d_model}));
+    EXPECT_EQ(rank0.metadata().at(q), "block:0,0," + std::to_string(q_rows) + "," + std::to_string(cfg.model.d_model));
+    ckpt::SafetensorsReader rank1(step5 + "/model-rank-1.safetensors");
+    EXPECT_EQ(rank1.metadata().at(q),
+              "block:" + std::to_string(q_rows / tp) + ",0," + std::to_string(q_rows) + "," + std::to_string(cfg.model.d_model));
+    // Whole tensors assembled from the pieces: the export holds every tensor of
     // the one-rank export, same shapes, values within the runs' rounding.
     // (No ASSERT here: rank 0 leaving early would strand the other ranks.)
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
@@ -207,6 +227,13 @@ TEST(TensorParallel, CheckpointsResumeInAnotherLayout) {
     Trainer t(tp_config(kGlobalRows / world().size(), common), copy_step5(saved, "ckpt-tp-to-dp"), true,
               shared_world());
     expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> dp " + std::to_string(world().size()));
+  }
+  for (const Layout& other : layouts()) {  // saved at one tp, resumed at another
+    if (other.dp == l.dp) continue;
+    Trainer t(tp_config(kGlobalRows / other.dp, with(common, other.sets)), copy_step5(saved, "ckpt-tp-to-" + other.name),
+              true, shared_world());
+    expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> " + other.name);
+    break;  // one other tp is enough
   }
   {
     const Layout other = layouts().back();

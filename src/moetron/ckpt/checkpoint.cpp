@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "moetron/ckpt/pieces.h"
 #include "moetron/ckpt/safetensors.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
@@ -95,12 +96,23 @@ void broadcast_string(comm::Communicator& world, std::string& s) {
   s.assign(reinterpret_cast<const char*>(bytes.data<uint8_t>()), static_cast<size_t>(len.data<int64_t>()[0]));
 }
 
+// Where a slice lies in its full state tensor: a tp block, or an element range.
+Piece piece_of(const optim::StateSlice& sl) {
+  if (sl.block_of) {
+    const nn::Parameter& p = *sl.block_of;
+    return Piece::block(p.shard.full, p.shard.row0, p.shard.col0, p.value.shape());
+  }
+  return Piece::flat(sl.offset, sl.values.numel(), sl.total);
+}
+
 void write_optimizer_slices(const std::string& path, std::vector<optim::StateSlice> slices) {
   std::vector<NamedTensor> tensors;
   std::map<std::string, std::string> meta;
   for (const auto& sl : slices) {
-    tensors.push_back({sl.name, sl.values});
-    meta[sl.name] = std::to_string(sl.offset) + "," + std::to_string(sl.total);
+    const Piece piece = piece_of(sl);
+    // A block is stored in its [rows, cols] shape, so readers see the block.
+    tensors.push_back({sl.name, sl.block_of ? sl.values.reshape(sl.block_of->value.shape()) : sl.values});
+    meta[sl.name] = sl.block_of ? piece.metadata() : std::to_string(sl.offset) + "," + std::to_string(sl.total);
   }
   write_safetensors(path, tensors, meta);
 }
@@ -117,9 +129,17 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
   comm::Communicator& world = world_ptr ? *world_ptr : *local;
   const auto writes = [&](const std::string& name) { return writes_fn ? writes_fn(name) : world.rank() == 0; };
   const std::string final_dir = checkpoint_dir(run_dir, step);
-  std::vector<NamedTensor> weights;  // fp32 masters: resume is exact
-  for (const auto& m : opt.full_masters()) {  // collective
-    if (writes(m.name)) weights.push_back({m.name, m.tensor});
+  // fp32 masters (resume is exact), each as this rank holds it: a tp shard
+  // is written by its own rank as a block, never gathered.
+  std::vector<NamedTensor> weights;
+  std::map<std::string, std::string> weight_meta = {{"format", "pt"}};
+  for (const auto& m : opt.checkpoint_masters()) {  // collective
+    if (!writes(m.name)) continue;
+    weights.push_back({m.name, m.tensor});
+    const nn::Parameter& p = model.params().get(m.name);
+    if (p.sharded() && m.tensor.shape() != p.shard.full) {
+      weight_meta[m.name] = Piece::block(p.shard.full, p.shard.row0, p.shard.col0, m.tensor.shape()).metadata();
+    }
   }
   // Which ranks write a model file: rank 0 always (the Hugging Face file).
   Tensor writers = Tensor::zeros({world.size()}, DType::i32, MemTag::comm);
@@ -131,7 +151,7 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
     try {
       staged = std::make_unique<StagedDir>(final_dir);
       staging = staged->staging_path();
-      write_safetensors(staged->file(kModelFile), weights, {{"format", "pt"}});
+      write_safetensors(staged->file(kModelFile), weights, weight_meta);
       std::vector<NamedTensor> state;
       for (nn::MoeLayer* layer : model.moe_layers()) state.push_back({bias_name(*layer), layer->bias()});
       write_safetensors(staged->file(kStateFile), state);
@@ -153,11 +173,14 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
   try {
     // A replicated optimizer's state is stored once, by rank 0.
     if (world.rank() > 0 && !weights.empty()) {
-      write_safetensors(staging + "/" + model_file(world.rank()), weights, {{"format", "pt"}});
+      write_safetensors(staging + "/" + model_file(world.rank()), weights, weight_meta);
     }
     std::vector<optim::StateSlice> slices;
     for (auto& sl : opt.state_slices()) {
-      if ((opt.sharded() && !sl.replicated) || writes(sl.name)) slices.push_back(std::move(sl));
+      // A tp block by the rank that writes its parameter's block.
+      if ((opt.sharded() && !sl.replicated) || writes(sl.block_of ? sl.block_of->name : sl.name)) {
+        slices.push_back(std::move(sl));
+      }
     }
     slices.insert(slices.end(), extra.begin(), extra.end());
     write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), std::move(slices));
@@ -174,8 +197,13 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
       }
       for (const auto& f : model_files) files.push_back(f.get<std::string>());
       for (int r = 0; r < world.size(); ++r) files.push_back(optimizer_file(r));
+      nlohmann::json layout = nlohmann::json::object();  // what wrote the pieces
+      for (const char* k : {"dp", "tp", "ep", "pp"}) {
+        if (trainer_state.contains(k)) layout[k] = trainer_state[k];
+      }
       write_manifest(staged->staging_path(), files,
-                     {{"step", step}, {"optimizer_ranks", world.size()}, {"model_files", model_files}});
+                     {{"step", step}, {"optimizer_ranks", world.size()}, {"model_files", model_files},
+                      {"layout", layout}});
       staged->commit();
       // Prune only after the new checkpoint is durable.
       const auto dirs = checkpoint_dirs(run_dir);
@@ -219,8 +247,8 @@ int64_t checkpoint_step(const std::string& dir) {
 
 namespace {
 
-// Fills each of the optimizer's slices from the slices the checkpoint's ranks
-// wrote, whatever the dp size was; every element must be found exactly once.
+// Fills each of the optimizer's slices from the pieces the checkpoint's ranks
+// wrote, whatever their dp and tp were; every element must be found exactly once.
 void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vector<optim::StateSlice> slices) {
   std::vector<int64_t> filled(slices.size(), 0);
   for (int64_t r = 0; r < saved_ranks; ++r) {
@@ -231,23 +259,19 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vec
       if (!file.contains(sl.name)) continue;
       const auto it = file.metadata().find(sl.name);
       MOETRON_CHECK(it != file.metadata().end(), "'", path, "' has no element range for '", sl.name, "'");
-      const int64_t offset = std::stoll(it->second), total = std::stoll(it->second.substr(it->second.find(',') + 1));
-      MOETRON_CHECK(total == sl.total, "'", path, "': optimizer tensor '", sl.name, "' has ", total,
-                    " elements, the model expects ", sl.total, " (saved from another model?)");
       const Tensor saved = file.view(sl.name);
-      const int64_t lo = std::max(offset, sl.offset);
-      const int64_t hi = std::min(offset + saved.numel(), sl.offset + sl.values.numel());
-      if (lo >= hi) continue;
+      Piece piece = Piece::parse(it->second, saved.numel(), "'" + path + "', tensor '" + sl.name + "'");
+      if (piece.full_cols > 0) {
+        MOETRON_CHECK(saved.rank() == 2, "'", path, "': block '", sl.name, "' is not 2-D");
+        piece.rows = saved.dim(0);
+        piece.cols = saved.dim(1);
+      }
+      const Piece want = piece_of(sl);
+      MOETRON_CHECK(piece.total == want.total, "'", path, "': optimizer tensor '", sl.name, "' has ", piece.total,
+                    " elements, the model expects ", want.total, " (saved from another model?)");
       // Saved in the live dtype: copied bit for bit; saved with another
       // optim.moment_dtype: converted (rounded to nearest even, or widened).
-      const Tensor dst = sl.values.slice(lo - sl.offset, hi - sl.offset), src = saved.slice(lo - offset, hi - offset);
-      if (src.dtype() == dst.dtype()) {
-        dst.copy_from(src);
-      } else {
-        kernels::Context conv(kernels::Backend::reference);
-        kernels::convert(conv, src, dst);
-      }
-      filled[i] += hi - lo;
+      filled[i] += copy_overlap(piece, saved, want, sl.values);
     }
   }
   for (size_t i = 0; i < slices.size(); ++i) {
@@ -266,26 +290,25 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vec
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
                                optim::ParamOptimizer* opt, const std::vector<optim::StateSlice>& extra) {
   const nlohmann::json manifest = verify_manifest(dir);
-  // Parameters by name from whichever model file holds them: a checkpoint of
-  // any layout loads into any other.
-  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  // Parameters by name from whichever model files hold their pieces: a
+  // checkpoint of any layout loads into any other.
+  std::vector<std::string> paths;
   for (const auto& f : manifest.value("model_files", nlohmann::json::array({kModelFile}))) {
-    files.push_back(std::make_unique<SafetensorsReader>(dir + "/" + f.get<std::string>()));
+    paths.push_back(dir + "/" + f.get<std::string>());
   }
+  const PieceIndex weights(paths);
   for (const auto& p : model.params().all()) {
-    SafetensorsReader* weights = nullptr;
-    for (auto& f : files) {
-      if (f->contains(p->name)) weights = f.get();
-    }
-    MOETRON_CHECK(weights, "checkpoint '", dir, "' has no tensor '", p->name, "'");
+    MOETRON_CHECK(weights.contains(p->name), "checkpoint '", dir, "' has no tensor '", p->name, "'");
+    const Shape full = p->sharded() ? p->shard.full : p->value.shape();
+    const Piece want = p->sharded() ? Piece::block(full, p->shard.row0, p->shard.col0, p->value.shape())
+                                    : Piece::whole(p->value.numel());
+    Tensor local = Tensor::empty(p->value.shape(), weights.dtype(p->name), MemTag::workspace);
+    weights.read(p->name, full, want, local);
     if (opt) {
-      opt->load_master(p->name, weights->view(p->name));
-    } else if (p->sharded()) {  // a tp shard: its block of the full tensor
-      Tensor full = Tensor::empty(p->shard.full, p->value.dtype(), MemTag::workspace);
-      weights->read_into(p->name, full);
-      nn::copy_shard(*p, full, p->value);
+      opt->load_master(p->name, local);
     } else {
-      weights->read_into(p->name, p->value);
+      kernels::Context conv(kernels::Backend::reference);
+      kernels::convert(conv, local, p->value);
     }
   }
   if (opt) {

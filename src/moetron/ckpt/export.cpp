@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "moetron/ckpt/pieces.h"
 #include "moetron/ckpt/safetensors.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
@@ -14,19 +15,20 @@ namespace moetron::ckpt {
 
 int64_t export_hf(const std::string& dir, const std::string& out_dir) {
   const nlohmann::json state = verify_manifest(dir);
-  std::vector<std::unique_ptr<SafetensorsReader>> files;
-  std::map<std::string, std::pair<SafetensorsReader*, std::string>> where;  // name -> (file, file name)
+  std::vector<std::string> paths;
   for (const auto& f : state.value("model_files", nlohmann::json::array({"model.safetensors"}))) {
-    const std::string name = f.get<std::string>();
-    files.push_back(std::make_unique<SafetensorsReader>(dir + "/" + name));
-    for (const std::string& t : files.back()->names()) {
-      const auto [it, fresh] = where.emplace(t, std::make_pair(files.back().get(), name));
-      MOETRON_CHECK(fresh, "checkpoint '", dir, "': tensor '", t, "' is in both '", it->second.second, "' and '",
-                    name, "'");
-    }
+    paths.push_back(dir + "/" + f.get<std::string>());
   }
-  std::vector<NamedTensor> tensors;  // std::map order: sorted by name
-  for (const auto& [name, file] : where) tensors.push_back({name, file.first->view(name)});
+  // Whole tensors, assembled from every rank's pieces (tp blocks, ep experts).
+  const PieceIndex pieces(paths);
+  std::vector<Tensor> keep;
+  std::vector<NamedTensor> tensors;  // sorted by name
+  for (const std::string& name : pieces.names()) {
+    const Shape full = pieces.full_shape(name);
+    keep.push_back(Tensor::empty(full, pieces.dtype(name), MemTag::workspace));
+    pieces.read(name, full, Piece::whole(full.numel()), keep.back());
+    tensors.push_back({name, keep.back()});
+  }
   StagedDir out(out_dir);
   write_safetensors(out.file("model.safetensors"), tensors, {{"format", "pt"}});
   std::filesystem::copy_file(dir + "/config.json", out.file("config.json"));

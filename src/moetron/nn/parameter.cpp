@@ -69,10 +69,16 @@ void ParameterSet::set_shard(Parameter& p, const Shape& full, int64_t row0, int6
 }
 
 Parameter& ParameterSet::get(const std::string& name) {
-  for (auto& p : params_) {
-    if (p->name == name) return *p;
+  Parameter* p = find(name);
+  MOETRON_CHECK(p, "no parameter named '", name, "'");
+  return *p;
+}
+
+Parameter* ParameterSet::find(const std::string& name) const {
+  for (const auto& p : params_) {
+    if (p->name == name) return p.get();
   }
-  MOETRON_FAIL("no parameter named '", name, "'");
+  return nullptr;
 }
 
 int64_t ParameterSet::numel() const {

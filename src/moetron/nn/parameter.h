@@ -90,6 +90,7 @@ class ParameterSet {
   // Marks `p` as the block [row0, ...) x [col0, ...) of a tensor of shape `full`.
   static void set_shard(Parameter& p, const Shape& full, int64_t row0, int64_t col0);
   Parameter& get(const std::string& name);
+  Parameter* find(const std::string& name) const;  // nullptr when absent
   const std::vector<std::unique_ptr<Parameter>>& all() const { return params_; }
   int64_t numel() const;
 

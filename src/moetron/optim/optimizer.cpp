@@ -172,35 +172,26 @@ std::vector<StateTensor> Optimizer::state() {
 
 std::vector<StateSlice> Optimizer::state_slices() {
   std::vector<StateSlice> out;
-  staged_state_.clear();
   for (auto& s : slots_) {
     const std::string& n = s.param->name;
     std::vector<std::pair<std::string, Tensor>> parts = {{n + (s.muon ? ".momentum" : ".exp_avg"), s.m}};
     if (s.v.defined()) parts.emplace_back(n + ".exp_avg_sq", s.v);
     for (auto& [name, live] : parts) {
-      Tensor t = live;
-      if (tp_on() && s.param->sharded()) {
-        // Full tensors in checkpoints, whatever the tp: gathered here, cut on load.
-        t = nn::gather_shards(*tp_, *s.param, live);
-        staged_state_.emplace_back(s.param, live, t);
+      const int64_t numel = live.numel();
+      StateSlice sl{name, live.reshape({numel}), 0, numel};
+      if (tp_on() && s.param->sharded()) {  // this rank's block, stored as one
+        sl.total = s.param->shard.full.numel();
+        sl.block_of = s.param;
       }
-      const int64_t numel = t.numel();
-      out.push_back({name, t.reshape({numel}), 0, numel});
+      out.push_back(std::move(sl));
     }
   }
   return out;
 }
 
-void Optimizer::finish_state_load() {
-  for (auto& [param, live, staged] : staged_state_) nn::copy_shard(*param, staged, live);
-  staged_state_.clear();
-}
-
-std::vector<StateTensor> Optimizer::full_masters() {
+std::vector<StateTensor> Optimizer::checkpoint_masters() {
   std::vector<StateTensor> out;
-  for (auto& s : slots_) {
-    out.push_back({s.param->name, tp_on() ? nn::gather_shards(*tp_, *s.param, s.master) : s.master});
-  }
+  for (auto& s : slots_) out.push_back({s.param->name, s.master});
   return out;
 }
 
@@ -218,18 +209,11 @@ Optimizer::Slot& Optimizer::slot(const std::string& param_name) {
   MOETRON_FAIL("optimizer has no parameter '", param_name, "'");
 }
 
-void Optimizer::load_master(const std::string& param_name, const Tensor& full) {
+void Optimizer::load_master(const std::string& param_name, const Tensor& local) {
   Slot& s = slot(param_name);
   kernels::Context conv(kernels::Backend::reference);
-  if (s.param->sharded()) {
-    check_shape(full, param_name.c_str(), s.param->shard.full);
-    Tensor whole = Tensor::empty(full.shape(), s.master.dtype(), MemTag::workspace);
-    kernels::convert(conv, full, whole);
-    nn::copy_shard(*s.param, whole, s.master);
-  } else {
-    check_shape(full, param_name.c_str(), s.master.shape());
-    kernels::convert(conv, full, s.master);
-  }
+  check_shape(local, param_name.c_str(), s.master.shape());
+  kernels::convert(conv, local, s.master);
   if (s.master.raw() != s.param->value.raw()) kernels::convert(conv, s.master, s.param->value);
 }
 

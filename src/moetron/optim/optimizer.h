@@ -86,6 +86,10 @@ struct StateSlice {
   // Held whole by every rank of a sharded optimizer's group (experts under
   // ZeRO-1 with ep): stored once, by the rank the checkpoint's `writes` names.
   bool replicated = false;
+  // Set when `values` is this rank's tp block of that parameter's state
+  // (the whole local tensor; offset 0, total = the full tensor's elements):
+  // checkpoints store it as a block and re-cut it for any other tp.
+  const nn::Parameter* block_of = nullptr;
 };
 
 // What the trainer and checkpoints need from an optimizer, one-rank or
@@ -106,13 +110,14 @@ class ParamOptimizer {
   // Whether ranks hold different parts (ZeRO-1) or all of it (replicated:
   // a checkpoint stores one copy).
   virtual bool sharded() const = 0;
-  // Full fp32 master weights by parameter name (collective; rank 0 of a
-  // sharded optimizer receives all of them, the others may get an empty list).
-  virtual std::vector<StateTensor> full_masters() = 0;
-  // Sets the master (and working copy) of one parameter from its full value.
-  virtual void load_master(const std::string& param_name, const Tensor& full) = 0;
-  // After a checkpoint filled the views state_slices() returned: moves what
-  // was loaded into staging buffers (tp-sharded state) into the live state.
+  // fp32 master weights by parameter name as this rank holds them: a
+  // tp-sharded parameter's block (Parameter::shard), else the whole tensor
+  // (collective; ZeRO-1 gathers its chunks, so every rank gets all of them).
+  virtual std::vector<StateTensor> checkpoint_masters() = 0;
+  // Sets the master (and working copy) of one parameter from the value of
+  // the block this rank holds (the whole tensor when it is not tp-sharded).
+  virtual void load_master(const std::string& param_name, const Tensor& local) = 0;
+  // After a checkpoint filled the views state_slices() returned.
   virtual void finish_state_load() {}
   // Whether this optimizer updates the parameter of that name.
   virtual bool holds(const std::string& param_name) const = 0;
@@ -129,7 +134,7 @@ class Optimizer final : public ParamOptimizer {
   StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0, double known_norm = -1) override;
   std::vector<StateSlice> state_slices() override;
   bool sharded() const override { return false; }
-  std::vector<StateTensor> full_masters() override;
+  std::vector<StateTensor> checkpoint_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
 
   // Which rule a parameter follows.
@@ -140,7 +145,6 @@ class Optimizer final : public ParamOptimizer {
   // already in the master dtype).
   Tensor master(const std::string& param_name) const;
   const OptimizerOptions& options() const override { return opts_; }
-  void finish_state_load() override;
   // Tensor parallelism: tp-sharded matrices are orthogonalised whole (the
   // update gathered over tp, Newton-Schulz run on the full matrix by every
   // tp rank, each keeping its block: exactly one rank's update), and
@@ -164,7 +168,6 @@ class Optimizer final : public ParamOptimizer {
   const nn::TensorParallel* tp_ = nullptr;
   bool tp_on() const { return tp_ && tp_->on(); }
   // Full-size state of sharded parameters handed to a checkpoint load: (slot, live, staged).
-  std::vector<std::tuple<nn::Parameter*, Tensor, Tensor>> staged_state_;
 };
 
 }  // namespace moetron::optim

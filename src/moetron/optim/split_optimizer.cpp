@@ -32,9 +32,9 @@ std::vector<StateSlice> SplitOptimizer::state_slices() {
   return out;
 }
 
-std::vector<StateTensor> SplitOptimizer::full_masters() {
-  std::vector<StateTensor> out = sharded_->full_masters();
-  for (StateTensor& t : whole_->full_masters()) out.push_back(std::move(t));
+std::vector<StateTensor> SplitOptimizer::checkpoint_masters() {
+  std::vector<StateTensor> out = sharded_->checkpoint_masters();
+  for (StateTensor& t : whole_->checkpoint_masters()) out.push_back(std::move(t));
   return out;
 }
 

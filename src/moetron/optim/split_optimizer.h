@@ -22,7 +22,7 @@ class SplitOptimizer final : public ParamOptimizer {
   // The whole part's slices are marked replicated (stored once).
   std::vector<StateSlice> state_slices() override;
   bool sharded() const override { return true; }
-  std::vector<StateTensor> full_masters() override;
+  std::vector<StateTensor> checkpoint_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
   void finish_state_load() override;
   bool holds(const std::string& param_name) const override;

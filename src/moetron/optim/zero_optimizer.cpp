@@ -229,7 +229,7 @@ std::vector<StateSlice> ZeroOptimizer::state_slices() {
   return out;
 }
 
-std::vector<StateTensor> ZeroOptimizer::full_masters() {
+std::vector<StateTensor> ZeroOptimizer::checkpoint_masters() {
   finish_gathers();
   // All-gather each bucket's fp32 masters (every rank takes part; the
   // temporary full copy lives only for the checkpoint write).

@@ -41,7 +41,7 @@ class ZeroOptimizer final : public ParamOptimizer {
   const OptimizerOptions& options() const override { return opts_; }
   std::vector<StateSlice> state_slices() override;
   bool sharded() const override { return true; }
-  std::vector<StateTensor> full_masters() override;
+  std::vector<StateTensor> checkpoint_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
   bool holds(const std::string& param_name) const override;
 

@@ -347,10 +347,16 @@ void Trainer::save_checkpoint(int64_t step) {
 
 bool Trainer::writes_checkpoint_tensor(const std::string& name) const {
   // Replicated tensors once, by rank 0; each expert by the first ep group
-  // (ranks 0 .. ep-1), the one rank there that holds it.
+  // (ranks 0 .. ep-1), the one rank there that holds it; each tp block by its
+  // rank of the first dp replica (once: a kv head replicated over tp ranks
+  // by the first of them). Under pp the same per stage.
   const bool expert = ep_ > 1 && name.find(".block_sparse_moe.experts.") != std::string::npos;
-  // Under pp the same per stage (the stages hold different layers).
-  return expert ? stage_rank() < ep_ : stage_rank() == 0;
+  if (expert) return stage_rank() < ep_;
+  if (tp_ > 1) {
+    const nn::Parameter* p = model_->params().find(name);
+    if (p && p->sharded()) return dp_rank() == 0 && p->shard.primary;
+  }
+  return stage_rank() == 0;
 }
 
 int64_t Trainer::gradient_bytes_sent() const {
