@@ -33,6 +33,15 @@ struct Case {
   DType copy_dtype;  // f64 here means: no param_copy
 };
 
+// lr 1e-2 with weight decay and a grad_scale: every term of the update is live.
+AdamWArgs decaying_scaled_args() {
+  AdamWArgs args;
+  args.lr = 1e-2f;
+  args.weight_decay = 0.1f;
+  args.grad_scale = 0.5f;
+  return args;
+}
+
 TEST(AdamW, CpuMatchesReferenceOverSeveralSteps) {
   Context cpu(Backend::cpu), ref(Backend::reference);
   const Case cases[] = {{DType::f32, DType::f64},
@@ -50,10 +59,7 @@ TEST(AdamW, CpuMatchesReferenceOverSeveralSteps) {
       const bool has_copy = c.copy_dtype != DType::f64;
       Tensor copy = has_copy ? poisoned({n}, c.copy_dtype) : Tensor();
       Tensor copy_ref = has_copy ? poisoned({n}, c.copy_dtype) : Tensor();
-      AdamWArgs args;
-      args.lr = 1e-2f;
-      args.weight_decay = 0.1f;
-      args.grad_scale = 0.5f;
+      AdamWArgs args = decaying_scaled_args();
       for (int64_t step = 1; step <= 5; ++step) {
         args.step = step;
         Tensor g = random_tensor({n}, c.grad_dtype, str_cat("g", step), -2.0f, 2.0f);
@@ -109,10 +115,7 @@ TEST(AdamW, Bf16MomentsMatchReferenceAndRoundTheFp32Update) {
       // that round to the bf16 ones (to nearest even).
       Tensor w32 = w.clone(), m32 = Tensor::zeros({n}, DType::f32), v32 = Tensor::zeros({n}, DType::f32);
       Tensor copy = poisoned({n}, DType::bf16);
-      AdamWArgs args;
-      args.lr = 1e-2f;
-      args.weight_decay = 0.1f;
-      args.grad_scale = 0.5f;
+      AdamWArgs args = decaying_scaled_args();
       for (int64_t step = 1; step <= 5; ++step) {
         args.step = step;
         Tensor g = random_tensor({n}, grad_dtype, str_cat("g", step), -2.0f, 2.0f);
