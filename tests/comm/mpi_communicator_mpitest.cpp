@@ -36,6 +36,21 @@ TEST(Mpi, AllreduceSumAvgMaxAcrossDtypes) {
   const float one_third_bf16 = bf16_to_f32(f32_to_bf16(1.0f / 3.0f));
   const uint16_t expect = f32_to_bf16(one_third_bf16 * static_cast<float>(n));
   for (int i = 0; i < 33; ++i) EXPECT_EQ(static_cast<const uint16_t*>(b.raw())[i], expect);
+  // f16 likewise (the fp16 model's tp activations): summed in fp32, rounded once.
+  Tensor h = Tensor::empty({33}, DType::f16);
+  h.fill(1.0 / 3.0);
+  w.allreduce(h, ReduceOp::sum);
+  const float one_third_f16 = f16_to_f32(f32_to_f16(1.0f / 3.0f));
+  const uint16_t expect_h = f32_to_f16(one_third_f16 * static_cast<float>(n));
+  for (int i = 0; i < 33; ++i) EXPECT_EQ(static_cast<const uint16_t*>(h.raw())[i], expect_h);
+  // Reduce-scatter of f16: chunk r sums to n * (r + 1) / 3, rounded once.
+  Tensor hs = Tensor::empty({n * 5}, DType::f16), hmine = Tensor::empty({5}, DType::f16);
+  for (int i = 0; i < n * 5; ++i) {
+    static_cast<uint16_t*>(hs.raw())[i] = f32_to_f16(static_cast<float>(i / 5 + 1) / 3.0f);
+  }
+  w.reduce_scatter(hs, hmine, ReduceOp::sum);
+  const uint16_t expect_rs = f32_to_f16(f16_to_f32(f32_to_f16(static_cast<float>(r + 1) / 3.0f)) * static_cast<float>(n));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(static_cast<const uint16_t*>(hmine.raw())[i], expect_rs);
 }
 
 TEST(Mpi, ReduceScatterAllgatherAlltoall) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 #include <tuple>
 
@@ -152,6 +153,42 @@ TEST(PipelineSchedule, BalancedStagesMinimiseTheLargestStage) {
     }
   }
   EXPECT_THROW(balanced_stages(m, e, seq, 8), Error);
+}
+
+// Measured costs: any per-layer costs with an embedding on the first stage
+// and a head on the last; the split minimises the largest stage, checked
+// against every split of 7 layers into 2 and 3 stages.
+TEST(PipelineSchedule, CostBalancedSplitIsOptimalForAnyCosts) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0.1, 3.0);
+  for (int trial = 0; trial < 50; ++trial) {
+    StageCosts c;
+    for (int i = 0; i < 7; ++i) c.layers.push_back(u(rng));
+    c.embedding = trial % 2 ? u(rng) : 0.0;
+    c.head = u(rng) * (trial % 3 + 1);
+    const auto cost = [&](int64_t a, int64_t b) {
+      double x = (a == 0 ? c.embedding : 0.0) + (b == 7 ? c.head : 0.0);
+      for (int64_t i = a; i < b; ++i) x += c.layers[static_cast<size_t>(i)];
+      return x;
+    };
+    double best2 = 1e300, best3 = 1e300;
+    for (int64_t a = 1; a < 7; ++a) {
+      best2 = std::min(best2, std::max(cost(0, a), cost(a, 7)));
+      for (int64_t b = a + 1; b < 7; ++b) best3 = std::min(best3, std::max({cost(0, a), cost(a, b), cost(b, 7)}));
+    }
+    for (int64_t pp : {2, 3}) {
+      const auto st = balanced_stages(c, pp);
+      ASSERT_EQ(st.size(), static_cast<size_t>(pp));
+      double worst = 0;
+      for (size_t s = 0; s < st.size(); ++s) {
+        EXPECT_EQ(st[s].first, s == 0 ? 0 : st[s - 1].second);
+        EXPECT_LT(st[s].first, st[s].second);
+        worst = std::max(worst, cost(st[s].first, st[s].second));
+      }
+      EXPECT_EQ(st.back().second, 7);
+      EXPECT_DOUBLE_EQ(worst, pp == 2 ? best2 : best3) << "trial " << trial << " pp " << pp;
+    }
+  }
 }
 
 TEST(PipelineSchedule, RulesNameWhatIsWrong) {

@@ -46,6 +46,8 @@ std::vector<Case> cases() {
     out.push_back({"pp2 gpipe", {"parallel.pp=2", "parallel.schedule=gpipe"}, 1});
     out.push_back({"pp2 vpp2", {"parallel.pp=2", "parallel.vpp=2"}, 1});
     out.push_back({"pp2 full", {"parallel.pp=2", "recompute.policy=full"}, 1});
+    out.push_back({"tp2 zero1 muon", {"parallel.tp=2", "parallel.zero=true", "optim.name=muon"}, 1});
+    out.push_back({"pp2 zero1", {"parallel.pp=2", "parallel.zero=true"}, 1});
   } else {
     out.push_back({"dp2 tp2 sp", {"parallel.tp=2", "parallel.sequence_parallel=true"}, 2});
     out.push_back({"ep4", {"parallel.ep=4"}, 4});
@@ -56,6 +58,9 @@ std::vector<Case> cases() {
     out.push_back({"pp2 ep2", {"parallel.pp=2", "parallel.ep=2"}, 2});
     out.push_back({"pp2 tp2 muon", {"parallel.pp=2", "parallel.tp=2", "optim.name=muon"}, 1});
     out.push_back({"pp4", {"parallel.pp=4"}, 1});
+    out.push_back({"dp2 tp2 zero1 muon", {"parallel.tp=2", "parallel.zero=true", "optim.name=muon"}, 2});
+    out.push_back({"pp2 tp2 zero1 sp", {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                                        "parallel.zero=true"}, 1});
     out.push_back({"pp2 dp2 sqrt gpipe", {"parallel.pp=2", "recompute.policy=sqrt", "parallel.schedule=gpipe"}, 2});
   }
   return out;

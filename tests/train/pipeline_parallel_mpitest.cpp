@@ -5,6 +5,7 @@
 // holds), and checkpoints saved under pp resume in another layout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -210,6 +211,19 @@ TEST(PipelineParallel, SegmentRecomputeEqualsOneRank) {
   }
 }
 
+// Stages balanced by costs measured on this machine: every rank takes the
+// ranks' mean timings, so all split alike (a disagreement would hang or
+// fail the sends), and the run still equals one rank.
+TEST(PipelineParallel, MeasuredStageBalanceEqualsOneRank) {
+  const int64_t pp = std::min(world().size(), 4);
+  const std::vector<std::string> sets = {"parallel.pp=" + std::to_string(pp), "parallel.stage_balance=measured",
+                                         "optim.name=adamw"};
+  const Reference& ref = reference("adamw", {"optim.name=adamw"});
+  const int64_t dp = world().size() / pp;
+  Trainer t(pp_config(kRows / dp, sets), run_dir("pp-measured"), false, shared_world());
+  run_matching_one_rank(t, ref, "measured stage balance pp " + std::to_string(pp));
+}
+
 TEST(PipelineParallel, LayoutErrorsNameTheRule) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"parallel.pp=2", "parallel.vpp=4"}, "parallel.vpp"},  // 8 virtual stages over 4 layers
@@ -217,6 +231,7 @@ TEST(PipelineParallel, LayoutErrorsNameTheRule) {
       {{"parallel.cp=2"}, "parallel.cp"},
       {{"parallel.pp=2", "train.grad_accum=1"}, "1F1B needs at least as many micro-batches"},
       {{"parallel.pp=2", "parallel.schedule=zigzag"}, "parallel.schedule"},
+      {{"parallel.pp=2", "parallel.stage_balance=guess"}, "parallel.stage_balance"},
   };
   for (const auto& [sets, want] : bad) {
     try {

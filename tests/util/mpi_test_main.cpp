@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 
 #include "moetron/comm/mpi_communicator.h"
 
@@ -12,6 +13,26 @@ std::unique_ptr<comm::Communicator>& world_slot() {
   static std::unique_ptr<comm::Communicator> w;
   return w;
 }
+// The other ranks' failures, named by rank (their full printer would
+// repeat rank 0's progress lines n times).
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // (gtest holds its lock while reporting a result: the name is kept here.)
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    test_ = std::string(t.test_suite_name()) + "." + t.name();
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "rank %d: %s: %s:%d: %s\n", rank_, test_.c_str(), r.file_name() ? r.file_name() : "?",
+                 r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
 }  // namespace
 
 comm::Communicator& mpi_world() { return *world_slot(); }
@@ -25,6 +46,7 @@ int main(int argc, char** argv) {
   if (world->rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new moetron::test::RankFailurePrinter(world->rank()));
   }
   moetron::Tensor flag = moetron::Tensor::empty({1}, moetron::DType::i32);
   flag.data<int32_t>()[0] = RUN_ALL_TESTS() != 0 ? 1 : 0;

@@ -96,11 +96,13 @@ void broadcast_string(comm::Communicator& world, std::string& s) {
   s.assign(reinterpret_cast<const char*>(bytes.data<uint8_t>()), static_cast<size_t>(len.data<int64_t>()[0]));
 }
 
-// Where a slice lies in its full state tensor: a tp block, or an element range.
+// Where a slice lies in its full state tensor: a tp block (or an element
+// range of one, under ZeRO-1), or an element range.
 Piece piece_of(const optim::StateSlice& sl) {
   if (sl.block_of) {
     const nn::Parameter& p = *sl.block_of;
-    return Piece::block(p.shard.full, p.shard.row0, p.shard.col0, p.value.shape());
+    return Piece::block_range(p.shard.full, p.shard.row0, p.shard.col0, p.value.shape(), sl.offset,
+                              sl.values.numel());
   }
   return Piece::flat(sl.offset, sl.values.numel(), sl.total);
 }
@@ -110,9 +112,9 @@ void write_optimizer_slices(const std::string& path, std::vector<optim::StateSli
   std::map<std::string, std::string> meta;
   for (const auto& sl : slices) {
     const Piece piece = piece_of(sl);
-    // A block is stored in its [rows, cols] shape, so readers see the block.
-    tensors.push_back({sl.name, sl.block_of ? sl.values.reshape(sl.block_of->value.shape()) : sl.values});
-    meta[sl.name] = sl.block_of ? piece.metadata() : std::to_string(sl.offset) + "," + std::to_string(sl.total);
+    // A whole block is stored in its [rows, cols] shape, so readers see the block.
+    tensors.push_back({sl.name, piece.whole_block() ? sl.values.reshape(sl.block_of->value.shape()) : sl.values});
+    meta[sl.name] = piece.is_block() ? piece.metadata() : std::to_string(sl.offset) + "," + std::to_string(sl.total);
   }
   write_safetensors(path, tensors, meta);
 }
@@ -129,19 +131,26 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
   comm::Communicator& world = world_ptr ? *world_ptr : *local;
   const auto writes = [&](const std::string& name) { return writes_fn ? writes_fn(name) : world.rank() == 0; };
   const std::string final_dir = checkpoint_dir(run_dir, step);
-  // fp32 masters (resume is exact), each as this rank holds it: a tp shard
-  // is written by its own rank as a block, never gathered.
+  // fp32 masters (resume is exact), each as this rank holds it, never
+  // gathered: a tp block by its own rank, a ZeRO-1 chunk by its owner, with
+  // the piece's place in the full tensor in the metadata.
   std::vector<NamedTensor> weights;
   std::map<std::string, std::string> weight_meta = {{"format", "pt"}};
-  for (const auto& m : opt.checkpoint_masters()) {  // collective
-    if (!writes(m.name)) continue;
-    weights.push_back({m.name, m.tensor});
+  for (const auto& m : opt.checkpoint_masters()) {
+    const bool own_chunk = opt.sharded() && !m.replicated && !m.duplicate;
+    if (!own_chunk && !writes(m.name)) continue;
     const nn::Parameter& p = model.params().get(m.name);
-    if (p.sharded() && m.tensor.shape() != p.shard.full) {
-      weight_meta[m.name] = Piece::block(p.shard.full, p.shard.row0, p.shard.col0, m.tensor.shape()).metadata();
+    Piece piece = piece_of(m);
+    if (!piece.is_block()) piece.shape = p.value.shape();  // not tp-sharded: the local shape is the full one
+    if (piece.metadata().empty()) {
+      weights.push_back({m.name, m.values.reshape(p.value.shape())});
+    } else {
+      weights.push_back({m.name, piece.whole_block() ? m.values.reshape(p.value.shape()) : m.values});
+      weight_meta[m.name] = piece.metadata();
     }
   }
-  // Which ranks write a model file: rank 0 always (the Hugging Face file).
+  // Which ranks write a model file: rank 0 always (model.safetensors: at one
+  // rank the Hugging Face file; `moetron export` assembles one from any layout).
   Tensor writers = Tensor::zeros({world.size()}, DType::i32, MemTag::comm);
   writers.data<int32_t>()[world.rank()] = world.rank() == 0 || !weights.empty();
   if (world.size() > 1) world.allreduce(writers, comm::ReduceOp::sum);
@@ -177,8 +186,10 @@ void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& 
     }
     std::vector<optim::StateSlice> slices;
     for (auto& sl : opt.state_slices()) {
-      // A tp block by the rank that writes its parameter's block.
-      if ((opt.sharded() && !sl.replicated) || writes(sl.block_of ? sl.block_of->name : sl.name)) {
+      // A tp block by the rank that writes its parameter's block; a sharded
+      // optimizer's chunks by their ranks (once: see StateSlice::duplicate).
+      const bool own_chunk = opt.sharded() && !sl.replicated && !sl.duplicate;
+      if (own_chunk || writes(sl.block_of ? sl.block_of->name : sl.name)) {
         slices.push_back(std::move(sl));
       }
     }
@@ -260,12 +271,7 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vec
       const auto it = file.metadata().find(sl.name);
       MOETRON_CHECK(it != file.metadata().end(), "'", path, "' has no element range for '", sl.name, "'");
       const Tensor saved = file.view(sl.name);
-      Piece piece = Piece::parse(it->second, saved.numel(), "'" + path + "', tensor '" + sl.name + "'");
-      if (piece.full_cols > 0) {
-        MOETRON_CHECK(saved.rank() == 2, "'", path, "': block '", sl.name, "' is not 2-D");
-        piece.rows = saved.dim(0);
-        piece.cols = saved.dim(1);
-      }
+      const Piece piece = Piece::parse(it->second, saved.shape(), "'" + path + "', tensor '" + sl.name + "'");
       const Piece want = piece_of(sl);
       MOETRON_CHECK(piece.total == want.total, "'", path, "': optimizer tensor '", sl.name, "' has ", piece.total,
                     " elements, the model expects ", want.total, " (saved from another model?)");

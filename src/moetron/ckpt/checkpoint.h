@@ -1,20 +1,22 @@
 // Training checkpoints: RUN_DIR/checkpoints/step-N/ holding
 //   model.safetensors  Hugging Face Mixtral names, [out, in], fp32 master weights
 //                      (the ones rank 0 writes); a layout whose ranks hold
-//                      different parameters (expert parallelism, tp shards)
-//                      adds model-rank-R.safetensors for each other rank that
-//                      writes some, and manifest.json lists them ("model_files")
-//                      with the layout that wrote them. Each rank writes what
-//                      it holds, nothing is gathered: a tp shard is a block
-//                      with its place in the full tensor in the metadata
-//                      (ckpt/pieces.h); `moetron export` assembles whole tensors
+//                      different parameters (expert parallelism, tp shards,
+//                      ZeRO-1 chunks) adds model-rank-R.safetensors for each
+//                      other rank that writes some, and manifest.json lists
+//                      them ("model_files") with the layout that wrote them.
+//                      Each rank writes what it holds, nothing is gathered: a
+//                      tp shard is a block, a ZeRO-1 chunk a range of its
+//                      tensor (or of its tp block), with its place in the full
+//                      tensor in the metadata (ckpt/pieces.h); `moetron
+//                      export` assembles whole tensors
 //   config.json        Hugging Face style model config
 //   state.safetensors  router selection biases
 //   optimizer-rank-R.safetensors  the moments/momenta rank R holds: each tensor
 //                      is a flat slice of one state tensor, its element range in
-//                      the metadata ("<name>" -> "offset,total"), or a tp block
-//                      ("block:row0,col0,R,C"), so a run resumes on another dp
-//                      or tp by re-cutting the pieces
+//                      the metadata ("<name>" -> "offset,total"), a tp block
+//                      ("block:row0,col0,R,C") or a range of one, so a run
+//                      resumes on another dp or tp by re-cutting the pieces
 //   trainer.json       step, sampler position, loss scale, counters, dp
 //   moetron.toml       the full run configuration
 //   manifest.json      size and xxHash64 of every file above

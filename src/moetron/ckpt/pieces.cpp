@@ -11,13 +11,23 @@ Piece Piece::flat(int64_t offset, int64_t n, int64_t total) {
   Piece p;
   p.total = total;
   p.offset = offset;
-  p.cols = n;
+  p.count = n;
   return p;
 }
 
 Piece Piece::block(const Shape& full, int64_t row0, int64_t col0, const Shape& local) {
+  MOETRON_CHECK(local.rank() == 2, "a checkpoint block needs a 2-D shape, got ", local.str());
+  return block_range(full, row0, col0, local, 0, local.numel());
+}
+
+Piece Piece::block_range(const Shape& full, int64_t row0, int64_t col0, const Shape& local, int64_t offset,
+                         int64_t n) {
   MOETRON_CHECK(full.rank() == 2 && local.rank() == 2, "a checkpoint block needs 2-D shapes, got ", full.str(),
                 " and ", local.str());
+  MOETRON_CHECK(row0 >= 0 && col0 >= 0 && row0 + local[0] <= full[0] && col0 + local[1] <= full[1], "block ",
+                local.str(), " at (", row0, ", ", col0, ") lies outside its full tensor ", full.str());
+  MOETRON_CHECK(offset >= 0 && n >= 0 && offset + n <= local.numel(), "elements [", offset, ", ", offset + n,
+                ") lie outside the block ", local.str());
   Piece p;
   p.total = full[0] * full[1];
   p.full_cols = full[1];
@@ -25,22 +35,29 @@ Piece Piece::block(const Shape& full, int64_t row0, int64_t col0, const Shape& l
   p.col0 = col0;
   p.rows = local[0];
   p.cols = local[1];
+  p.offset = offset;
+  p.count = n;
   return p;
 }
 
 std::string Piece::metadata() const {
-  if (full_cols > 0) {
-    return "block:" + std::to_string(row0) + "," + std::to_string(col0) + "," + std::to_string(total / full_cols) +
-           "," + std::to_string(full_cols);
+  if (is_block()) {
+    const std::string m = str_cat("block:", row0, ",", col0, ",", total / full_cols, ",", full_cols);
+    return whole_block() ? m : str_cat(m, ",", rows, ",", cols, ",", offset);
   }
-  if (offset == 0 && cols == total) return "";
-  return std::to_string(offset) + "," + std::to_string(total);
+  if (offset == 0 && count == total) return "";
+  if (shape.rank() == 0) return str_cat(offset, ",", total);
+  std::string m = str_cat("flat:", offset);
+  for (int d = 0; d < shape.rank(); ++d) m += str_cat(",", shape[d]);
+  return m;
 }
 
-Piece Piece::parse(const std::optional<std::string>& meta, int64_t numel, const std::string& what) {
+Piece Piece::parse(const std::optional<std::string>& meta, const Shape& saved, const std::string& what) {
+  const int64_t numel = saved.numel();
   if (!meta || meta->empty()) return whole(numel);
   std::vector<int64_t> v;
-  const std::string body = meta->rfind("block:", 0) == 0 ? meta->substr(6) : *meta;
+  const bool is_block = meta->rfind("block:", 0) == 0, has_shape = meta->rfind("flat:", 0) == 0;
+  const std::string body = is_block ? meta->substr(6) : has_shape ? meta->substr(5) : *meta;
   try {
     size_t pos = 0;
     while (pos <= body.size()) {
@@ -52,16 +69,29 @@ Piece Piece::parse(const std::optional<std::string>& meta, int64_t numel, const 
   } catch (const std::exception&) {
     MOETRON_FAIL(what, ": cannot read the piece description '", *meta, "'");
   }
-  if (meta->rfind("block:", 0) == 0) {
-    MOETRON_CHECK(v.size() == 4 && v[0] >= 0 && v[1] >= 0 && v[2] > 0 && v[3] > 0, what, ": bad block description '",
+  if (is_block) {
+    MOETRON_CHECK((v.size() == 4 || v.size() == 7) && v[2] > 0 && v[3] > 0, what, ": bad block description '",
                   *meta, "'");
-    Piece p;
-    p.total = v[2] * v[3];
-    p.full_cols = v[3];
-    p.row0 = v[0];
-    p.col0 = v[1];
-    // A block's local columns follow from its numel and rows; the saved
-    // tensor's shape gives them (checked against the full tensor below).
+    try {
+      if (v.size() == 4) {  // a whole block, in its own shape
+        MOETRON_CHECK(saved.rank() == 2, "a whole block is saved 2-D, this one is ", saved.str());
+        return block(Shape({v[2], v[3]}), v[0], v[1], saved);
+      }
+      MOETRON_CHECK(v[4] > 0 && v[5] > 0, "bad block shape");
+      return block_range(Shape({v[2], v[3]}), v[0], v[1], Shape({v[4], v[5]}), v[6], numel);
+    } catch (const Error& e) {
+      MOETRON_FAIL(what, ": piece '", *meta, "' of a saved ", saved.str(), ": ", e.what());
+    }
+  }
+  if (has_shape) {
+    MOETRON_CHECK(v.size() >= 2, what, ": bad element range '", *meta, "'");
+    Shape full(v.begin() + 1, v.end());
+    bool dims_ok = true;
+    for (int d = 0; d < full.rank(); ++d) dims_ok = dims_ok && full[d] > 0;
+    MOETRON_CHECK(dims_ok && v[0] >= 0 && v[0] + numel <= full.numel(), what, ": bad element range '", *meta,
+                  "' for ", numel, " elements");
+    Piece p = flat(v[0], numel, full.numel());
+    p.shape = full;
     return p;
   }
   MOETRON_CHECK(v.size() == 2 && v[0] >= 0 && v[0] + numel <= v[1], what, ": bad element range '", *meta,
@@ -71,12 +101,25 @@ Piece Piece::parse(const std::optional<std::string>& meta, int64_t numel, const 
 
 namespace {
 
-// Row-major runs of the full tensor a piece covers, in order: (full start, length).
+// Row-major runs of the full tensor a piece covers, in ascending order: run i
+// starts at full element start(i) and at piece element local(i).
 struct Runs {
   const Piece& p;
-  int64_t count() const { return p.full_cols > 0 ? p.rows : 1; }
-  int64_t start(int64_t i) const { return p.full_cols > 0 ? (p.row0 + i) * p.full_cols + p.col0 : p.offset; }
-  int64_t length() const { return p.cols; }
+  int64_t first_row() const { return p.offset / p.cols; }
+  int64_t count() const {
+    if (!p.is_block()) return 1;
+    return p.count == 0 ? 0 : (p.offset + p.count - 1) / p.cols - first_row() + 1;
+  }
+  // Elements [b0, b1) of the block's row-major order in run i.
+  int64_t b0(int64_t i) const { return std::max(p.offset, (first_row() + i) * p.cols); }
+  int64_t b1(int64_t i) const { return std::min(p.offset + p.count, (first_row() + i + 1) * p.cols); }
+  int64_t start(int64_t i) const {
+    if (!p.is_block()) return p.offset;
+    const int64_t r = first_row() + i;
+    return (p.row0 + r) * p.full_cols + p.col0 + (b0(i) - r * p.cols);
+  }
+  int64_t local(int64_t i) const { return p.is_block() ? b0(i) - p.offset : 0; }
+  int64_t length(int64_t i) const { return p.is_block() ? b1(i) - b0(i) : p.count; }
 };
 
 }  // namespace
@@ -89,12 +132,12 @@ int64_t copy_overlap(const Piece& sp, const Tensor& src, const Piece& dp, const 
   const Runs a{sp}, b{dp};
   int64_t copied = 0;
   // Both run lists ascend through the flattened tensor: one merge pass.
-  for (int64_t i = 0, j = 0; i < a.count() && j < b.count();) {
-    const int64_t a0 = a.start(i), a1 = a0 + a.length(), b0 = b.start(j), b1 = b0 + b.length();
+  for (int64_t i = 0, j = 0, na = a.count(), nb = b.count(); i < na && j < nb;) {
+    const int64_t a0 = a.start(i), a1 = a0 + a.length(i), b0 = b.start(j), b1 = b0 + b.length(j);
     const int64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
     if (lo < hi) {
-      const Tensor from = s.slice(i * a.length() + (lo - a0), i * a.length() + (hi - a0));
-      const Tensor to = d.slice(j * b.length() + (lo - b0), j * b.length() + (hi - b0));
+      const Tensor from = s.slice(a.local(i) + (lo - a0), a.local(i) + (hi - a0));
+      const Tensor to = d.slice(b.local(j) + (lo - b0), b.local(j) + (hi - b0));
       if (from.dtype() == to.dtype()) {
         to.copy_from(from);
       } else {
@@ -119,15 +162,7 @@ PieceIndex::PieceIndex(const std::vector<std::string>& paths) {
       const auto it = f->metadata().find(name);
       const std::optional<std::string> meta =
           it == f->metadata().end() ? std::nullopt : std::optional<std::string>(it->second);
-      const Shape shape = f->shape(name);
-      Piece p = Piece::parse(meta, shape.numel(), "'" + path + "', tensor '" + name + "'");
-      if (p.full_cols > 0) {
-        MOETRON_CHECK(shape.rank() == 2 && p.row0 + shape[0] <= p.total / p.full_cols &&
-                          p.col0 + shape[1] <= p.full_cols,
-                      "'", path, "': block ", shape.str(), " of tensor '", name, "' lies outside its full tensor");
-        p.rows = shape[0];
-        p.cols = shape[1];
-      }
+      const Piece p = Piece::parse(meta, f->shape(name), "'" + path + "', tensor '" + name + "'");
       pieces_[name].push_back({f, p});
     }
   }
@@ -149,8 +184,9 @@ Shape PieceIndex::full_shape(const std::string& name) const {
   const auto it = pieces_.find(name);
   MOETRON_CHECK(it != pieces_.end(), "checkpoint has no tensor '", name, "'");
   const Saved& s = it->second.front();
-  if (s.piece.full_cols > 0) return Shape({s.piece.total / s.piece.full_cols, s.piece.full_cols});
-  MOETRON_CHECK(s.piece.cols == s.piece.total, "'", s.file->path(), "': tensor '", name,
+  if (s.piece.is_block()) return Shape({s.piece.total / s.piece.full_cols, s.piece.full_cols});
+  if (s.piece.shape.rank() > 0) return s.piece.shape;
+  MOETRON_CHECK(s.piece.count == s.piece.total, "'", s.file->path(), "': tensor '", name,
                 "' is a flat range; its full shape is not stored");
   return s.file->shape(name);
 }
@@ -160,10 +196,11 @@ void PieceIndex::read(const std::string& name, const Shape& full, const Piece& w
   MOETRON_CHECK(it != pieces_.end(), "checkpoint has no tensor '", name, "'");
   int64_t filled = 0;
   for (const Saved& s : it->second) {
-    const bool whole = s.piece.full_cols == 0 && s.piece.offset == 0 && s.piece.cols == s.piece.total;
-    const Shape saved = whole ? s.file->shape(name)
-                              : s.piece.full_cols > 0 ? Shape({s.piece.total / s.piece.full_cols, s.piece.full_cols})
-                                                      : full;
+    const bool whole = !s.piece.is_block() && s.piece.offset == 0 && s.piece.count == s.piece.total;
+    const Shape saved = whole                    ? s.file->shape(name)
+                        : s.piece.is_block()       ? Shape({s.piece.total / s.piece.full_cols, s.piece.full_cols})
+                        : s.piece.shape.rank() > 0 ? s.piece.shape
+                                                   : full;
     MOETRON_CHECK(s.piece.total == want.total && saved == full, "'", s.file->path(), "': tensor '", name, "' is ",
                   saved.str(), " (", s.piece.total, " elements), the model expects ", full.str(),
                   " (saved from another model?)");

@@ -39,8 +39,8 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
 
-  // In place on `buf` (f32, bf16, i32, i64; bf16 is reduced in fp32 and
-  // rounded once). avg divides by size().
+  // In place on `buf` (f32, bf16, f16, f64, i32, i64; bf16 and f16 are
+  // reduced in fp32 and rounded once). avg divides by size().
   virtual std::unique_ptr<Work> allreduce_async(const Tensor& buf, ReduceOp op) = 0;
   // src: size() equal chunks along dim 0; dst: one chunk, the reduction of chunk rank().
   virtual std::unique_ptr<Work> reduce_scatter_async(const Tensor& src, const Tensor& dst, ReduceOp op) = 0;

@@ -47,7 +47,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
     case DType::bf16:
-    case DType::f16: return MPI_UINT16_T;  // moved as raw bits; never reduced as such
+    case DType::f16: return MPI_UINT16_T;  // moved as raw bits; reduced staged through f32
   }
   return MPI_BYTE;
 }
@@ -123,16 +123,30 @@ class MpiWork final : public Work {
   bool done_ = false;
 };
 
+// bf16 and f16 are reduced in fp32 (MPI has no 16-bit float type): widened
+// exactly, summed, rounded to nearest even once.
+bool staged_through_f32(DType t) { return t == DType::bf16 || t == DType::f16; }
+
 Tensor to_f32(const Tensor& t) {
   Tensor f = Tensor::empty(t.shape(), DType::f32, MemTag::comm);
   const auto* s = static_cast<const uint16_t*>(t.raw());
-  for (int64_t i = 0; i < t.numel(); ++i) f.data<float>()[i] = bf16_to_f32(s[i]);
+  float* d = f.data<float>();
+  if (t.dtype() == DType::bf16) {
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] = bf16_to_f32(s[i]);
+  } else {
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] = f16_to_f32(s[i]);
+  }
   return f;
 }
 
 void from_f32(const Tensor& f, const Tensor& t) {
   auto* d = static_cast<uint16_t*>(t.raw());
-  for (int64_t i = 0; i < t.numel(); ++i) d[i] = f32_to_bf16(f.data<float>()[i]);
+  const float* s = f.data<float>();
+  if (t.dtype() == DType::bf16) {
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] = f32_to_bf16(s[i]);
+  } else {
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] = f32_to_f16(s[i]);
+  }
 }
 
 void divide(const Tensor& t, int n) {
@@ -180,8 +194,7 @@ class MpiCommunicator final : public Communicator {
   // every call, ~8x slower at 64 MiB here (bench/RESULTS.md, "Progress").
   std::unique_ptr<Work> allreduce_async(const Tensor& buf, ReduceOp op) override {
     CommStats& st = begin("allreduce", 2 * ring_share(buf.nbytes()));
-    const bool stage = buf.dtype() == DType::bf16;
-    MOETRON_CHECK(stage || buf.dtype() != DType::f16, "allreduce of f16 is not supported");
+    const bool stage = staged_through_f32(buf.dtype());
     Tensor send = stage ? to_f32(buf) : Tensor::empty(buf.shape(), buf.dtype(), MemTag::comm);
     if (!stage && buf.nbytes()) std::memcpy(send.raw(), buf.raw(), buf.nbytes());
     Tensor recv = stage ? Tensor::empty(buf.shape(), DType::f32, MemTag::comm) : buf;
@@ -201,7 +214,7 @@ class MpiCommunicator final : public Communicator {
     MOETRON_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel() * size_, "reduce_scatter: src ",
                   src.str(), " must be ", size_, " chunks of dst ", dst.str());
     CommStats& st = begin("reduce_scatter", ring_share(src.nbytes()));
-    const bool stage = src.dtype() == DType::bf16;
+    const bool stage = staged_through_f32(src.dtype());
     Tensor s = stage ? to_f32(src) : src;
     Tensor d = stage ? Tensor::empty(dst.shape(), DType::f32, MemTag::comm) : dst;
     const int n = size_;

@@ -13,8 +13,8 @@ void vocab_parallel_cross_entropy(kernels::Context& ctx, const TensorParallel& t
                                   int64_t chunk_tokens, const Tensor& losses, const Tensor& d_hidden,
                                   const Tensor& d_head_w) {
   MOETRON_CHECK(tp.group && tp.group->size() == tp.size, "vocab-parallel cross-entropy without its tp group");
-  MOETRON_CHECK(hidden.dtype() == DType::f32 || hidden.dtype() == DType::bf16,
-                "vocab-parallel cross-entropy takes f32 or bf16 hidden states, got ", hidden.str());
+  MOETRON_CHECK(hidden.dtype() == DType::f32 || hidden.dtype() == DType::bf16 || hidden.dtype() == DType::f16,
+                "vocab-parallel cross-entropy takes f32, bf16 or f16 hidden states, got ", hidden.str());
   MOETRON_CHECK(losses.dtype() == DType::f32, "vocab-parallel cross-entropy losses must be f32");
   const int64_t t = hidden.dim(0), d = hidden.dim(1), v = head_w.dim(0);
   const int64_t offset = tp.rank * v;
@@ -68,7 +68,8 @@ void vocab_parallel_cross_entropy(kernels::Context& ctx, const TensorParallel& t
       if (local >= 0 && local < v) row[local] -= grad_scale;
     }
     // d_head_w += dlogits^T h (fp32 dlogits); d_hidden = dlogits W, with
-    // dlogits rounded to the weights' dtype as the fused kernel does.
+    // dlogits rounded to bf16 weights' dtype as the fused kernel does (f16
+    // is staged through fp32 there, and by matmul here: fp32 dlogits).
     Tensor h32 = h;
     if (h.dtype() != DType::f32) {
       h32 = Tensor::empty({c, d}, DType::f32, MemTag::workspace);
@@ -79,7 +80,7 @@ void vocab_parallel_cross_entropy(kernels::Context& ctx, const TensorParallel& t
     wgrad.beta = 1.0f;
     kernels::matmul(ctx, logits, h32, d_head_w, wgrad);
     Tensor dl = logits;
-    if (head_w.dtype() != DType::f32) {
+    if (head_w.dtype() == DType::bf16) {
       dl = Tensor::empty({c, v}, head_w.dtype(), MemTag::workspace);
       kernels::convert(ctx, logits, dl);
     }

@@ -189,9 +189,17 @@ std::vector<StateSlice> Optimizer::state_slices() {
   return out;
 }
 
-std::vector<StateTensor> Optimizer::checkpoint_masters() {
-  std::vector<StateTensor> out;
-  for (auto& s : slots_) out.push_back({s.param->name, s.master});
+std::vector<StateSlice> Optimizer::checkpoint_masters() {
+  std::vector<StateSlice> out;
+  for (auto& s : slots_) {
+    const int64_t numel = s.master.numel();
+    StateSlice sl{s.param->name, s.master.reshape({numel}), 0, numel};
+    if (tp_on() && s.param->sharded()) {  // this rank's block
+      sl.total = s.param->shard.full.numel();
+      sl.block_of = s.param;
+    }
+    out.push_back(std::move(sl));
+  }
   return out;
 }
 

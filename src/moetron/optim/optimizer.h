@@ -86,9 +86,16 @@ struct StateSlice {
   // Held whole by every rank of a sharded optimizer's group (experts under
   // ZeRO-1 with ep): stored once, by the rank the checkpoint's `writes` names.
   bool replicated = false;
-  // Set when `values` is this rank's tp block of that parameter's state
-  // (the whole local tensor; offset 0, total = the full tensor's elements):
-  // checkpoints store it as a block and re-cut it for any other tp.
+  // The same elements are held, and stored, by another rank of a sharded
+  // optimizer (under tp a ZeRO-1 chunk of what every tp rank holds whole is
+  // stored by tp rank 0; of a kv-head block replicated over tp ranks, by its
+  // primary): skipped by checkpoints, filled on load.
+  bool duplicate = false;
+  // Set when `values` is part of this rank's tp block of that parameter's
+  // state: elements [offset, offset + numel) of the block's row-major order
+  // (the whole block for a one-rank optimizer, a chunk of it under ZeRO-1);
+  // total = the full tensor's elements. Checkpoints store it as a block (or
+  // a range of one) and re-cut it for any other tp and dp.
   const nn::Parameter* block_of = nullptr;
 };
 
@@ -110,10 +117,11 @@ class ParamOptimizer {
   // Whether ranks hold different parts (ZeRO-1) or all of it (replicated:
   // a checkpoint stores one copy).
   virtual bool sharded() const = 0;
-  // fp32 master weights by parameter name as this rank holds them: a
-  // tp-sharded parameter's block (Parameter::shard), else the whole tensor
-  // (collective; ZeRO-1 gathers its chunks, so every rank gets all of them).
-  virtual std::vector<StateTensor> checkpoint_masters() = 0;
+  // fp32 master weights as this rank holds them, as pieces of the full
+  // tensors (named by parameter): a one-rank optimizer's whole tensors (a
+  // tp-sharded parameter's block), ZeRO-1's chunks (nothing gathered). The
+  // StateSlice flags say which rank stores a piece, as for the state.
+  virtual std::vector<StateSlice> checkpoint_masters() = 0;
   // Sets the master (and working copy) of one parameter from the value of
   // the block this rank holds (the whole tensor when it is not tp-sharded).
   virtual void load_master(const std::string& param_name, const Tensor& local) = 0;
@@ -134,7 +142,7 @@ class Optimizer final : public ParamOptimizer {
   StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0, double known_norm = -1) override;
   std::vector<StateSlice> state_slices() override;
   bool sharded() const override { return false; }
-  std::vector<StateTensor> checkpoint_masters() override;
+  std::vector<StateSlice> checkpoint_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
 
   // Which rule a parameter follows.

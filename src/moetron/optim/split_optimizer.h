@@ -1,11 +1,13 @@
-// Two optimizers over disjoint parameters, seen as one: ZeRO-1 for the
-// parameters every dp rank holds and a plain one for those only some ranks
-// hold (the experts under expert parallelism: their replicas are reduced by
-// their own all-reduce, and ZeRO's reduce-scatter chunks assume identical
-// parameters on every rank of its group).
+// Optimizers over disjoint parameters, seen as one. Under ZeRO-1 each group
+// of ranks holding a parameter identically shards its state: the dense
+// parameters over dp, the tp-partial ones (router, shared experts: the same
+// on every rank of a stage) over dp x tp; a plain optimizer updates those
+// held by only some ranks of any group (the routed experts under expert
+// parallelism: their replicas are reduced by their own all-reduce).
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "moetron/optim/optimizer.h"
 
@@ -13,23 +15,29 @@ namespace moetron::optim {
 
 class SplitOptimizer final : public ParamOptimizer {
  public:
-  // sharded: the ZeRO-1 part; whole: the other parameters (each held whole).
-  SplitOptimizer(std::unique_ptr<ParamOptimizer> sharded, std::unique_ptr<ParamOptimizer> whole);
+  struct Part {
+    std::unique_ptr<ParamOptimizer> opt;
+    // Held whole by every rank that holds it (its state stored once, by the
+    // rank the checkpoint's `writes` names).
+    bool replicated = false;
+  };
+  explicit SplitOptimizer(std::vector<Part> parts);
 
+  // Each part's norm as it computes it, combined: callers with replicas or
+  // shards elsewhere (ep, tp, pp) compute the global norm themselves and
+  // pass it to step().
   double grad_norm(kernels::Context& ctx, double grad_scale) override;
   StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) override;
-  const OptimizerOptions& options() const override { return sharded_->options(); }
-  // The whole part's slices are marked replicated (stored once).
+  const OptimizerOptions& options() const override { return parts_.front().opt->options(); }
   std::vector<StateSlice> state_slices() override;
-  bool sharded() const override { return true; }
-  std::vector<StateTensor> checkpoint_masters() override;
-  void load_master(const std::string& param_name, const Tensor& full) override;
+  bool sharded() const override;
+  std::vector<StateSlice> checkpoint_masters() override;
+  void load_master(const std::string& param_name, const Tensor& local) override;
   void finish_state_load() override;
   bool holds(const std::string& param_name) const override;
-  ParamOptimizer& sharded_part() { return *sharded_; }
 
  private:
-  std::unique_ptr<ParamOptimizer> sharded_, whole_;
+  std::vector<Part> parts_;
 };
 
 }  // namespace moetron::optim

@@ -70,13 +70,52 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
   }
 }
 
+ZeroOptimizer::GradSquares ZeroOptimizer::grad_squares(kernels::Context& ctx) {
+  Tensor sq = Tensor::zeros({2}, DType::f64, MemTag::comm);
+  double* s = sq.data<double>();
+  const bool tp = tp_ && tp_->on();
+  const auto& buckets = reducer_.buckets();
+  for (size_t bi = 0; bi < buckets.size(); ++bi) {
+    for (const Segment& sg : shards_[bi].segments) {
+      const bool block = tp && sg.param->sharded();
+      if (block && !sg.param->shard.primary) continue;
+      s[block ? 1 : 0] += kernels::sum_squares(ctx, buckets[bi].shard.slice(sg.chunk_lo, sg.chunk_lo + sg.len));
+    }
+  }
+  // Without tp there are no blocks: one value on the wire.
+  reducer_.comm().allreduce(tp ? sq : sq.slice(0, 1), comm::ReduceOp::sum);
+  return {s[0], s[1]};
+}
+
 double ZeroOptimizer::grad_norm(kernels::Context& ctx, double grad_scale) {
-  Tensor sq = Tensor::empty({1}, DType::f64, MemTag::comm);
-  double local = 0;
-  for (const parallel::Bucket& b : reducer_.buckets()) local += kernels::sum_squares(ctx, b.shard);
-  sq.data<double>()[0] = local;
-  reducer_.comm().allreduce(sq, comm::ReduceOp::sum);
-  return std::sqrt(sq.data<double>()[0]) * std::fabs(grad_scale);
+  const GradSquares sq = grad_squares(ctx);
+  return std::sqrt(sq.replicated + sq.blocks) * std::fabs(grad_scale);
+}
+
+void ZeroOptimizer::set_tensor_parallel(const nn::TensorParallel* tp) {
+  tp_ = tp;
+  if (!tp_ || !tp_->on()) return;
+  MOETRON_CHECK(tp_->group, "ZeRO-1 under tensor parallelism needs the tp group");
+  // The Muon gathers pair the ranks updating the same block on every tp
+  // rank: they exist only if every tp rank cut the same buckets.
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
+  for (const parallel::Bucket& b : reducer_.buckets()) {
+    mix(b.numel);
+    mix(b.chunk);
+    for (const parallel::BucketSlot& slot : b.slots) {
+      mix(slot.offset);
+      mix(slot.numel);
+      mix(rule_uses_muon(opts_, *slot.param));
+    }
+  }
+  Tensor v = Tensor::empty({2}, DType::i64, MemTag::comm);
+  v.data<int64_t>()[0] = static_cast<int64_t>(h >> 1);
+  v.data<int64_t>()[1] = -static_cast<int64_t>(h >> 1);
+  tp_->group->allreduce(v, comm::ReduceOp::max);
+  MOETRON_CHECK(v.data<int64_t>()[0] == -v.data<int64_t>()[1],
+                "ZeRO-1 under tensor parallelism: the tp ranks cut different gradient buckets "
+                "(parallel.bucket_mb and the parameter shapes must agree over tp)");
 }
 
 void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad, const Segment& sg,
@@ -153,9 +192,18 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
       const Tensor u_full = whole ? sh.u_own.slice(mine[0]->chunk_lo, mine[0]->chunk_lo + slot.numel).reshape(shape)
                                   : sh.u_full.slice(slot.offset, slot.offset + slot.numel).reshape(shape);
       Tensor o = Tensor::empty(shape, DType::f32, MemTag::workspace);
-      newton_schulz(ctx, u_full, o, opts_.muon_ns_steps);
+      const bool tp_block = tp_ && tp_->on() && slot.param->sharded();
+      if (tp_block) {  // the whole matrix from every tp rank's block (collective over tp)
+        const Tensor u_all = nn::gather_shards(*tp_, *slot.param, u_full);
+        Tensor o_all = Tensor::empty(u_all.shape(), DType::f32, MemTag::workspace);
+        newton_schulz(ctx, u_all, o_all, opts_.muon_ns_steps);
+        nn::copy_shard(*slot.param, o_all, o);
+      } else {
+        newton_schulz(ctx, u_full, o, opts_.muon_ns_steps);
+      }
       const Tensor o_flat = o.reshape({slot.numel});
-      const double rms = muon_rms_scale(shape[0], shape[1]);
+      const Shape& whole_shape = tp_block ? slot.param->shard.full : shape;
+      const double rms = muon_rms_scale(whole_shape[0], whole_shape[1]);
       for (const Segment* sg : mine) {
         const int64_t lo = sg->chunk_lo, hi = sg->chunk_lo + sg->len;
         const Tensor master = sh.master.slice(lo, hi);
@@ -215,36 +263,49 @@ void ZeroOptimizer::wait_for(const nn::Parameter& p) {
   reducer_.comm().poll();  // the later buckets progress meanwhile
 }
 
-std::vector<StateSlice> ZeroOptimizer::state_slices() {
+// This rank's pieces of a chunked tensor (momenta, moments or masters), one
+// per segment: a range of the parameter, or of its tp block under tp.
+std::vector<StateSlice> ZeroOptimizer::segment_slices(const std::function<void(const Shard&, const Segment&,
+                                                                                 std::vector<StateSlice>&, StateSlice)>& add) {
   finish_gathers();
   std::vector<StateSlice> out;
-  for (Shard& sh : shards_) {
+  for (const Shard& sh : shards_) {
     for (const Segment& sg : sh.segments) {
-      const std::string& n = sg.param->name;
-      const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len, total = sg.param->value.numel();
-      out.push_back({n + (sg.muon ? ".momentum" : ".exp_avg"), sh.m.slice(lo, hi), sg.param_lo, total});
-      if (!sg.muon) out.push_back({n + ".exp_avg_sq", sh.v.slice(lo, hi), sg.param_lo, total});
+      // Under tp: a range of this rank's block of the full tensor; every tp
+      // rank's dp group holds the tensors not sharded over tp (stored by tp rank 0).
+      const bool block = tp_ && tp_->on() && sg.param->sharded();
+      StateSlice base;
+      base.offset = sg.param_lo;
+      base.total = block ? sg.param->shard.full.numel() : sg.param->value.numel();
+      base.duplicate = tp_ && tp_->on() && (block ? !sg.param->shard.primary : tp_->rank != 0);
+      base.block_of = block ? sg.param : nullptr;
+      add(sh, sg, out, base);
     }
   }
   return out;
 }
 
-std::vector<StateTensor> ZeroOptimizer::checkpoint_masters() {
-  finish_gathers();
-  // All-gather each bucket's fp32 masters (every rank takes part; the
-  // temporary full copy lives only for the checkpoint write).
-  std::vector<StateTensor> out;
-  comm::Communicator& dp = reducer_.comm();
-  const auto& buckets = reducer_.buckets();
-  for (size_t bi = 0; bi < buckets.size(); ++bi) {
-    const parallel::Bucket& b = buckets[bi];
-    Tensor full = Tensor::empty({b.numel}, DType::f32, MemTag::comm);
-    dp.allgather(shards_[bi].master, full);
-    for (const parallel::BucketSlot& slot : b.slots) {
-      out.push_back({slot.param->name, full.slice(slot.offset, slot.offset + slot.numel).reshape(slot.param->value.shape())});
+std::vector<StateSlice> ZeroOptimizer::state_slices() {
+  return segment_slices([](const Shard& sh, const Segment& sg, std::vector<StateSlice>& out, StateSlice base) {
+    const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
+    StateSlice m = base;
+    m.name = sg.param->name + (sg.muon ? ".momentum" : ".exp_avg");
+    m.values = sh.m.slice(lo, hi);
+    out.push_back(std::move(m));
+    if (!sg.muon) {
+      base.name = sg.param->name + ".exp_avg_sq";
+      base.values = sh.v.slice(lo, hi);
+      out.push_back(std::move(base));
     }
-  }
-  return out;
+  });
+}
+
+std::vector<StateSlice> ZeroOptimizer::checkpoint_masters() {
+  return segment_slices([](const Shard& sh, const Segment& sg, std::vector<StateSlice>& out, StateSlice base) {
+    base.name = sg.param->name;
+    base.values = sh.master.slice(sg.chunk_lo, sg.chunk_lo + sg.len);
+    out.push_back(std::move(base));
+  });
 }
 
 void ZeroOptimizer::load_master(const std::string& param_name, const Tensor& full) {

@@ -12,16 +12,26 @@
 // per bucket, every rank that owns part of a matrix orthogonalises the whole
 // U (Moonlight's distributed Muon, Algorithm 1) and applies its slice.
 //
+// Under tensor parallelism the dp group holds the same tp block of every
+// sharded parameter, so the chunks cut blocks as they cut whole tensors. A
+// tp-sharded Muon matrix is orthogonalised whole: its block's update is
+// gathered over tp from the ranks updating the same block on the other tp
+// ranks (the same dp rank there: the tp ranks' bucket plans are identical,
+// which set_tensor_parallel checks), exactly like the one-rank optimizer
+// under tp.
+//
 // FlexMuon: with the owner bucket plan (parallel/bucket_plan.h) every Muon
 // matrix lies inside one rank's chunk, so its owner alone keeps its momentum
 // and runs Newton-Schulz on it, with no update gathered; the all-gather of
 // the working copies is all that is shared.
 #pragma once
 
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
 #include "moetron/comm/communicator.h"
+#include "moetron/nn/tensor_parallel.h"
 #include "moetron/optim/optimizer.h"
 #include "moetron/parallel/grad_reducer.h"
 
@@ -36,12 +46,28 @@ class ZeroOptimizer final : public ParamOptimizer {
   ZeroOptimizer(nn::ParameterSet& params, OptimizerOptions opts, parallel::GradReducer& reducer,
                 bool redundant_newton_schulz = false);
 
+  // Of this group's gradients only (collective over dp): under tp the caller
+  // adds the other tp ranks' blocks (grad_squares).
   double grad_norm(kernels::Context& ctx, double grad_scale) override;
+  // Squared L2 norms of the reduced gradients in the chunks, summed over dp
+  // (collective): of the parameters every tp rank holds whole, and of this
+  // rank's tp blocks (a block replicated over tp ranks counted by its
+  // primary only), which the caller sums over tp.
+  struct GradSquares {
+    double replicated = 0, blocks = 0;
+  };
+  GradSquares grad_squares(kernels::Context& ctx);
+  // For the optimizer of the dense parameters under tp (this dp group holds
+  // one tp rank's blocks, and what every tp rank holds whole); not for one
+  // whose group spans tp. Collective over tp->group: checks every tp rank
+  // cut identical buckets.
+  void set_tensor_parallel(const nn::TensorParallel* tp);
+  bool holds(const nn::Parameter& p) const { return bucket_of_.count(&p) != 0; }
   StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) override;
   const OptimizerOptions& options() const override { return opts_; }
   std::vector<StateSlice> state_slices() override;
   bool sharded() const override { return true; }
-  std::vector<StateTensor> checkpoint_masters() override;
+  std::vector<StateSlice> checkpoint_masters() override;
   void load_master(const std::string& param_name, const Tensor& full) override;
   bool holds(const std::string& param_name) const override;
 
@@ -74,9 +100,12 @@ class ZeroOptimizer final : public ParamOptimizer {
   };
   void adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad, const Segment& sg,
                      double lr, double mult, int64_t step);
+  std::vector<StateSlice> segment_slices(
+      const std::function<void(const Shard&, const Segment&, std::vector<StateSlice>&, StateSlice)>& add);
 
   OptimizerOptions opts_;
   parallel::GradReducer& reducer_;
+  const nn::TensorParallel* tp_ = nullptr;
   bool redundant_ = false;
   std::vector<Shard> shards_;
   bool overlap_gather_ = false;

@@ -40,17 +40,30 @@ double ideal_bubble_fraction(int64_t pp, int64_t m, int64_t v) {
   return static_cast<double>(pp - 1) / static_cast<double>(v * m + pp - 1);
 }
 
+StageCosts flop_stage_costs(const nn::ModelConfig& m, const nn::MoeConfig& e, int64_t seq_len) {
+  StageCosts c;
+  for (int64_t i = 0; i < m.n_layers; ++i) c.layers.push_back(nn::layer_flops_per_token(m, e, i, seq_len));
+  c.head = nn::head_flops_per_token(m);
+  return c;
+}
+
 std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m, const nn::MoeConfig& e,
                                                          int64_t seq_len, int64_t pp) {
-  const int64_t L = m.n_layers;
+  return balanced_stages(flop_stage_costs(m, e, seq_len), pp);
+}
+
+std::vector<std::pair<int64_t, int64_t>> balanced_stages(const StageCosts& costs, int64_t pp) {
+  const auto L = static_cast<int64_t>(costs.layers.size());
   MOETRON_CHECK(pp >= 1 && pp <= L, "parallel.pp = ", pp, " stages for model.n_layers = ", L,
                 " (each stage needs a layer)");
   std::vector<double> prefix(static_cast<size_t>(L + 1), 0.0);
   for (int64_t i = 0; i < L; ++i) {
-    prefix[static_cast<size_t>(i + 1)] = prefix[static_cast<size_t>(i)] + nn::layer_flops_per_token(m, e, i, seq_len);
+    prefix[static_cast<size_t>(i + 1)] = prefix[static_cast<size_t>(i)] + costs.layers[static_cast<size_t>(i)];
   }
-  const double head = nn::head_flops_per_token(m);
-  const auto cost = [&](int64_t a, int64_t b) { return prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)] + (b == L ? head : 0.0); };
+  const auto cost = [&](int64_t a, int64_t b) {
+    return prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)] + (a == 0 ? costs.embedding : 0.0) +
+           (b == L ? costs.head : 0.0);
+  };
   // best[s][i]: the smallest largest-stage cost of layers [0, i) in s + 1 stages.
   const double inf = 1e300;
   std::vector<std::vector<double>> best(static_cast<size_t>(pp), std::vector<double>(static_cast<size_t>(L + 1), inf));

@@ -33,10 +33,20 @@ std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64
 // The idle fraction of an ideal pipeline: (pp - 1) / (v m + pp - 1).
 double ideal_bubble_fraction(int64_t pp, int64_t microbatches, int64_t v);
 
+// What each piece of the model costs a stage, in any unit: every layer, the
+// embedding (on the first stage) and the final norm, head and loss (on the last).
+struct StageCosts {
+  std::vector<double> layers;
+  double embedding = 0, head = 0;
+};
+// Training FLOPs per token (nn::layer_flops_per_token, nn::head_flops_per_token;
+// the embedding gather counted as free).
+StageCosts flop_stage_costs(const nn::ModelConfig& m, const nn::MoeConfig& e, int64_t seq_len);
+
 // Layers [first, end) of each of pp stages: contiguous, at least one each,
-// minimising the largest stage's training FLOPs per token
-// (nn::layer_flops_per_token; the LM head's counted on the last stage, the
-// embedding gather as free).
+// minimising the largest stage's cost.
+std::vector<std::pair<int64_t, int64_t>> balanced_stages(const StageCosts& costs, int64_t pp);
+// Balanced by training FLOPs (flop_stage_costs).
 std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m, const nn::MoeConfig& e,
                                                          int64_t seq_len, int64_t pp);
 

@@ -300,9 +300,13 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   const int64_t t = in.micro_batch * in.seq_len;
   MOETRON_CHECK(lay.tp == 1 || t % lay.tp == 0, "memory model: the ", t,
                 " tokens of a micro-batch must divide over parallel.tp = ", lay.tp);
+  MOETRON_CHECK(lay.stages.empty() || (lay.vpp == 1 && static_cast<int64_t>(lay.stages.size()) == lay.pp),
+                "memory model: ", lay.stages.size(), " stage splits given for parallel.pp = ", lay.pp,
+                " (and vpp = ", lay.vpp, ")");
   const std::vector<std::pair<int64_t, int64_t>> chunks =
-      lay.pp == 1 ? std::vector<std::pair<int64_t, int64_t>>{{0, m.n_layers}}
-                  : parallel::stage_chunks(m, e, in.seq_len, lay.pp, lay.vpp, lay.stage);
+      lay.pp == 1            ? std::vector<std::pair<int64_t, int64_t>>{{0, m.n_layers}}
+      : !lay.stages.empty() ? std::vector<std::pair<int64_t, int64_t>>{lay.stages[static_cast<size_t>(lay.stage)]}
+                            : parallel::stage_chunks(m, e, in.seq_len, lay.pp, lay.vpp, lay.stage);
   const bool first = lay.stage == 0, last = lay.stage == lay.pp - 1;
   const Inventory inv = inventory(in, chunks, first, last);
   Replay r;
@@ -318,8 +322,9 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   const auto is_expert = [&](const Param& p) { return lay.ep > 1 && p.expert; };
   const auto is_partial = [&](const Param& p) { return p.partial && !is_expert(p); };
   const auto is_dense = [&](const Param& p) { return !is_expert(p) && !is_partial(p); };
-  std::vector<Bucket> dense_plan;
+  std::vector<Bucket> dense_plan, partial_plan;
   std::vector<int64_t> allreduce_sends;
+  const bool owner_muon = lay.zero1 && in.optimizer == "muon" && in.muon_distribution == "owner";
   if (ranks > 1 || lay.zero1) {
     const ReducerInputs& ri = in.reducer;
     if (lay.ep > 1 && ranks / lay.ep > 1) {
@@ -327,21 +332,25 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
                       ri.compress, allreduce_sends);
     }
     if (lay.tp > 1) {
-      reducer_buffers(r, fixed, flat_plan(inv, ranks, ri.bucket_bytes, is_partial), ranks, lay.zero1, ri.compress,
-                      allreduce_sends);
+      // Under ZeRO-1 reduce-scattered over the stage (owner plan for FlexMuon), which shards their state.
+      partial_plan = owner_muon ? owner_plan(inv, ranks, ri.bucket_bytes, [&](const Param& p) { return uses_muon(in, p); },
+                                             is_partial)
+                                : flat_plan(inv, ranks, ri.bucket_bytes, is_partial);
+      reducer_buffers(r, fixed, partial_plan, ranks, lay.zero1, ri.compress, allreduce_sends);
     }
     if (lay.dp > 1 || lay.zero1) {
-      dense_plan = lay.zero1 && in.optimizer == "muon" && in.muon_distribution == "owner"
-                       ? owner_plan(inv, lay.dp, ri.bucket_bytes, [&](const Param& p) { return uses_muon(in, p); },
-                                    is_dense)
-                       : flat_plan(inv, lay.dp, ri.bucket_bytes, is_dense);
+      dense_plan = owner_muon ? owner_plan(inv, lay.dp, ri.bucket_bytes, [&](const Param& p) { return uses_muon(in, p); },
+                                           is_dense)
+                              : flat_plan(inv, lay.dp, ri.bucket_bytes, is_dense);
       reducer_buffers(r, fixed, dense_plan, lay.dp, lay.zero1, ri.compress, allreduce_sends);
     }
   }
-  // Optimizer state: ZeRO-1 holds the dense state in dp chunks and updates
-  // routed experts (under ep) whole; otherwise every parameter has its slots.
+  // Optimizer state: ZeRO-1 holds the dense state in dp chunks and the
+  // tp-partial state in chunks over the stage, and updates routed experts
+  // (under ep) whole; otherwise every parameter has its slots.
   if (lay.zero1) {
     zero_state(r, fixed, in, dense_plan, lay.dp);
+    if (lay.tp > 1) zero_state(r, fixed, in, partial_plan, ranks);
     for (const Param& p : inv.params) {
       if (is_expert(p)) optimizer_state(r, fixed, in, p);
     }

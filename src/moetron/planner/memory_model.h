@@ -47,6 +47,9 @@ struct Layout {
   int64_t vpp = 1;
   std::string schedule = "1f1b";
   int64_t stage = 0;  // pipeline rank predicted, 0 .. pp - 1
+  // vpp 1: every stage's layers [first, end) as the job splits them; empty:
+  // balanced by FLOPs (parallel::balanced_stages).
+  std::vector<std::pair<int64_t, int64_t>> stages;
 };
 
 // Gradient buckets of the data-parallel reducers (parallel/grad_reducer.h).

@@ -109,6 +109,7 @@ const std::vector<Field>& fields() {
       field("parallel.pp", &Config::parallel, &ParallelConfig::pp),
       field("parallel.vpp", &Config::parallel, &ParallelConfig::vpp),
       field("parallel.schedule", &Config::parallel, &ParallelConfig::schedule),
+      field("parallel.stage_balance", &Config::parallel, &ParallelConfig::stage_balance),
       field("parallel.microbatches", &Config::parallel, &ParallelConfig::microbatches),
       field("parallel.cp", &Config::parallel, &ParallelConfig::cp),
   };
@@ -382,10 +383,6 @@ void validate(const Config& c) {
     check_rule(t.micro_batch * t.seq_len % tp == 0, "parallel.tp",
                str_cat("must divide the micro-batch's train.micro_batch * train.seq_len = ", t.micro_batch * t.seq_len,
                        " tokens (the MoE layers split them over tp)"));
-    check_rule(!c.parallel.zero, "parallel.tp",
-               "> 1 with parallel.zero = true is not supported yet (ZeRO-1 is built over identical dp replicas)");
-    check_rule(t.precision != "fp16", "parallel.tp",
-               "> 1 with train.precision = fp16 is not supported (the communicators do not reduce f16; use bf16)");
   }
   check_rule(!c.parallel.sequence_parallel || tp > 1, "parallel.sequence_parallel", "needs parallel.tp > 1");
   const auto& pl = c.parallel;
@@ -396,6 +393,8 @@ void validate(const Config& c) {
              str_cat("must be 1f1b or gpipe, got \"", pl.schedule, "\" (vpp > 1 with 1f1b is interleaved 1F1B)"));
   check_rule(pl.microbatches >= 0, "parallel.microbatches", "must be >= 0 (0: derived from the batch)");
   check_rule(pl.vpp == 1 || pl.pp > 1, "parallel.vpp", "needs parallel.pp > 1");
+  check_rule(pl.stage_balance == "flops" || pl.stage_balance == "measured", "parallel.stage_balance",
+             str_cat("must be flops or measured, got \"", pl.stage_balance, "\""));
   if (pl.pp > 1) {
     check_rule(pl.vpp > 1 || m.n_layers >= pl.pp, "parallel.pp",
                str_cat("must not exceed model.n_layers = ", m.n_layers, " (each stage holds a layer)"));
@@ -404,7 +403,6 @@ void validate(const Config& c) {
                        " (interleaved chunks hold equal layer counts)"));
     check_rule(!m.tie_embeddings, "parallel.pp",
                "> 1 with model.tie_embeddings = true is not supported (embedding and head live on different stages)");
-    check_rule(!pl.zero, "parallel.pp", "> 1 with parallel.zero = true is not supported yet");
   }
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",

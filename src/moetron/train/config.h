@@ -84,10 +84,13 @@ struct RecomputeConfig {
   int64_t segment = 0;  // sqrt: blocks per segment; 0: ceil(sqrt(L))
 };
 
-// How the job's ranks split the work. Only data parallelism so far: every
-// rank is a dp rank (dp = world size).
+// How the job's ranks split the work: pp stages, each of dp x tp ranks
+// (ep groups cut from them); dp = ranks / (pp tp).
 struct ParallelConfig {
-  bool zero = false;         // ZeRO-1: optimizer state sharded over dp (optim/zero_optimizer.h)
+  // ZeRO-1: optimizer state sharded over the ranks holding each parameter
+  // identically (optim/zero_optimizer.h): dense state over dp, the
+  // tp-partial router and shared experts over dp x tp; experts under ep whole.
+  bool zero = false;
   bool overlap = true;       // start each gradient bucket's reduction during backward
   // ZeRO-1: the updated parameters' all-gather runs into the next forward,
   // each bucket completed just before its first use.
@@ -110,12 +113,16 @@ struct ParallelConfig {
   int64_t tp = 1;
   bool sequence_parallel = false;  // norms and residuals on token slices (needs tp > 1)
   // Pipeline parallelism (parallel/pipeline_schedule.h): pp stages balanced by
-  // FLOPs (equal layer counts per chunk when interleaved), outermost in the rank order (rank = stage * ranks / pp +
+  // cost (equal layer counts per chunk when interleaved), outermost in the rank order (rank = stage * ranks / pp +
   // position in the stage); each stage's ranks run dp x tp x ep as above.
   // vpp > 1: each rank holds vpp chunks (interleaved 1F1B).
   int64_t pp = 1;
   int64_t vpp = 1;
   std::string schedule = "1f1b";  // 1f1b | gpipe
+  // What balances the stages: "flops" (the estimate, the same on every
+  // machine) or "measured" (each kind of layer, the embedding and the head
+  // timed on this machine before training: train/stage_costs.h).
+  std::string stage_balance = "flops";
   // Micro-batches per step per dp rank; 0: derived (train.global_batch /
   // (micro_batch * dp), else train.grad_accum). Set, it must agree with them.
   int64_t microbatches = 0;

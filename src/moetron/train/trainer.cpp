@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "moetron/optim/zero_optimizer.h"
 #include "moetron/train/fault_injection.h"
 #include "moetron/train/memory_report.h"
+#include "moetron/train/stage_costs.h"
 
 namespace moetron::train {
 
@@ -83,14 +85,19 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   if (pp_ > 1) {
     stage_comm_ = world_->split(static_cast<int>(pp_rank()), world_->rank());
     pp_comm_ = world_->split(static_cast<int>(stage_rank()), world_->rank());
-    // One chunk per rank: stages balanced by FLOPs; interleaved: virtual
-    // stage c * pp + p holds layers [j L / (pp v), (j + 1) L / (pp v)).
-    place.chunks = parallel::stage_chunks(cfg_.model, cfg_.moe, cfg_.train.seq_len, pp_, cfg_.parallel.vpp, pp_rank());
-    if (cfg_.parallel.vpp == 1 && world_->rank() == 0) {
-      std::cout << "pipeline: " << pp_ << " stages of layers";
-      for (const auto& [a, b] : parallel::balanced_stages(cfg_.model, cfg_.moe, cfg_.train.seq_len, pp_))
-        std::cout << " [" << a << ", " << b << ")";
-      std::cout << " (balanced by FLOPs, the head on the last)\n";
+    // One chunk per rank: stages balanced by FLOPs or by measured costs;
+    // interleaved: virtual stage c * pp + p holds layers [j L / (pp v), (j + 1) L / (pp v)).
+    if (cfg_.parallel.vpp == 1) {
+      std::unique_ptr<MeasuredStageCosts> measured;
+      if (cfg_.parallel.stage_balance == "measured") {
+        measured = std::make_unique<MeasuredStageCosts>(measure_stage_costs(cfg_, prec_, *world_));
+      }
+      stages_ = measured ? parallel::balanced_stages(measured->costs, pp_)
+                         : parallel::balanced_stages(cfg_.model, cfg_.moe, cfg_.train.seq_len, pp_);
+      place.chunks = {stages_[static_cast<size_t>(pp_rank())]};
+      if (world_->rank() == 0) std::cout << "pipeline: " << pp_ << " stages of " << describe_stages(stages_, measured.get()) << "\n";
+    } else {
+      place.chunks = parallel::stage_chunks(cfg_.model, cfg_.moe, cfg_.train.seq_len, pp_, cfg_.parallel.vpp, pp_rank());
     }
     place.embedding = pp_rank() == 0;
     place.head = pp_rank() == pp_ - 1;
@@ -163,9 +170,16 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
                                                                 std::vector<parallel::BucketSpec>{}, is_expert);
     }
     if (tp_ > 1) {
+      // Under ZeRO-1 they are reduce-scattered over the stage, which shards their state (owner plan for FlexMuon).
+      std::vector<parallel::BucketSpec> partial_plan;
+      if (cfg_.parallel.zero && oo.name == "muon" && cfg_.optim.muon_distribution == "owner") {
+        partial_plan = parallel::owner_bucket_plan(model_->params(), static_cast<int>(ranks), ro.bucket_bytes,
+                                                   [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); },
+                                                   is_partial);
+      }
       partial_grad_comm_ = stage().split(0, me);
       partial_reducer_ = std::make_unique<parallel::GradReducer>(model_->params(), *partial_grad_comm_, ro,
-                                                                 std::vector<parallel::BucketSpec>{}, is_partial);
+                                                                 std::move(partial_plan), is_partial);
     }
     if (dp > 1 || cfg_.parallel.zero) {
       grad_comm_ = stage().split(static_cast<int>(tp_rank()), me);
@@ -180,17 +194,27 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
     };
   }
   if (cfg_.parallel.zero) {
-    auto zero = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *reducer_,
-                                                       cfg_.optim.muon_distribution == "replicated");
-    zero->set_overlap_param_gather(cfg_.parallel.overlap_param_gather);
-    optim::ZeroOptimizer* z = zero.get();
-    model_->before_use = [z](nn::Parameter& p) { z->wait_for(p); };
-    if (ep_ > 1) {
-      // Experts are not identical over the dp ranks: a plain optimizer for them.
-      auto experts = std::make_unique<optim::Optimizer>(model_->params(), oo, is_expert);
-      opt_ = std::make_unique<optim::SplitOptimizer>(std::move(zero), std::move(experts));
+    // ZeRO-1 over each group holding parameters identically: the dense ones
+    // (tp blocks, and what every tp rank holds whole) over dp, the
+    // tp-partial ones over the stage; experts under ep are updated whole.
+    const bool replicated_ns = cfg_.optim.muon_distribution == "replicated";
+    std::vector<optim::SplitOptimizer::Part> parts;
+    for (parallel::GradReducer* r : {reducer_.get(), partial_reducer_.get()}) {
+      if (!r) continue;
+      auto zero = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *r, replicated_ns);
+      if (r == reducer_.get()) zero->set_tensor_parallel(&model_->tensor_parallel());  // the partial group spans tp
+      zero->set_overlap_param_gather(cfg_.parallel.overlap_param_gather);
+      zero_parts_.push_back(zero.get());
+      parts.push_back({std::move(zero), false});
+    }
+    model_->before_use = [this](nn::Parameter& p) {
+      for (optim::ZeroOptimizer* z : zero_parts_) z->wait_for(p);
+    };
+    if (ep_ > 1) parts.push_back({std::make_unique<optim::Optimizer>(model_->params(), oo, is_expert), true});
+    if (parts.size() == 1) {
+      opt_ = std::move(parts.front().opt);
     } else {
-      opt_ = std::move(zero);
+      opt_ = std::make_unique<optim::SplitOptimizer>(std::move(parts));
     }
   } else {
     auto opt = std::make_unique<optim::Optimizer>(model_->params(), oo);
@@ -299,13 +323,19 @@ std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving) {
   }
   // Residuals belong to one rank of one layout: named by rank, optional on
   // load (a run resumed on another dp starts its error feedback from zero).
-  if (!reducer_) return out;
-  for (auto& [name, t] : reducer_->residuals()) {
-    out.push_back({"rank-" + std::to_string(world_->rank()) + "." + name, t, 0, t.numel(), false});
+  if (reducer_) {
+    for (auto& [name, t] : reducer_->residuals()) {
+      out.push_back({"rank-" + std::to_string(world_->rank()) + "." + name, t, 0, t.numel(), false});
+    }
   }
   if (expert_reducer_) {
     for (auto& [name, t] : expert_reducer_->residuals()) {
       out.push_back({"rank-" + std::to_string(world_->rank()) + ".experts." + name, t, 0, t.numel(), false});
+    }
+  }
+  if (partial_reducer_) {
+    for (auto& [name, t] : partial_reducer_->residuals()) {
+      out.push_back({"rank-" + std::to_string(world_->rank()) + ".partial." + name, t, 0, t.numel(), false});
     }
   }
   return out;
@@ -381,15 +411,18 @@ double Trainer::grad_norm(double grad_scale) {
   double replicated = 0;
   Tensor expert = Tensor::zeros({1}, DType::f64, MemTag::comm);
   Tensor sharded = Tensor::zeros({1}, DType::f64, MemTag::comm);
-  // ZeRO-1 (with ep): the dense gradients live reduced in its bucket chunks.
-  auto* split = dynamic_cast<optim::SplitOptimizer*>(opt_.get());
-  if (split) {
-    const double dense = split->sharded_part().grad_norm(*ctx_, 1.0);  // collective over dp
-    replicated = dense * dense;
+  // ZeRO-1: its gradients live reduced in its bucket chunks, each counted
+  // once over its group.
+  for (optim::ZeroOptimizer* z : zero_parts_) {
+    const optim::ZeroOptimizer::GradSquares sq = z->grad_squares(*ctx_);  // collective over its group
+    replicated += sq.replicated;
+    sharded.data<double>()[0] += sq.blocks;
   }
   for (const auto& p : model_->params().all()) {
+    if (std::any_of(zero_parts_.begin(), zero_parts_.end(), [&](optim::ZeroOptimizer* z) { return z->holds(*p); })) {
+      continue;
+    }
     const bool is_expert = ep_ > 1 && p->kind == nn::ParallelKind::expert;
-    if (split && !is_expert) continue;
     const double sq = kernels::sum_squares(*ctx_, p->grad);
     if (is_expert) {
       expert.data<double>()[0] += sq;
@@ -471,8 +504,9 @@ TrainResult Trainer::run() {
     // stage differ only by the routing under ep).
     for (int64_t s = 0; s < pp_; ++s) {
       const int64_t r = s * stage_size();
-      std::cout << memory_plan(cfg_, prec_, num_compute_threads(), static_cast<int>(r),
-                               layout_of(cfg_, world_->size(), r))
+      planner::Layout lay = layout_of(cfg_, world_->size(), r);
+      lay.stages = stages_;  // the split this job uses (measured costs may differ from FLOPs)
+      std::cout << memory_plan(cfg_, prec_, num_compute_threads(), static_cast<int>(r), lay)
                 << std::flush;
     }
   }
@@ -568,7 +602,15 @@ TrainResult Trainer::run() {
                            {"mfu", rec.mfu},       {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
                            {"skipped", rec.skipped}, {"tokens", step_tokens},
                            {"dropped_slots", rec.dropped}, {"step_s", secs}};
-    if (pipeline_) line["pipeline_wait_s"] = rec.pipeline_wait_s;
+    if (pipeline_) {
+      line["pipeline_wait_s"] = rec.pipeline_wait_s;
+      // Each stage's time not waiting on the pipeline (its first rank's):
+      // how balanced the stages really are.
+      Tensor busy = Tensor::zeros({pp_}, DType::f64, MemTag::comm);
+      busy.data<double>()[pp_rank()] = secs - rec.pipeline_wait_s;
+      pp_comm_->allreduce(busy, comm::ReduceOp::sum);
+      line["stage_busy_s"] = std::vector<double>(busy.data<double>(), busy.data<double>() + pp_);
+    }
     if (reducer_) {
       line["comm_wait_s"] = rec.comm_wait_s;
       line["grad_bytes_sent"] = gradient_bytes_sent() - grad_bytes_before;  // this rank, this step

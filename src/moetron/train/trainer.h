@@ -19,6 +19,10 @@
 #include "moetron/train/pipeline_runner.h"
 #include "moetron/train/config.h"
 
+namespace moetron::optim {
+class ZeroOptimizer;
+}
+
 namespace moetron::train {
 
 // bf16 where the CPU has AVX512-BF16, else fp32 (`auto`); explicit values are
@@ -135,6 +139,7 @@ class Trainer {
   std::unique_ptr<comm::Communicator> stage_comm_;  // the ranks of this stage
   std::unique_ptr<comm::Communicator> pp_comm_;     // this position in every stage
   std::unique_ptr<PipelineRunner> pipeline_;
+  std::vector<std::pair<int64_t, int64_t>> stages_;  // vpp 1: every stage's layers [first, end)
   comm::Communicator& stage() { return stage_comm_ ? *stage_comm_ : *world_; }
   int64_t stage_size() const { return world_->size() / pp_; }
   int64_t stage_rank() const { return world_->rank() % stage_size(); }
@@ -143,6 +148,7 @@ class Trainer {
   int64_t tp_rank() const { return stage_rank() % tp_; }
 
   std::unique_ptr<optim::ParamOptimizer> opt_;
+  std::vector<optim::ZeroOptimizer*> zero_parts_;  // ZeRO-1's parts of opt_ (dense over dp, tp-partial over the stage)
   int64_t acc_ = 1;
   bool fp16_ = false;
   optim::LossScaler scaler_;
