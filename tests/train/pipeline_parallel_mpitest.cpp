@@ -45,23 +45,15 @@ void expect_same_losses(const TrainResult& got, const TrainResult& want, size_t 
 constexpr int64_t kRows = 4;          // per micro-batch, over the dp ranks of a stage
 constexpr int64_t kMicrobatches = 4;  // per step: >= pp for 1F1B at pp 4
 
-// The tiny config (4 layers, 4 experts, 3 of the layers MoE) with aux loss,
-// z-loss and aux-loss-free biases on; `rows` per dp rank per micro-batch.
+// The shared layout-test config (test::layout_config); `rows` per dp rank per micro-batch.
 Config pp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> sets = {"data.path=" + job_dir() + "/prepared", "train.steps=10",
-                                   "train.micro_batch=" + std::to_string(rows),
-                                   "train.grad_accum=" + std::to_string(kMicrobatches), "moe.bias_update_rate=0.001",
-                                   "parallel.bucket_mb=0.02", "train.threads=1", "train.eval_batches=3"};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
+  return test::layout_config(job_dir(), rows, kMicrobatches, extra);
 }
 
 // One rank holding the whole global batch, run by every rank on its own.
 const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
-  static std::map<std::string, Reference> cache;
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  return cache[key] = test::run_reference(pp_config(kRows, extra), run_dir("ref-" + key, true));
+  return test::cached_reference(
+      key, [&] { return test::run_reference(pp_config(kRows, extra), run_dir("ref-" + key, true)); });
 }
 
 struct Layout {

@@ -41,24 +41,15 @@ using test::rel_norm_diff;
 
 constexpr int64_t kGlobalRows = 8;  // per micro-batch, over all ranks
 
-// The tiny config (4 layers, 4 heads over 2 kv heads, 4 experts, 3 of the
-// layers MoE, one dense) with aux loss, z-loss and aux-loss-free biases on;
-// `rows` per dp rank per micro-batch.
+// The shared layout-test config (test::layout_config); `rows` per dp rank per micro-batch.
 Config tp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> sets = {"data.path=" + job_dir() + "/prepared", "train.steps=10",
-                                   "train.micro_batch=" + std::to_string(rows), "train.grad_accum=2",
-                                   "moe.bias_update_rate=0.001", "parallel.bucket_mb=0.02", "train.threads=1",
-                                   "train.eval_batches=3"};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
+  return test::layout_config(job_dir(), rows, 2, extra);
 }
 
 // One rank holding the whole global batch, run by every rank on its own.
 const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
-  static std::map<std::string, Reference> cache;
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  return cache[key] = test::run_reference(tp_config(kGlobalRows, extra), run_dir("ref-" + key, true));
+  return test::cached_reference(
+      key, [&] { return test::run_reference(tp_config(kGlobalRows, extra), run_dir("ref-" + key, true)); });
 }
 
 // Layouts of this world size: (name, settings, dp).

@@ -92,6 +92,23 @@ Reference run_reference(const train::Config& cfg, const std::string& run_dir) {
   return ref;
 }
 
+train::Config layout_config(const std::string& job, int64_t rows, int64_t microbatches,
+                            const std::vector<std::string>& extra) {
+  std::vector<std::string> sets = {"data.path=" + job + "/prepared", "train.steps=10",
+                                   "train.micro_batch=" + std::to_string(rows),
+                                   "train.grad_accum=" + std::to_string(microbatches), "moe.bias_update_rate=0.001",
+                                   "parallel.bucket_mb=0.02", "train.threads=1", "train.eval_batches=3"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return train::load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
+}
+
+const Reference& cached_reference(const std::string& key, const std::function<Reference()>& run) {
+  static std::map<std::string, Reference> cache;
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  return cache[key] = run();
+}
+
 std::vector<float> block_of(const nn::Parameter& p, const std::vector<float>& full) {
   if (!p.sharded()) return full;
   const int64_t rows = p.value.dim(0), cols = p.value.numel() / rows;

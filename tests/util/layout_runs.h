@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,6 +37,14 @@ struct Reference {
   std::map<std::string, std::vector<float>> first_grads;
 };
 Reference run_reference(const train::Config& cfg, const std::string& run_dir);
+// The layout tests' config: configs/tiny.toml (4 layers, 4 heads over 2 kv
+// heads, 4 experts, 3 of the layers MoE) with aux loss, z-loss and
+// aux-loss-free biases on, 10 steps of `microbatches` micro-batches of
+// `rows` per dp rank, small gradient buckets, one thread; then `extra`.
+train::Config layout_config(const std::string& job, int64_t rows, int64_t microbatches,
+                            const std::vector<std::string>& extra);
+// A one-rank reference, run on first use of `key` and kept for the process.
+const Reference& cached_reference(const std::string& key, const std::function<Reference()>& run);
 // Copies checkpoint step-5 of run `from` into a fresh run directory `name`; collective.
 std::string copy_step5(const std::string& job, const std::string& from, const std::string& name);
 
