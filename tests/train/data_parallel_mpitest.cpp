@@ -11,6 +11,7 @@
 
 #include "moetron/core/allocator.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/parallel/bucket_plan.h"
 #include "moetron/train/trainer.h"
 #include "util/layout_runs.h"
 #include "util/mpi_test_main.h"
@@ -129,11 +130,24 @@ TEST(DataParallel, ZeroOneEqualsPlainDataParallelAndShardsTheOptimizer) {
         }
       }
     }
-    // fp32 training: ZeRO-1 keeps an fp32 master, m and v of this rank's chunks only.
+    // fp32 training: ZeRO-1 keeps an fp32 master and m of this rank's chunks
+    // only, and v of their AdamW elements (as many as the fullest chunk holds).
     const int64_t optimizer_bytes = cpu_allocator().current(MemTag::optimizer) - before;
     const int64_t padded = t.reducer()->padded_numel();
     const auto buckets = static_cast<int64_t>(t.reducer()->buckets().size());
-    EXPECT_NEAR(static_cast<double>(optimizer_bytes), 3.0 * 4.0 * static_cast<double>(padded) / static_cast<double>(dp()),
+    int64_t v_elements = 0;
+    for (const auto& b : t.reducer()->buckets()) {
+      std::vector<std::pair<int64_t, int64_t>> adamw;
+      for (const auto& slot : b.slots) {
+        if (!optim::rule_uses_muon(t.optimizer().options(), *slot.param)) adamw.emplace_back(slot.offset, slot.numel);
+      }
+      v_elements += parallel::max_chunk_share(adamw, b.chunk, dp());
+    }
+    if (opt == "adamw") {
+      EXPECT_GE(v_elements, padded / dp() - buckets) << "AdamW: v covers (nearly) the whole chunk";
+    }
+    EXPECT_NEAR(static_cast<double>(optimizer_bytes),
+                2.0 * 4.0 * static_cast<double>(padded) / static_cast<double>(dp()) + 4.0 * static_cast<double>(v_elements),
                 3.0 * 64.0 * static_cast<double>(buckets))
         << variant;
     const TrainResult r = t.run();

@@ -135,9 +135,13 @@ TEST(ZeroLayouts, OptimizerStateIsCutNotCopiedOverDp) {
   // Two independent jobs on half the ranks each: the same tp and pp at dp / 2.
   const int half = world().rank() / (world().size() / 2);
   const double both_halves = optimizer_bytes(world().split(half, world().rank()), l.dp / 2, half ? half1 : half0);
-  // One half job holds what the whole job holds, up to the 64-byte rounding and padding of each chunk.
-  EXPECT_NEAR(at_dp, both_halves / 2.0, 0.02 * both_halves / 2.0)
-      << l.name << " (dp " << l.dp / 2 << ": " << both_halves / 2.0 << " bytes)";
+  // One half job holds what the whole job holds (copied, the whole job would
+  // hold twice as much), up to each chunk's padding and the AdamW second
+  // moment, which every rank sizes for the chunk holding the most AdamW
+  // elements (measured +4.2% at tp2 dp2).
+  const double one_half = both_halves / 2.0;
+  EXPECT_GE(at_dp, one_half) << l.name;
+  EXPECT_LE(at_dp, 1.1 * one_half) << l.name << " (dp " << l.dp / 2 << ": " << one_half << " bytes)";
 }
 
 // Saved under ZeRO-1 in the first layout (each rank writing its chunks of

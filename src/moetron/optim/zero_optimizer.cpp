@@ -6,6 +6,7 @@
 #include "moetron/kernels/adamw.h"
 #include "moetron/kernels/elementwise.h"
 #include "moetron/optim/newton_schulz.h"
+#include "moetron/parallel/bucket_plan.h"
 
 namespace moetron::optim {
 
@@ -46,7 +47,18 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
     sh.master = Tensor::zeros({b.chunk}, DType::f32, MemTag::optimizer);
     const DType moments = moment_storage(opts_, DType::f32);
     sh.m = Tensor::zeros({b.chunk}, moments, MemTag::optimizer);
-    sh.v = Tensor::zeros({b.chunk}, moments, MemTag::optimizer);
+    std::vector<std::pair<int64_t, int64_t>> adamw;
+    for (const parallel::BucketSlot& slot : b.slots) {
+      if (!rule_uses_muon(opts_, *slot.param)) adamw.emplace_back(slot.offset, slot.numel);
+    }
+    const int64_t v_len = parallel::max_chunk_share(adamw, b.chunk, reducer_.comm().size());
+    if (v_len > 0) sh.v = Tensor::zeros({v_len}, moments, MemTag::optimizer);
+    int64_t v_at = 0;
+    for (Segment& sg : sh.segments) {
+      if (sg.muon) continue;
+      sg.v_lo = v_at;
+      v_at += sg.len;
+    }
     for (const Segment& sg : sh.segments) {
       const Tensor src = sg.param->value.reshape({sg.param->value.numel()}).slice(sg.param_lo, sg.param_lo + sg.len);
       kernels::convert(conv, src, sh.master.slice(sg.chunk_lo, sg.chunk_lo + sg.len));
@@ -131,7 +143,8 @@ void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor
   const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
   const Tensor values = sh.values_own.slice(lo, hi);
   const bool fused_copy = values.dtype() != DType::f16;
-  kernels::adamw_step(ctx, sh.master.slice(lo, hi), grad.slice(lo, hi), sh.m.slice(lo, hi), sh.v.slice(lo, hi),
+  kernels::adamw_step(ctx, sh.master.slice(lo, hi), grad.slice(lo, hi), sh.m.slice(lo, hi),
+                      sh.v.slice(sg.v_lo, sg.v_lo + sg.len),
                       a, fused_copy ? values : Tensor());
   if (!fused_copy) kernels::convert(ctx, sh.master.slice(lo, hi), values);
 }
@@ -294,7 +307,7 @@ std::vector<StateSlice> ZeroOptimizer::state_slices() {
     out.push_back(std::move(m));
     if (!sg.muon) {
       base.name = sg.param->name + ".exp_avg_sq";
-      base.values = sh.v.slice(lo, hi);
+      base.values = sh.v.slice(sg.v_lo, sg.v_lo + sg.len);
       out.push_back(std::move(base));
     }
   });

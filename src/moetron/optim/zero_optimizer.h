@@ -88,11 +88,16 @@ class ZeroOptimizer final : public ParamOptimizer {
     int64_t param_lo, len;  // elements [param_lo, param_lo + len) of the flattened parameter
     int64_t chunk_lo;       // where they sit in the chunk
     bool muon, decay;
+    int64_t v_lo = -1;      // AdamW: where its second moment sits in Shard::v
   };
   struct Shard {
     std::vector<Segment> segments;
     Tensor master;        // f32 [chunk]
-    Tensor m, v;          // [chunk], optim.moment_dtype
+    Tensor m;             // [chunk], optim.moment_dtype
+    // AdamW's second moment of the chunk's AdamW segments only, packed (Muon
+    // matrices keep one moment); sized for the rank holding the most, so
+    // every rank allocates alike. Undefined when no chunk holds AdamW parameters.
+    Tensor v;
     Tensor values_own;    // working-copy dtype [chunk]: all-gather source
     Tensor values_full;   // working-copy dtype [bucket numel]: all-gather destination
     Tensor u_own, u_full; // f32 Muon update, only when the bucket holds a Muon matrix

@@ -109,4 +109,15 @@ std::vector<BucketSpec> owner_bucket_plan(const nn::ParameterSet& params, int dp
   return out;
 }
 
+int64_t max_chunk_share(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t chunk, int64_t n) {
+  int64_t most = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t lo = r * chunk, hi = lo + chunk;
+    int64_t held = 0;
+    for (const auto& [offset, numel] : ranges) held += std::max<int64_t>(0, std::min(hi, offset + numel) - std::max(lo, offset));
+    most = std::max(most, held);
+  }
+  return most;
+}
+
 }  // namespace moetron::parallel

@@ -44,6 +44,12 @@ std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp,
 // product with X (s^2 l).
 double newton_schulz_cost(int64_t m, int64_t n);
 
+// The most elements of `ranges` ([offset, offset + numel) of a bucket cut
+// into n chunks of `chunk`) any one chunk holds: the size a per-rank buffer
+// of just those elements needs on every rank (ZeRO-1's AdamW second moment,
+// which the Muon matrices of a chunk do not use).
+int64_t max_chunk_share(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t chunk, int64_t n);
+
 // include: the parameters the plan covers (empty: all of them).
 std::vector<BucketSpec> owner_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
                                           const std::function<bool(const nn::Parameter&)>& owned,

@@ -248,8 +248,8 @@ void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in,
   if (!uses_muon(in, p)) fixed.push_back(r.alloc(p.numel, mom, MemTag::optimizer));
 }
 
-// ZeroOptimizer over the dense reducer's buckets: fp32 master, m and v of
-// this rank's chunk; the working copies' all-gather buffers; Muon's update
+// ZeroOptimizer over a reducer's buckets: fp32 master and m of this rank's
+// chunk, v of its AdamW elements; the working copies' all-gather buffers; Muon's update
 // all-gather where a matrix straddles a chunk boundary (every matrix when
 // the orthogonalisation is replicated).
 void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const std::vector<Bucket>& plan,
@@ -259,7 +259,13 @@ void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, cons
     const int64_t chunk = b.numel / n;
     fixed.push_back(r.alloc(chunk, DType::f32, MemTag::optimizer));
     fixed.push_back(r.alloc(chunk, mom, MemTag::optimizer));
-    fixed.push_back(r.alloc(chunk, mom, MemTag::optimizer));
+    // AdamW's second moment: only the AdamW elements, as much as the fullest chunk holds.
+    std::vector<std::pair<int64_t, int64_t>> adamw;
+    for (const auto& [p, offset] : b.slots) {
+      if (!uses_muon(in, *p)) adamw.emplace_back(offset, p->numel);
+    }
+    const int64_t v_len = parallel::max_chunk_share(adamw, chunk, n);
+    if (v_len > 0) fixed.push_back(r.alloc(v_len, mom, MemTag::optimizer));
     DType value = b.slots.empty() ? DType::f32 : b.slots.back().first->value;
     bool muon = false, gather_u = false;
     for (const auto& [p, offset] : b.slots) {
