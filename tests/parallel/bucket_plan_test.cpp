@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <random>
 
 namespace moetron::parallel {
 namespace {
@@ -78,6 +80,32 @@ TEST(BucketPlan, OwnerPlanKeepsEachMatrixInsideItsOwnersChunkAndBalancesCost) {
     for (double c : cost) total += c;
     for (double c : cost) EXPECT_LE(c, total / dp + biggest) << "dp " << dp;
   }
+}
+
+// The fullest chunk's share of some ranges, against a count per element.
+TEST(BucketPlan, MaxChunkShareIsTheFullestChunksCount) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 1 + trial % 5, chunk = 1 + static_cast<int64_t>(rng() % 40);
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    std::vector<int> held(static_cast<size_t>(n * chunk), 0);
+    for (int64_t at = 0; at < n * chunk;) {  // disjoint ranges with gaps, as a bucket's slots are
+      const int64_t len = std::min<int64_t>(1 + static_cast<int64_t>(rng() % 30), n * chunk - at);
+      if (rng() % 2) {
+        ranges.emplace_back(at, len);
+        for (int64_t i = at; i < at + len; ++i) held[static_cast<size_t>(i)] = 1;
+      }
+      at += len;
+    }
+    int64_t want = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t c = 0;
+      for (int64_t i = r * chunk; i < (r + 1) * chunk; ++i) c += held[static_cast<size_t>(i)];
+      want = std::max(want, c);
+    }
+    EXPECT_EQ(max_chunk_share(ranges, chunk, n), want) << "trial " << trial;
+  }
+  EXPECT_EQ(max_chunk_share({}, 8, 4), 0);
 }
 
 }  // namespace
