@@ -40,7 +40,7 @@ Config dp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
 constexpr int64_t kGlobalRows = 4;  // per micro-batch, over all ranks
 
 int64_t dp() { return world().size(); }
-std::shared_ptr<comm::Communicator> shared_world() { return world().split(0, world().rank()); }
+using test::shared_world;
 
 // A fresh run directory shared by the ranks (each rank-local one when `local`).
 std::string run_dir(const std::string& name, bool local = false) {

@@ -24,7 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 
 comm::Communicator& world() { return test::mpi_world(); }
-std::shared_ptr<comm::Communicator> shared_world() { return world().split(0, world().rank()); }
+using test::shared_world;
 
 const std::string& job_dir() { return test::layout_job_dir("moetron_pp_"); }
 std::string run_dir(const std::string& name, bool local = false) { return test::layout_run_dir(job_dir(), name, local); }

@@ -25,8 +25,8 @@ TEST(StageCosts, EachLayerCostsWhatItsKindMeasured) {
   for (int64_t i = 0; i < 6; ++i) {
     EXPECT_EQ(m.costs.layers[static_cast<size_t>(i)], nn::layer_is_moe(cfg.moe, i) ? m.moe_layer : m.dense_layer);
   }
-  EXPECT_GE(m.costs.embedding, 0.0);
-  EXPECT_GE(m.costs.head, 0.0);
+  // (The embedding's and head's costs are differences clamped at 0: the
+  // next test checks the head's is where it must be large.)
   const std::string line = describe_stages(parallel::balanced_stages(m.costs, 2), &m);
   EXPECT_NE(line.find("measured costs"), std::string::npos) << line;
   EXPECT_NE(line.find("dense layer"), std::string::npos) << line;
@@ -34,11 +34,13 @@ TEST(StageCosts, EachLayerCostsWhatItsKindMeasured) {
 
 TEST(StageCosts, AHeavyHeadLeavesItsStageFewerLayers) {
   // A 32768-token vocabulary over d 32: the head's GEMMs and softmax are
-  // ~30x a layer's work, so the last stage keeps one layer.
+  // ~30x a layer's work (measured 8x a layer's time here), so the last
+  // stage keeps one layer.
   const Config cfg = tiny({"model.vocab_size=32768", "model.n_layers=4", "train.threads=1"});
   auto world = comm::make_local_communicator();
   const MeasuredStageCosts m = measure_stage_costs(cfg, nn::Precision::fp32(), *world, 1);
-  EXPECT_GT(m.costs.head, 2.0 * std::max(m.dense_layer, m.moe_layer));
+  EXPECT_GT(m.costs.head, 2.0 * std::max(m.dense_layer, m.moe_layer))
+      << "head " << m.costs.head << " s, dense layer " << m.dense_layer << " s, MoE layer " << m.moe_layer << " s";
   const auto stages = parallel::balanced_stages(m.costs, 2);
   EXPECT_EQ(stages.back(), std::make_pair(int64_t{3}, int64_t{4}));
 }

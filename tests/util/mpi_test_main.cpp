@@ -37,6 +37,8 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 comm::Communicator& mpi_world() { return *world_slot(); }
 
+std::shared_ptr<comm::Communicator> shared_world() { return mpi_world().split(0, mpi_world().rank()); }
+
 }  // namespace moetron::test
 
 int main(int argc, char** argv) {
