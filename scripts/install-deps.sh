@@ -13,6 +13,7 @@ packages=(
   libsentencepiece-dev
   libcpp-httplib-dev
   fortunes
+  clang-format python3
 )
 
 missing=()

@@ -121,11 +121,15 @@ void write_optimizer_slices(const std::string& path, std::vector<optim::StateSli
 
 }  // namespace
 
-void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& model,
-                     optim::ParamOptimizer& opt, const nlohmann::json& trainer_state,
-                     const std::string& config_toml, int64_t keep, comm::Communicator* world_ptr,
-                     const std::vector<optim::StateSlice>& extra,
-                     const std::function<bool(const std::string&)>& writes_fn) {
+void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::ParamOptimizer& opt) {
+  const std::string& run_dir = req.run_dir;
+  const int64_t step = req.step;
+  const nlohmann::json& trainer_state = req.trainer_state;
+  const std::string& config_toml = req.config_toml;
+  const int64_t keep = req.keep;
+  comm::Communicator* world_ptr = req.world;
+  const std::vector<optim::StateSlice>& extra = req.extra;
+  const std::function<bool(const std::string&)>& writes_fn = req.writes;
   std::unique_ptr<comm::Communicator> local;
   if (!world_ptr) local = comm::make_local_communicator();
   comm::Communicator& world = world_ptr ? *world_ptr : *local;

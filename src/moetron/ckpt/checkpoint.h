@@ -47,18 +47,27 @@ int64_t checkpoint_step(const std::string& dir);
 // The Hugging Face config.json of a model.
 nlohmann::json hf_config(const nn::ModelConfig& model, const nn::MoeConfig& moe);
 
-// Saves step `step` and then deletes all but the newest `keep` complete
+// What save_checkpoint writes beside the model and the optimizer.
+struct SaveRequest {
+  std::string run_dir;
+  int64_t step = 0;
+  nlohmann::json trainer_state;  // trainer.json
+  std::string config_toml;       // config.toml: the run's full configuration
+  int64_t keep = 2;              // complete checkpoints kept
+  comm::Communicator* world = nullptr;  // nullptr: one rank
+  // More per-rank state saved beside the optimizer's (error-feedback residuals).
+  std::vector<optim::StateSlice> extra;
+  // Whether this rank stores the parameter (or the replicated optimizer
+  // state) of that name; every name must be written by exactly one rank.
+  // Empty: rank 0 writes everything.
+  std::function<bool(const std::string&)> writes;
+};
+
+// Saves step req.step and then deletes all but the newest req.keep complete
 // checkpoints. On any failure the previous checkpoints are untouched and the
 // partial one is removed; the error propagates (on every rank). Collective
-// over `world` (nullptr: one rank).
-// `writes(name)`: whether this rank stores the parameter (or the replicated
-// optimizer state) of that name; every name must be written by exactly one
-// rank. Empty: rank 0 writes everything.
-void save_checkpoint(const std::string& run_dir, int64_t step, nn::Transformer& model,
-                     optim::ParamOptimizer& opt, const nlohmann::json& trainer_state,
-                     const std::string& config_toml, int64_t keep, comm::Communicator* world = nullptr,
-                     const std::vector<optim::StateSlice>& extra = {},
-                     const std::function<bool(const std::string&)>& writes = {});
+// over req.world.
+void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::ParamOptimizer& opt);
 
 // The newest checkpoint whose manifest verifies; each skipped (corrupt or
 // truncated) one adds a warning naming it (and its path to `skipped`).

@@ -10,6 +10,7 @@
 
 #include "moetron/ckpt/export.h"
 #include "moetron/cli/memory_cmd.h"
+#include "moetron/cli/plan_cmd.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
 #include "moetron/core/threading.h"
@@ -99,9 +100,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   bool resume = false;
   train->add_option("--config", config, "TOML config file")->required();
-  train->add_option("--out", out, "run directory (metrics, checkpoints)")->required();
+  train->add_option("--out", out, "run directory (metrics, checkpoints); required unless --dry-run");
   train->add_option("--set", sets, "override a config key: key=value (repeatable)");
   train->add_flag("--resume", resume, "continue from the latest complete checkpoint in --out");
+  bool dry_run = false;
+  int64_t dry_ranks = 1;
+  train->add_flag("--dry-run", dry_run, "print the plan for -n ranks (as `moetron plan`) and train nothing");
+  train->add_option("-n,--ranks", dry_ranks, "ranks planned by --dry-run");
 
   auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
   std::string ckpt_dir, prompt, tok_path;
@@ -131,6 +136,8 @@ int main(int argc, char** argv) {
   prep->add_option("--vocab-size", popts.vocab_size, "vocabulary size of a trained tokenizer");
   prep->add_option("--val-fraction", popts.val_fraction, "share of documents held out for validation");
 
+  cli::PlanCommand plan_opts;
+  auto* plan = cli::add_plan_command(app, plan_opts);
   cli::MemoryCommand memory_opts;
   auto* memory = cli::add_memory_command(app, memory_opts);
   auto* launch = app.add_subcommand("launch", "run a moetron command on N ranks of this machine under mpirun");
@@ -149,7 +156,16 @@ int main(int argc, char** argv) {
   const comm::LaunchEnv env = comm::detect_launch_env();
   try {
     if (*launch) return train::launch(lopts);
+    if (*train && dry_run) {
+      cli::PlanCommand p;
+      p.config = config;
+      p.sets = sets;
+      p.ranks = dry_ranks;
+      return cli::run_plan_command(p);
+    }
+    MOETRON_CHECK(!*train || !out.empty(), "moetron train needs --out RUN_DIR (or --dry-run)");
     if (*train) return cmd_train(config, out, sets, resume);
+    if (*plan) return cli::run_plan_command(plan_opts);
     if (*gen) return cmd_generate(ckpt_dir, prompt, tok_path, max_new, temperature, top_k, seed);
     if (*ev) return cmd_eval(ckpt_dir, tokens, eval_batch);
     if (*prep) return cmd_prepare(popts);

@@ -55,9 +55,12 @@ class ProcessMesh {
   // expert-data-parallel group), created on first use. Collective: all ranks
   // must ask for the same groups in the same order.
   Communicator& group(const std::vector<Axis>& axes);
+  // A new communicator over the same ranks as group(axes), kept by the
+  // caller: for traffic that must be counted apart (e.g. gradients from
+  // routing statistics). Collective like group().
+  std::unique_ptr<Communicator> make_group(const std::vector<Axis>& axes);
 
  private:
-  std::unique_ptr<Communicator> make_group(const std::vector<Axis>& axes);
   Communicator& world_;
   MeshShape shape_;
   std::array<int, kNumAxes> coords_{};

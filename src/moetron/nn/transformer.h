@@ -52,15 +52,20 @@ class Transformer {
   LossStats forward_backward(kernels::Context& ctx, const Tensor& inputs, const Tensor& targets,
                              double grad_scale, double loss_weight, bool backward);
   // Pipeline parallelism (train/pipeline_runner.cpp drives these):
-  // forward of this rank's chunk `chunk` on micro-batch `mb`. `in` is the
+  // forward of this rank's chunk `at.chunk` on micro-batch `at.mb`. `in` is the
   // token ids (i32 [B, S]) on the chunk with the embedding, else the
   // previous stage's activations [B * S (/ tp under sp), D]; `targets` are
   // read on the chunk with the head. Returns the activations for the next
-  // stage (undefined after the head). With backward = true, what backward
+  // stage (undefined after the head). With at.backward, what backward
   // needs is kept per (chunk, mb) until chunk_backward; the head's loss
   // gradient is computed here (like forward_backward).
-  Tensor chunk_forward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& in, const Tensor& targets,
-                       int64_t batch, int64_t seq, double grad_scale, double loss_weight, bool backward,
+  struct ChunkStep {
+    int64_t chunk = 0, mb = 0;
+    int64_t batch = 0, seq = 0;  // the micro-batch's rows and sequence length
+    double grad_scale = 0, loss_weight = 0;  // as for forward_backward
+    bool backward = false;
+  };
+  Tensor chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in, const Tensor& targets,
                        LossStats& stats);
   // Backward of a kept (chunk, mb): d_out is the next stage's gradient
   // (ignored after the head); returns the gradient for the previous stage

@@ -11,9 +11,11 @@
 
 namespace moetron::nn {
 
-Tensor Transformer::chunk_forward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& in,
-                                  const Tensor& targets, int64_t batch, int64_t seq, double grad_scale,
-                                  double loss_weight, bool backward, LossStats& stats) {
+Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in, const Tensor& targets,
+                                  LossStats& stats) {
+  const int64_t chunk = at.chunk, mb = at.mb, batch = at.batch, seq = at.seq;
+  const double grad_scale = at.grad_scale, loss_weight = at.loss_weight;
+  const bool backward = at.backward;
   MOETRON_CHECK(chunk >= 0 && chunk < num_chunks(), "pipeline chunk ", chunk, " of ", num_chunks());
   const bool first = chunk == 0 && embed_, last = chunk == num_chunks() - 1 && head_;
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);

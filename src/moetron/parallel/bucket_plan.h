@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "moetron/nn/parameter.h"
+#include "moetron/nn/parameter_inventory.h"
 
 namespace moetron::parallel {
 
@@ -33,6 +34,31 @@ struct BucketSpec {
   std::vector<BucketSlot> slots;
   int64_t numel = 0;  // a multiple of the dp size
 };
+
+// The plans themselves, over parameter descriptions (nn/parameter_inventory.h):
+// the one implementation the trainer (on its built model) and the memory
+// model (on a predicted inventory) both use. Slots name parameters by their
+// index in `params`.
+struct PlannedSlot {
+  size_t param = 0;  // index into the described parameters
+  int64_t offset = 0, numel = 0;
+  int owner = -1;
+  bool operator==(const PlannedSlot&) const = default;
+};
+struct PlannedBucket {
+  std::vector<PlannedSlot> slots;
+  int64_t numel = 0;  // a multiple of the group size
+  bool operator==(const PlannedBucket&) const = default;
+};
+using ParamFilter = std::function<bool(const nn::ParamInfo&)>;
+std::vector<PlannedBucket> flat_bucket_plan(const std::vector<nn::ParamInfo>& params, int n, int64_t bucket_bytes,
+                                            const ParamFilter& include = {});
+std::vector<PlannedBucket> owner_bucket_plan(const std::vector<nn::ParamInfo>& params, int n,
+                                             int64_t bucket_bytes, const ParamFilter& owned,
+                                             const ParamFilter& include = {});
+// A planned bucket list bound to the parameters it was planned over
+// (`params` described as the plan's input).
+std::vector<BucketSpec> bind_buckets(const std::vector<PlannedBucket>& plan, const nn::ParameterSet& params);
 
 // include: the parameters this reducer carries (empty: all); expert
 // parallelism reduces expert and dense gradients over different groups.

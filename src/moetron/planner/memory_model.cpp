@@ -1,7 +1,5 @@
 #include "moetron/planner/memory_model.h"
 
-#include <fnmatch.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +10,7 @@
 #include "moetron/core/error.h"
 #include "moetron/parallel/bucket_plan.h"
 #include "moetron/parallel/pipeline_schedule.h"
+#include "moetron/parallel/training_plan.h"
 #include "moetron/planner/gemm_scratch.h"
 #include "moetron/planner/memory_replay.h"
 
@@ -19,205 +18,48 @@ namespace moetron::planner {
 
 namespace {
 
-// ---------------------------------------------------------------------------
-// Parameters, gradients, optimizer state: as nn::Transformer (for this
-// rank's stage, tp shard and experts) and the optimizers allocate them.
+// Parameters, gradients, optimizer state and the reducers' buckets come
+// from the TrainingPlan the trainer runs (parallel/training_plan.h): its
+// parameter inventory is what nn::Transformer registers on the rank, its
+// bucket plans are the reducers'.
 
-struct Param {
-  std::string name;
-  int64_t numel;
-  DType value, grad;
-  bool hidden;
-  bool expert;   // a routed expert's matrix (placed by ep)
-  bool partial;  // gradient partial over tp (reduced over dp x tp)
-  bool sharded = false;        // a tp shard (Parameter::sharded())
-  int64_t rows = 0, cols = 0;  // of a matrix (the owner plan weighs matrices by their Newton-Schulz cost)
-};
+using nn::ParamInfo;
+using parallel::PlannedBucket;
 
-struct Inventory {
-  std::vector<Param> params;                          // one per nn::Parameter (views included), in order
-  std::vector<std::pair<int64_t, DType>> value_bufs;  // allocations tagged params
-  std::vector<std::pair<int64_t, DType>> grad_bufs;   // allocations tagged grads
-};
-
-Inventory inventory(const MemoryInputs& in, const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first,
-                    bool last) {
-  const nn::ModelConfig& m = in.model;
-  const nn::MoeConfig& e = in.moe;
+parallel::PlanSettings plan_settings(const MemoryInputs& in) {
   const Layout& lay = in.layout;
-  const DType c = in.precision.compute, a = in.precision.accum;
-  const DType g = in.matrix_grad == DType::f32 ? a : in.matrix_grad;  // hidden matrices' gradients
-  const bool tp = lay.tp > 1, sp = tp && lay.sequence_parallel;
-  Inventory inv;
-  // Matrices are given as rows x cols: numel = rows * cols.
-  auto add = [&](const std::string& name, int64_t rows, int64_t cols, DType value, DType grad, bool hidden,
-                 bool partial, bool sharded = false) {
-    const int64_t numel = rows * cols;
-    inv.params.push_back({name, numel, value, grad, hidden, false, partial, sharded, rows, cols});
-    inv.value_bufs.emplace_back(numel, value);
-    inv.grad_bufs.emplace_back(numel, grad);
-  };
-  auto view = [&](const std::string& name, int64_t rows, int64_t cols, DType value, DType grad, bool expert,
-                  bool partial, bool sharded = false) {
-    inv.params.push_back({name, rows * cols, value, grad, true, expert, partial, sharded, rows, cols});
-  };
-  // The dense FFN is tp-sharded; the shared experts (partial over tp) are not.
-  auto swiglu = [&](const std::string& prefix, int64_t hidden, bool partial) {
-    const bool sharded = tp && !partial;
-    inv.value_bufs.emplace_back(2 * hidden * m.d_model, c);
-    inv.grad_bufs.emplace_back(2 * hidden * m.d_model, g);
-    view(prefix + "gate_proj.weight", hidden, m.d_model, c, g, false, partial, sharded);
-    view(prefix + "up_proj.weight", hidden, m.d_model, c, g, false, partial, sharded);
-    add(prefix + "down_proj.weight", m.d_model, hidden, c, g, true, partial, sharded);
-  };
-  const int64_t d = m.d_model, hd = m.resolved_head_dim(), v = m.vocab_size / lay.tp;
-  const int64_t h = m.n_heads / lay.tp, hkv = lay.tp > m.n_kv_heads ? 1 : m.n_kv_heads / lay.tp;
-  if (first) add("model.embed_tokens.weight", v, d, c, a, false, false);
-  for (const auto& [b0, b1] : chunks) {
-    for (int64_t i = b0; i < b1; ++i) {
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      add(p + "input_layernorm.weight", d, 1, a, a, false, sp);
-      add(p + "post_attention_layernorm.weight", d, 1, a, a, false, sp);
-      add(p + "self_attn.q_proj.weight", h * hd, d, c, g, true, false, tp);
-      add(p + "self_attn.k_proj.weight", hkv * hd, d, c, g, true, false, tp);
-      add(p + "self_attn.v_proj.weight", hkv * hd, d, c, g, true, false, tp);
-      add(p + "self_attn.o_proj.weight", d, h * hd, c, g, true, false, tp);
-      if (!nn::layer_is_moe(e, i)) {
-        swiglu(p + "mlp.", m.ffn_hidden / lay.tp, false);
-        continue;
-      }
-      // The MoE layers are not tp-sharded: every gradient is partial over tp.
-      add(p + "block_sparse_moe.gate.weight", e.num_experts, d, a, a, false, tp);
-      const int64_t f = e.expert_hidden, local = e.num_experts / lay.ep;
-      inv.value_bufs.emplace_back(local * 2 * f * d, c);
-      inv.grad_bufs.emplace_back(local * 2 * f * d, g);
-      inv.value_bufs.emplace_back(local * d * f, c);
-      inv.grad_bufs.emplace_back(local * d * f, g);
-      for (int64_t j = 0; j < local; ++j) {  // (names are this rank's; only the sizes matter here)
-        const std::string ex = p + "block_sparse_moe.experts." + std::to_string(j) + ".";
-        view(ex + "w1.weight", f, d, c, g, true, tp);
-        view(ex + "w3.weight", f, d, c, g, true, tp);
-        view(ex + "w2.weight", d, f, c, g, true, tp);
-      }
-      inv.value_bufs.emplace_back(e.num_experts, a);  // selection bias
-      if (e.shared_experts > 0) {
-        swiglu(p + "mlp.shared_experts.", (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : f) * e.shared_experts,
-               tp);
-      }
-    }
-  }
-  if (last) {
-    add("model.norm.weight", d, 1, a, a, false, sp);
-    if (!m.tie_embeddings) add("lm_head.weight", v, d, c, a, false, false);
-  }
-  return inv;
-}
-
-bool uses_muon(const MemoryInputs& in, const Param& p) {
-  if (in.optimizer != "muon" || !p.hidden) return false;
-  for (const auto& pat : in.adamw_patterns) {
-    if (::fnmatch(pat.c_str(), p.name.c_str(), 0) == 0) return false;
-  }
-  return true;
-}
-
-// parallel::flat_bucket_plan over the carried parameters: last registered
-// first, a bucket closed once it reaches bucket_bytes of fp32, each padded
-// to a multiple of the group size.
-struct Bucket {
-  int64_t numel = 0;
-  std::vector<std::pair<const Param*, int64_t>> slots;  // parameter, offset
-};
-template <typename Carries>
-std::vector<Bucket> flat_plan(const Inventory& inv, int64_t n, int64_t bucket_bytes, Carries carries) {
-  std::vector<Bucket> out;
-  Bucket cur;
-  const auto close = [&] {
-    cur.numel = (cur.numel + n - 1) / n * n;
-    out.push_back(std::move(cur));
-    cur = Bucket{};
-  };
-  for (size_t i = inv.params.size(); i-- > 0;) {
-    const Param& p = inv.params[i];
-    if (!carries(p)) continue;
-    cur.slots.emplace_back(&p, cur.numel);
-    cur.numel += p.numel;
-    if (cur.numel * 4 >= bucket_bytes) close();
-  }
-  if (!cur.slots.empty()) close();
-  return out;
-}
-
-// parallel::owner_bucket_plan: Muon's matrices grouped until bucket_bytes,
-// each group's matrices dealt to the rank with the least Newton-Schulz work
-// so far (largest first), chunk = the largest rank's share; the rest flat.
-template <typename Owned, typename Carries>
-std::vector<Bucket> owner_plan(const Inventory& inv, int64_t n, int64_t bucket_bytes, Owned owned, Carries carries) {
-  std::vector<Bucket> out;
-  std::vector<double> load(static_cast<size_t>(n), 0.0);
-  std::vector<const Param*> group;
-  int64_t group_numel = 0;
-  Bucket flat;
-  const auto close_group = [&] {
-    if (group.empty()) return;
-    std::vector<const Param*> order = group;
-    std::stable_sort(order.begin(), order.end(), [](const Param* x, const Param* y) {
-      return parallel::newton_schulz_cost(x->rows, x->cols) > parallel::newton_schulz_cost(y->rows, y->cols);
-    });
-    std::vector<std::vector<const Param*>> per_rank(static_cast<size_t>(n));
-    for (const Param* p : order) {
-      const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[r] += parallel::newton_schulz_cost(p->rows, p->cols);
-      per_rank[r].push_back(p);
-    }
-    int64_t chunk = 1;
-    for (const auto& ps : per_rank) {
-      int64_t sum = 0;
-      for (const Param* p : ps) sum += p->numel;
-      chunk = std::max(chunk, sum);
-    }
-    Bucket b;
-    for (size_t r = 0; r < per_rank.size(); ++r) {
-      int64_t off = static_cast<int64_t>(r) * chunk;
-      for (const Param* p : per_rank[r]) {
-        b.slots.emplace_back(p, off);
-        off += p->numel;
-      }
-    }
-    b.numel = chunk * n;
-    out.push_back(std::move(b));
-    group.clear();
-    group_numel = 0;
-  };
-  const auto close_flat = [&] {
-    if (flat.slots.empty()) return;
-    flat.numel = (flat.numel + n - 1) / n * n;
-    out.push_back(std::move(flat));
-    flat = Bucket{};
-  };
-  for (size_t i = inv.params.size(); i-- > 0;) {
-    const Param& p = inv.params[i];
-    if (!carries(p)) continue;
-    if (owned(p)) {
-      group.push_back(&p);
-      group_numel += p.numel;
-      if (group_numel * 4 >= bucket_bytes) close_group();
-    } else {
-      flat.slots.emplace_back(&p, flat.numel);
-      flat.numel += p.numel;
-      if (flat.numel * 4 >= bucket_bytes) close_flat();
-    }
-  }
-  close_group();
-  close_flat();
-  return out;
+  parallel::PlanSettings s;
+  s.model = in.model;
+  s.moe = in.moe;
+  s.precision = in.precision;
+  s.tp = lay.tp;
+  s.ep = lay.ep;
+  s.pp = lay.pp;
+  s.vpp = lay.vpp;
+  s.cp = lay.cp;
+  s.sequence_parallel = lay.tp > 1 && lay.sequence_parallel;
+  s.zero = lay.zero1;
+  s.schedule = parallel::parse_schedule(lay.schedule);
+  s.micro_batch = in.micro_batch;
+  s.seq_len = in.seq_len;
+  s.grad_accum = in.grad_accum;
+  s.optimizer = parallel::parse_optimizer(in.optimizer);
+  s.muon_distribution = parallel::parse_muon_distribution(in.muon_distribution);
+  s.adamw_patterns = in.adamw_patterns;
+  s.moment_dtype = in.moment_dtype;
+  s.reducer.bucket_bytes = in.reducer.bucket_bytes;
+  s.reducer.compress = in.reducer.compress;
+  return s;
 }
 
 // A GradReducer's buffers over a group of n ranks; `sends` collects the
 // buckets an uncompressed all-reduce copies into a send buffer.
-void reducer_buffers(Replay& r, std::vector<Buf>& fixed, const std::vector<Bucket>& plan, int64_t n,
-                     bool reduce_scatter, const parallel::CompressOptions& co, std::vector<int64_t>& sends) {
-  for (const Bucket& b : plan) {
+void reducer_buffers(Replay& r, std::vector<Buf>& fixed, const parallel::ReducerPlan& plan,
+                     std::vector<int64_t>& sends) {
+  const int64_t n = plan.size;
+  const bool reduce_scatter = plan.options.mode == parallel::ReduceMode::reduce_scatter;
+  const parallel::CompressOptions& co = plan.options.compress;
+  for (const PlannedBucket& b : plan.buckets) {
     const int64_t chunk = b.numel / n;
     fixed.push_back(r.alloc(b.numel, DType::f32, MemTag::comm));
     if (reduce_scatter) fixed.push_back(r.alloc(chunk, DType::f32, MemTag::comm));
@@ -240,39 +82,43 @@ void reducer_buffers(Replay& r, std::vector<Buf>& fixed, const std::vector<Bucke
 // The one-rank optimizer's slots for the parameters it updates: an fp32
 // master where the working copy is not fp32, the first moment (Muon's
 // momentum), the second for AdamW.
-void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const Param& p) {
+void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const parallel::TrainingPlan& plan,
+                     const ParamInfo& p) {
   const DType master = in.precision.accum;
-  if (p.value != master) fixed.push_back(r.alloc(p.numel, master, MemTag::optimizer));
+  if (p.value != master) fixed.push_back(r.alloc(p.numel(), master, MemTag::optimizer));
   const DType mom = in.moment_dtype == DType::f32 ? master : in.moment_dtype;
-  fixed.push_back(r.alloc(p.numel, mom, MemTag::optimizer));
-  if (!uses_muon(in, p)) fixed.push_back(r.alloc(p.numel, mom, MemTag::optimizer));
+  fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));
+  if (!plan.uses_muon(p)) fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));
 }
 
 // ZeroOptimizer over a reducer's buckets: fp32 master and m of this rank's
 // chunk, v of its AdamW elements; the working copies' all-gather buffers; Muon's update
 // all-gather where a matrix straddles a chunk boundary (every matrix when
 // the orthogonalisation is replicated).
-void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const std::vector<Bucket>& plan,
-                int64_t n) {
+void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const parallel::TrainingPlan& plan,
+                const std::vector<ParamInfo>& params, const parallel::ReducerPlan& reducer) {
   const DType mom = in.moment_dtype;
-  for (const Bucket& b : plan) {
+  const int64_t n = reducer.size;
+  for (const PlannedBucket& b : reducer.buckets) {
     const int64_t chunk = b.numel / n;
     fixed.push_back(r.alloc(chunk, DType::f32, MemTag::optimizer));
     fixed.push_back(r.alloc(chunk, mom, MemTag::optimizer));
     // AdamW's second moment: only the AdamW elements, as much as the fullest chunk holds.
     std::vector<std::pair<int64_t, int64_t>> adamw;
-    for (const auto& [p, offset] : b.slots) {
-      if (!uses_muon(in, *p)) adamw.emplace_back(offset, p->numel);
+    for (const parallel::PlannedSlot& sl : b.slots) {
+      if (!plan.uses_muon(params[sl.param])) adamw.emplace_back(sl.offset, sl.numel);
     }
     const int64_t v_len = parallel::max_chunk_share(adamw, chunk, n);
     if (v_len > 0) fixed.push_back(r.alloc(v_len, mom, MemTag::optimizer));
-    DType value = b.slots.empty() ? DType::f32 : b.slots.back().first->value;
+    DType value = b.slots.empty() ? DType::f32 : params[b.slots.back().param].value;
     bool muon = false, gather_u = false;
-    for (const auto& [p, offset] : b.slots) {
-      if (p->value != value) value = DType::f32;
-      if (uses_muon(in, *p)) {
+    for (const parallel::PlannedSlot& sl : b.slots) {
+      const ParamInfo& p = params[sl.param];
+      if (p.value != value) value = DType::f32;
+      if (plan.uses_muon(p)) {
         muon = true;
-        if (offset / chunk != (offset + p->numel - 1) / chunk || in.muon_distribution == "replicated") {
+        if (sl.offset / chunk != (sl.offset + sl.numel - 1) / chunk ||
+            plan.settings().muon_distribution == parallel::MuonDistribution::replicated) {
           gather_u = true;
         }
       }
@@ -286,89 +132,13 @@ void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, cons
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-}  // namespace
-
-MemoryEstimate estimate_memory(const MemoryInputs& in) {
+// The shapes the activation replay works with, for this rank's shard.
+Dims dims_of(const MemoryInputs& in) {
   const Layout& lay = in.layout;
   const nn::ModelConfig& m = in.model;
   const nn::MoeConfig& e = in.moe;
-  MOETRON_CHECK(lay.dp >= 1 && lay.tp >= 1 && lay.pp >= 1 && lay.ep >= 1 && lay.vpp >= 1,
-                "memory model: every parallel degree must be >= 1");
-  MOETRON_CHECK(lay.cp == 1, "memory model: context parallelism (parallel.cp = ", lay.cp, ") is not modelled yet");
-  MOETRON_CHECK(lay.stage >= 0 && lay.stage < lay.pp, "memory model: stage ", lay.stage, " of parallel.pp = ", lay.pp);
-  MOETRON_CHECK(in.micro_batch >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
-                "memory model: micro_batch, seq_len and grad_accum must be positive");
-  MOETRON_CHECK(m.n_heads % lay.tp == 0 && m.vocab_size % lay.tp == 0 && m.ffn_hidden % lay.tp == 0,
-                "memory model: parallel.tp = ", lay.tp,
-                " must divide model.n_heads, model.vocab_size and model.ffn_hidden");
-  MOETRON_CHECK(e.num_experts % lay.ep == 0, "memory model: parallel.ep = ", lay.ep, " must divide moe.num_experts");
   const bool sp = lay.tp > 1 && lay.sequence_parallel;
   const int64_t t = in.micro_batch * in.seq_len;
-  MOETRON_CHECK(lay.tp == 1 || t % lay.tp == 0, "memory model: the ", t,
-                " tokens of a micro-batch must divide over parallel.tp = ", lay.tp);
-  MOETRON_CHECK(lay.stages.empty() || (lay.vpp == 1 && static_cast<int64_t>(lay.stages.size()) == lay.pp),
-                "memory model: ", lay.stages.size(), " stage splits given for parallel.pp = ", lay.pp,
-                " (and vpp = ", lay.vpp, ")");
-  const std::vector<std::pair<int64_t, int64_t>> chunks =
-      lay.pp == 1            ? std::vector<std::pair<int64_t, int64_t>>{{0, m.n_layers}}
-      : !lay.stages.empty() ? std::vector<std::pair<int64_t, int64_t>>{lay.stages[static_cast<size_t>(lay.stage)]}
-                            : parallel::stage_chunks(m, e, in.seq_len, lay.pp, lay.vpp, lay.stage);
-  const bool first = lay.stage == 0, last = lay.stage == lay.pp - 1;
-  const Inventory inv = inventory(in, chunks, first, last);
-  Replay r;
-  MemoryEstimate est;
-  std::vector<Buf> fixed;
-  for (const auto& [n, dt] : inv.value_bufs) fixed.push_back(r.alloc(n, dt, MemTag::params));
-  for (const auto& [n, dt] : inv.grad_bufs) fixed.push_back(r.alloc(n, dt, MemTag::grads));
-  for (const Param& p : inv.params) est.param_count += p.numel;
-
-  // Reducers as the trainer builds them (train/trainer.cpp): experts over
-  // their replicas, tp-partial gradients over the stage, the rest over dp.
-  const int64_t ranks = lay.dp * lay.tp;
-  const auto is_expert = [&](const Param& p) { return lay.ep > 1 && p.expert; };
-  const auto is_partial = [&](const Param& p) { return p.partial && !is_expert(p); };
-  const auto is_dense = [&](const Param& p) { return !is_expert(p) && !is_partial(p); };
-  std::vector<Bucket> dense_plan, partial_plan;
-  std::vector<int64_t> allreduce_sends;
-  const bool owner_muon = lay.zero1 && in.optimizer == "muon" && in.muon_distribution == "owner";
-  if (ranks > 1 || lay.zero1) {
-    const ReducerInputs& ri = in.reducer;
-    if (lay.ep > 1 && ranks / lay.ep > 1) {
-      reducer_buffers(r, fixed, flat_plan(inv, ranks / lay.ep, ri.bucket_bytes, is_expert), ranks / lay.ep, false,
-                      ri.compress, allreduce_sends);
-    }
-    if (lay.tp > 1) {
-      // Under ZeRO-1 reduce-scattered over the stage (owner plan for FlexMuon), which shards their state.
-      partial_plan = owner_muon ? owner_plan(inv, ranks, ri.bucket_bytes, [&](const Param& p) { return uses_muon(in, p); },
-                                             is_partial)
-                                : flat_plan(inv, ranks, ri.bucket_bytes, is_partial);
-      reducer_buffers(r, fixed, partial_plan, ranks, lay.zero1, ri.compress, allreduce_sends);
-    }
-    if (lay.dp > 1 || lay.zero1) {
-      dense_plan = owner_muon ? owner_plan(inv, lay.dp, ri.bucket_bytes, [&](const Param& p) { return uses_muon(in, p); },
-                                           is_dense)
-                              : flat_plan(inv, lay.dp, ri.bucket_bytes, is_dense);
-      reducer_buffers(r, fixed, dense_plan, lay.dp, lay.zero1, ri.compress, allreduce_sends);
-    }
-  }
-  // Optimizer state: ZeRO-1 holds the dense state in dp chunks and the
-  // tp-partial state in chunks over the stage, and updates routed experts
-  // (under ep) whole; otherwise every parameter has its slots.
-  if (lay.zero1) {
-    zero_state(r, fixed, in, dense_plan, lay.dp);
-    if (lay.tp > 1) zero_state(r, fixed, in, partial_plan, ranks);
-    for (const Param& p : inv.params) {
-      if (is_expert(p)) optimizer_state(r, fixed, in, p);
-    }
-  } else {
-    for (const Param& p : inv.params) optimizer_state(r, fixed, in, p);
-  }
-  // The step's batch buffers (inputs and targets of every micro-batch).
-  for (int64_t mb = 0; mb < in.grad_accum; ++mb) {
-    fixed.push_back(r.alloc(t, DType::i32));
-    fixed.push_back(r.alloc(t, DType::i32));
-  }
-
   Dims x;
   x.b = in.micro_batch;
   x.s = in.seq_len;
@@ -402,6 +172,88 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   x.a = in.precision.accum;
   x.aux = e.aux_loss_coef > 0;
   x.z = e.z_loss_coef > 0;
+  return x;
+}
+
+// Muon's update of its largest matrix: u, o, the iterate and its update,
+// two Gram matrices; a tp-sharded matrix is gathered and orthogonalised whole.
+void muon_workspace(Replay& r, const MemoryInputs& in, const parallel::TrainingPlan& plan,
+                    const std::vector<ParamInfo>& params) {
+  int64_t shard = 0, whole = 0;
+  for (const ParamInfo& p : params) {
+    if (!plan.uses_muon(p)) continue;
+    if (p.numel() * (p.sharded() ? in.layout.tp : 1) > whole) {
+      whole = p.numel() * (p.sharded() ? in.layout.tp : 1);
+      shard = p.sharded() ? p.numel() : 0;
+    }
+  }
+  std::vector<Buf> ws;
+  const DType md = in.precision.accum;
+  if (shard > 0) {
+    ws.push_back(r.ws(shard, md));
+    ws.push_back(r.ws(shard, md));
+    ws.push_back(r.alloc(whole, md, MemTag::comm));
+    ws.push_back(r.alloc(whole, md, MemTag::comm));
+  }
+  if (whole > 0) {
+    const int64_t side = static_cast<int64_t>(std::sqrt(static_cast<double>(whole)));
+    for (int i = 0; i < (shard > 0 ? 3 : 4); ++i) ws.push_back(r.ws(whole, md));
+    for (int i = 0; i < 2; ++i) ws.push_back(r.ws(side * side, md));
+  }
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const MemoryInputs& in) {
+  const Layout& lay = in.layout;
+  MOETRON_CHECK(lay.dp >= 1 && lay.tp >= 1 && lay.pp >= 1 && lay.ep >= 1 && lay.vpp >= 1,
+                "memory model: every parallel degree must be >= 1");
+  MOETRON_CHECK(lay.cp == 1, "memory model: context parallelism (parallel.cp = ", lay.cp, ") is not modelled yet");
+  MOETRON_CHECK(lay.stage >= 0 && lay.stage < lay.pp, "memory model: stage ", lay.stage, " of parallel.pp = ", lay.pp);
+  MOETRON_CHECK(lay.stage_rank >= 0 && lay.stage_rank < lay.dp * lay.tp, "memory model: rank ", lay.stage_rank,
+                " of a stage of ", lay.dp * lay.tp);
+  MOETRON_CHECK(in.micro_batch >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
+                "memory model: micro_batch, seq_len and grad_accum must be positive");
+  const int64_t t = in.micro_batch * in.seq_len;
+  MOETRON_CHECK(lay.tp == 1 || t % lay.tp == 0, "memory model: the ", t,
+                " tokens of a micro-batch must divide over parallel.tp = ", lay.tp);
+  const parallel::TrainingPlan plan(plan_settings(in), static_cast<int>(lay.dp * lay.tp * lay.pp),
+                                    lay.vpp == 1 && lay.pp > 1 ? lay.stages : std::vector<parallel::LayerRange>{});
+  const parallel::RankPlan rank =
+      plan.rank_plan(static_cast<int>(lay.stage * plan.stage_size() + lay.stage_rank));
+  const std::vector<std::pair<int64_t, int64_t>> chunks = plan.chunks(lay.stage);
+  const bool first = rank.place.embedding, last = rank.place.head;
+  const nn::ParamInventory& inv = rank.inventory;
+  Replay r;
+  MemoryEstimate est;
+  std::vector<Buf> fixed;
+  for (const auto& [n, dt] : inv.value_buffers) fixed.push_back(r.alloc(n, dt, MemTag::params));
+  for (const auto& [n, dt] : inv.grad_buffers) fixed.push_back(r.alloc(n, dt, MemTag::grads));
+  for (const ParamInfo& p : inv.params) est.param_count += p.numel();
+
+  // The reducers the plan gives this rank (the trainer builds the same).
+  std::vector<int64_t> allreduce_sends;
+  for (const parallel::ReducerPlan& red : rank.reducers) reducer_buffers(r, fixed, red, allreduce_sends);
+  // Optimizer state: ZeRO-1 holds the dense state in dp chunks and the
+  // tp-partial state in chunks over the stage, and updates routed experts
+  // (under ep) whole; otherwise every parameter has its slots.
+  if (lay.zero1) {
+    for (const parallel::ReducerPlan& red : rank.reducers) {
+      if (red.carries != parallel::GradGroup::expert) zero_state(r, fixed, in, plan, inv.params, red);
+    }
+    for (const ParamInfo& p : inv.params) {
+      if (plan.grad_group(p) == parallel::GradGroup::expert) optimizer_state(r, fixed, in, plan, p);
+    }
+  } else {
+    for (const ParamInfo& p : inv.params) optimizer_state(r, fixed, in, plan, p);
+  }
+  // The step's batch buffers (inputs and targets of every micro-batch).
+  for (int64_t mb = 0; mb < in.grad_accum; ++mb) {
+    fixed.push_back(r.alloc(t, DType::i32));
+    fixed.push_back(r.alloc(t, DType::i32));
+  }
+
+  const Dims x = dims_of(in);
   if (in.widened_bf16_gemm) {
     // Held from the start: what every step after the first holds (the first
     // grows the slots as its GEMMs come, so this bounds it from above).
@@ -418,30 +270,7 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     std::vector<Buf> sends;
     for (int64_t n : allreduce_sends) sends.push_back(r.alloc(n, DType::f32, MemTag::comm));
   }
-  {  // Muon's update of its largest matrix: u, o, the iterate and its update,
-     // two Gram matrices; a tp-sharded matrix is gathered and orthogonalised whole.
-    int64_t shard = 0, whole = 0;
-    for (const Param& p : inv.params) {
-      if (!uses_muon(in, p)) continue;
-      if (p.numel * (p.sharded ? lay.tp : 1) > whole) {
-        whole = p.numel * (p.sharded ? lay.tp : 1);
-        shard = p.sharded ? p.numel : 0;
-      }
-    }
-    std::vector<Buf> ws;
-    const DType md = in.precision.accum;
-    if (shard > 0) {
-      ws.push_back(r.ws(shard, md));
-      ws.push_back(r.ws(shard, md));
-      ws.push_back(r.alloc(whole, md, MemTag::comm));
-      ws.push_back(r.alloc(whole, md, MemTag::comm));
-    }
-    if (whole > 0) {
-      const int64_t side = static_cast<int64_t>(std::sqrt(static_cast<double>(whole)));
-      for (int i = 0; i < (shard > 0 ? 3 : 4); ++i) ws.push_back(r.ws(whole, md));
-      for (int i = 0; i < 2; ++i) ws.push_back(r.ws(side * side, md));
-    }
-  }
+  muon_workspace(r, in, plan, inv.params);
   est.peak = r.sim.peak();
   est.total_peak = r.sim.total_peak();
   return est;

@@ -11,6 +11,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/nn/recompute.h"
+#include "moetron/parallel/training_plan.h"
 #include "moetron/planner/memory_model.h"
 
 namespace moetron::train {
@@ -332,8 +333,7 @@ void validate(const Config& c) {
              "moe.capacity_factor", "must be 0 (dropless) or a positive factor, typically 1.25");
   check_rule(e.capacity_factor >= 0, "moe.capacity_factor", "must be >= 0");
   const auto& o = c.optim;
-  check_rule(o.name == "adamw" || o.name == "muon", "optim.name",
-             str_cat("must be \"adamw\" or \"muon\", got \"", o.name, "\""));
+  (void)parallel::parse_optimizer(o.name);
   check_rule(o.lr > 0, "optim.lr", "must be positive");
   check_rule(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]");
   check_rule(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0");
@@ -344,11 +344,8 @@ void validate(const Config& c) {
   check_rule(o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)");
   check_rule(o.muon_momentum >= 0 && o.muon_momentum < 1, "optim.muon_momentum", "must be in [0, 1)");
   check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
-  check_rule(o.muon_distribution == "owner" || o.muon_distribution == "gather" || o.muon_distribution == "replicated",
-             "optim.muon_distribution",
-             str_cat("must be owner, gather or replicated, got \"", o.muon_distribution, "\""));
-  check_rule(o.moment_dtype == "fp32" || o.moment_dtype == "bf16", "optim.moment_dtype",
-             str_cat("must be fp32 or bf16, got \"", o.moment_dtype, "\""));
+  (void)parallel::parse_muon_distribution(o.muon_distribution);
+  (void)parallel::parse_storage_dtype(o.moment_dtype, "optim.moment_dtype");
   check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in (0, 1)");
   const auto& t = c.train;
   check_rule(t.seq_len > 0 && t.seq_len <= m.max_seq_len, "train.seq_len",
@@ -389,12 +386,10 @@ void validate(const Config& c) {
   check_rule(pl.pp >= 1, "parallel.pp", "must be >= 1");
   check_rule(pl.cp == 1, "parallel.cp", "must be 1: context parallelism is not built yet (the long-sequence issue)");
   check_rule(pl.vpp >= 1, "parallel.vpp", "must be >= 1");
-  check_rule(pl.schedule == "1f1b" || pl.schedule == "gpipe", "parallel.schedule",
-             str_cat("must be 1f1b or gpipe, got \"", pl.schedule, "\" (vpp > 1 with 1f1b is interleaved 1F1B)"));
+  (void)parallel::parse_schedule(pl.schedule);
   check_rule(pl.microbatches >= 0, "parallel.microbatches", "must be >= 0 (0: derived from the batch)");
   check_rule(pl.vpp == 1 || pl.pp > 1, "parallel.vpp", "needs parallel.pp > 1");
-  check_rule(pl.stage_balance == "flops" || pl.stage_balance == "measured", "parallel.stage_balance",
-             str_cat("must be flops or measured, got \"", pl.stage_balance, "\""));
+  (void)parallel::parse_stage_balance(pl.stage_balance);
   if (pl.pp > 1) {
     check_rule(pl.vpp > 1 || m.n_layers >= pl.pp, "parallel.pp",
                str_cat("must not exceed model.n_layers = ", m.n_layers, " (each stage holds a layer)"));
@@ -407,9 +402,8 @@ void validate(const Config& c) {
   check_rule(t.steps > 0, "train.steps", "must be positive");
   check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
              "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
-  check_rule(t.grad_dtype == "fp32" || t.grad_dtype == "bf16", "train.grad_dtype",
-             str_cat("must be fp32 or bf16, got \"", t.grad_dtype, "\""));
-  check_rule(t.grad_dtype == "fp32" || t.precision == "bf16", "train.grad_dtype",
+  const DType grad_dtype = parallel::parse_storage_dtype(t.grad_dtype, "train.grad_dtype");
+  check_rule(grad_dtype == DType::f32 || t.precision == "bf16", "train.grad_dtype",
              str_cat("= bf16 needs train.precision = bf16, got \"", t.precision,
                      "\" (\"auto\" may resolve to fp32: set bf16 explicitly)"));
   check_rule(t.loss_scale_init > 0, "train.loss_scale_init", "must be positive");
@@ -428,19 +422,12 @@ void validate(const Config& c) {
 }
 
 int64_t accumulation_steps(const Config& cfg, int64_t dp) {
-  const auto& t = cfg.train;
-  const int64_t m = cfg.parallel.microbatches;
-  if (t.global_batch == 0) {
-    MOETRON_CHECK(m == 0 || t.grad_accum == 1 || m == t.grad_accum, "parallel.microbatches = ", m,
-                  " disagrees with train.grad_accum = ", t.grad_accum);
-    return m > 0 ? m : t.grad_accum;
-  }
-  MOETRON_CHECK(t.global_batch % (t.micro_batch * dp) == 0, "train.global_batch = ", t.global_batch,
-                " is not a multiple of train.micro_batch * dp = ", t.micro_batch, " * ", dp);
-  const int64_t derived = t.global_batch / (t.micro_batch * dp);
-  MOETRON_CHECK(m == 0 || m == derived, "parallel.microbatches = ", m, " disagrees with train.global_batch = ",
-                t.global_batch, " / (train.micro_batch * dp = ", t.micro_batch, " * ", dp, ") = ", derived);
-  return derived;
+  parallel::PlanSettings batch;
+  batch.micro_batch = cfg.train.micro_batch;
+  batch.grad_accum = cfg.train.grad_accum;
+  batch.global_batch = cfg.train.global_batch;
+  batch.microbatches = cfg.parallel.microbatches;
+  return parallel::accumulation_steps(batch, dp);
 }
 
 std::string to_toml(const Config& cfg) {

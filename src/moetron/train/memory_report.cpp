@@ -6,31 +6,39 @@
 #include "moetron/core/error.h"
 #include "moetron/kernels/matmul.h"
 #include "moetron/optim/optimizer.h"
+#include "moetron/train/plan_config.h"
 
 namespace moetron::train {
 
+planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingPlan& plan, int rank,
+                                    int64_t threads) {
+  const parallel::PlanSettings& s = plan.settings();
+  planner::MemoryInputs in;
+  in.model = s.model;
+  in.moe = s.moe;
+  in.precision = s.precision;
+  in.optimizer = parallel::name_of(s.optimizer);
+  in.adamw_patterns = s.adamw_patterns;
+  in.recompute = recompute_policy(cfg);
+  in.micro_batch = s.micro_batch;
+  in.seq_len = s.seq_len;
+  in.grad_accum = plan.accumulation();
+  in.threads = threads;
+  in.layout = layout_of(plan, rank);
+  in.reducer.bucket_bytes = s.reducer.bucket_bytes;
+  in.reducer.compress = s.reducer.compress;
+  in.muon_distribution = parallel::name_of(s.muon_distribution);
+  in.matrix_grad = s.precision.matrix_grad();
+  in.moment_dtype = s.moment_dtype;
+  in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
+  return in;
+}
+
 planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec, int64_t threads,
                                     const planner::Layout& layout) {
-  planner::MemoryInputs in;
-  in.model = cfg.model;
-  in.moe = cfg.moe;
-  in.precision = prec;
-  in.optimizer = cfg.optim.name;
-  in.adamw_patterns = optim::split_patterns(cfg.optim.adamw_params);
-  in.recompute = recompute_policy(cfg);
-  in.micro_batch = cfg.train.micro_batch;
-  in.seq_len = cfg.train.seq_len;
-  in.grad_accum = accumulation_steps(cfg, layout.dp);
-  in.threads = threads;
-  in.layout = layout;
-  in.reducer.bucket_bytes = static_cast<int64_t>(cfg.parallel.bucket_mb * 1048576.0);
-  in.reducer.compress.kind = parallel::parse_compress_kind(cfg.parallel.compression);
-  in.reducer.compress.block = cfg.parallel.compression_block;
-  in.reducer.compress.topk_ratio = cfg.parallel.topk_ratio;
-  in.muon_distribution = cfg.optim.muon_distribution;
-  in.matrix_grad = prec.matrix_grad();
-  in.moment_dtype = cfg.optim.moment_dtype == "bf16" ? DType::bf16 : DType::f32;
-  in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
+  const parallel::TrainingPlan plan = make_plan(cfg, prec, static_cast<int>(layout.dp * layout.tp * layout.pp));
+  planner::MemoryInputs in = memory_inputs(cfg, plan, 0, threads);
+  in.layout = layout;  // as given (e.g. ZeRO-1 asked for by `moetron memory --zero1`)
   return in;
 }
 
@@ -42,21 +50,30 @@ std::string describe_precision(const planner::MemoryInputs& in) {
   return modes.empty() ? s : s + " (" + modes + ")";
 }
 
-planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank) {
-  const ParallelConfig& p = cfg.parallel;
-  MOETRON_CHECK(world_size % (p.pp * p.tp) == 0, "parallel.pp * parallel.tp = ", p.pp * p.tp,
-                " does not divide the ", world_size, " ranks");
+planner::Layout layout_of(const parallel::TrainingPlan& plan, int rank) {
+  const parallel::PlanSettings& s = plan.settings();
+  const parallel::RankCoords at = plan.coords(rank);
   planner::Layout l;
-  l.pp = p.pp;
-  l.tp = p.tp;
-  l.ep = p.ep;
-  l.cp = p.cp;
-  l.dp = world_size / (p.pp * p.tp);
-  l.zero1 = p.zero;
-  l.sequence_parallel = p.sequence_parallel;
-  l.vpp = p.vpp;
-  l.schedule = p.schedule;
-  l.stage = rank / (world_size / p.pp);  // pp is outermost in the rank order
+  l.pp = s.pp;
+  l.tp = s.tp;
+  l.ep = s.ep;
+  l.cp = s.cp;
+  l.dp = plan.dp();
+  l.zero1 = s.zero;
+  l.sequence_parallel = s.sequence_parallel;
+  l.vpp = s.vpp;
+  l.schedule = parallel::name_of(s.schedule);
+  l.stage = at.pp;
+  l.stage_rank = at.stage_rank;
+  l.stages = plan.stages();  // the split the job uses (measured costs may differ from FLOPs)
+  if (s.pp == 1) l.stages.clear();
+  return l;
+}
+
+planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank) {
+  const nn::Precision prec = resolve_precision(cfg.train, nullptr);
+  planner::Layout l = layout_of(make_plan(cfg, prec, static_cast<int>(world_size)), static_cast<int>(rank));
+  l.stage_rank = 0;  // the stage's first rank (as predicted before the plan named ranks)
   return l;
 }
 
@@ -116,9 +133,9 @@ nlohmann::json memory_json(const std::vector<MemoryRow>& rows) {
   return out;
 }
 
-std::string memory_plan(const Config& cfg, const nn::Precision& prec, int64_t threads, int rank,
-                        const planner::Layout& layout) {
-  const planner::MemoryInputs in = memory_inputs(cfg, prec, threads, layout);
+std::string memory_plan(const Config& cfg, const parallel::TrainingPlan& plan, int rank, int64_t threads) {
+  const planner::MemoryInputs in = memory_inputs(cfg, plan, rank, threads);
+  const planner::Layout& layout = in.layout;
   const planner::MemoryEstimate est = planner::estimate_memory(in);
   const int64_t budget = memory_budget_bytes(cfg);
   const int64_t fits = planner::largest_fitting_micro_batch(in, budget);

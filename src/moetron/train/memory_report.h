@@ -10,15 +10,21 @@
 #include <nlohmann/json.hpp>
 
 #include "moetron/core/allocator.h"
+#include "moetron/parallel/training_plan.h"
 #include "moetron/planner/memory_model.h"
 #include "moetron/train/config.h"
 
 namespace moetron::train {
 
-// The memory model's inputs for `cfg` trained at `prec` with `threads`
-// OpenMP threads, on one rank of `layout`.
+// The memory model's inputs for rank `rank` of `plan` (the plan the job
+// runs: its layout, precision, stage split) with `threads` OpenMP threads.
+planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingPlan& plan, int rank,
+                                    int64_t threads);
+// The same for `cfg` trained at `prec` on one rank of `layout`.
 planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec, int64_t threads,
                                     const planner::Layout& layout = {});
+// Rank `rank`'s place in `plan`.
+planner::Layout layout_of(const parallel::TrainingPlan& plan, int rank);
 // The layout of rank `rank` of a job of world_size ranks (pp outermost).
 planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank);
 // "dp 2, tp 2 (sp), ep 2, pp 2 1f1b stage 0" (no stage when l.stage < 0).
@@ -42,8 +48,7 @@ nlohmann::json memory_json(const std::vector<MemoryRow>& rows);
 // rank, the budget, and the largest micro-batch (at this seq_len, policy and
 // precision) whose predicted peak fits it; a warning line when the
 // configured micro-batch does not fit.
-std::string memory_plan(const Config& cfg, const nn::Precision& prec, int64_t threads,
-                        int rank = 0, const planner::Layout& layout = {});
+std::string memory_plan(const Config& cfg, const parallel::TrainingPlan& plan, int rank, int64_t threads);
 // The allocator's measured peaks in the same shape (for comparisons).
 planner::MemoryEstimate measured_peaks(const MemStats& stats);
 

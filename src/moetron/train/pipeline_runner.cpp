@@ -67,8 +67,10 @@ PipelineRunner::StepResult PipelineRunner::train_step(kernels::Context& ctx, con
     if (op.forward) {
       const Tensor in = j == 0 ? inputs[mi] : receive(rows, static_cast<int>((j - 1) % pp), tag(op.mb, j, true));
       nn::LossStats st;
-      const Tensor out = model_.chunk_forward(ctx, op.chunk, op.mb, in, targets[mi], batch, seq, grad_scale,
-                                              loss_weights[mi], true, st);
+      const nn::Transformer::ChunkStep at{.chunk = op.chunk, .mb = op.mb, .batch = batch, .seq = seq,
+                                          .grad_scale = grad_scale, .loss_weight = loss_weights[mi],
+                                          .backward = true};
+      const Tensor out = model_.chunk_forward(ctx, at, in, targets[mi], st);
       res.stats.ce_sum += st.ce_sum;
       res.stats.tokens += st.tokens;
       res.stats.dropped += st.dropped;
@@ -96,7 +98,8 @@ nn::LossStats PipelineRunner::forward_only(kernels::Context& ctx, const Tensor& 
   for (int64_t c = 0; c < v_; ++c) {
     const int64_t j = virtual_stage(c);
     const Tensor in = j == 0 ? inputs : receive(rows, static_cast<int>((j - 1) % pp), tag(0, j, true));
-    const Tensor out = model_.chunk_forward(ctx, c, 0, in, targets, batch, seq, 0.0, 0.0, false, stats);
+    const Tensor out =
+        model_.chunk_forward(ctx, {.chunk = c, .mb = 0, .batch = batch, .seq = seq}, in, targets, stats);
     if (j < last) send(out, static_cast<int>((j + 1) % pp), tag(0, j + 1, true));
   }
   finish_sends();

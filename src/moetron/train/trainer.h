@@ -1,6 +1,8 @@
-// The single-process training loop: deterministic sampling, gradient
-// accumulation normalised by the step's total token count, periodic
-// validation, metrics (JSON lines), progress lines, checkpoints and resume.
+// The training loop: construct the plan (train/plan_config.h), build what it
+// says (communicators, model, reducers, optimizers), then run steps:
+// deterministic sampling, gradient accumulation normalised by the step's
+// total token count, periodic validation, metrics (JSON lines), progress
+// lines, checkpoints and resume.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "moetron/comm/communicator.h"
 #include "moetron/data/token_dataset.h"
 #include "moetron/kernels/context.h"
@@ -16,21 +20,18 @@
 #include "moetron/optim/loss_scaler.h"
 #include "moetron/optim/optimizer.h"
 #include "moetron/parallel/grad_reducer.h"
-#include "moetron/train/pipeline_runner.h"
+#include "moetron/comm/process_mesh.h"
+#include "moetron/parallel/training_plan.h"
 #include "moetron/train/config.h"
+#include "moetron/train/pipeline_runner.h"
+#include "moetron/train/plan_config.h"
+#include "moetron/train/stage_costs.h"
 
 namespace moetron::optim {
 class ZeroOptimizer;
 }
 
 namespace moetron::train {
-
-// bf16 where the CPU has AVX512-BF16, else fp32 (`auto`); explicit values are
-// honoured. fp16 (with dynamic loss scaling) stores activations and weights'
-// working copies in fp16; on a CPU without fp16 arithmetic the kernels compute
-// in fp32 on staged copies (kernels/f16_staging.h), and `notice` says so.
-// train.grad_dtype = bf16 turns on the bf16 matrix gradients.
-nn::Precision resolve_precision(const TrainingConfig& train, std::string* notice);
 
 struct StepRecord {
   int64_t step = 0;
@@ -73,6 +74,7 @@ class Trainer {
   // Mean validation cross-entropy over cfg.train.eval_batches deterministic windows.
   double evaluate();
   nn::Transformer& model() { return *model_; }
+  const Config& config() const { return cfg_; }
   optim::ParamOptimizer& optimizer() { return *opt_; }
   comm::Communicator& world() { return *world_; }
   // The data-parallel gradient reducer (nullptr on one rank without ZeRO-1);
@@ -80,9 +82,9 @@ class Trainer {
   parallel::GradReducer* reducer() { return reducer_.get(); }
   // The expert-parallel group (nullptr when parallel.ep = 1): it carries
   // exactly the MoE token exchange (and the per-expert count all-gather).
-  comm::Communicator* expert_comm() { return ep_comm_.get(); }
-  comm::Communicator* tensor_comm() { return tp_comm_.get(); }
-  comm::Communicator* pipeline_comm() { return pp_comm_.get(); }
+  comm::Communicator* expert_comm() { return ep_comm_; }
+  comm::Communicator* tensor_comm() { return tp_comm_; }
+  comm::Communicator* pipeline_comm() { return pp_comm_; }
   // The gradient reducers' communicators (dense over dp, partial over the
   // stage, experts over their replicas); null where absent.
   std::vector<comm::Communicator*> gradient_comms() {
@@ -96,7 +98,37 @@ class Trainer {
   // Test hook: runs before each optimizer step with the gradients in place.
   std::function<void(int64_t step)> before_update;
 
+ // The plan this job runs and this rank's part of it.
+  const parallel::TrainingPlan& plan() const { return *plan_; }
+  const parallel::RankPlan& rank_plan() const { return rank_; }
+  // The trainer's communicator for a group of the plan (nullptr where the
+  // layout has none): what tests compare with plan().group().
+  comm::Communicator* group_comm(parallel::Group g);
+  // The reducer carrying one kind of gradient (nullptr where the layout has none).
+  parallel::GradReducer* reducer_for(parallel::GradGroup g) {
+    return g == parallel::GradGroup::expert    ? expert_reducer_.get()
+           : g == parallel::GradGroup::partial ? partial_reducer_.get()
+                                               : reducer_.get();
+  }
+
  private:
+  // Construction, in order (trainer.cpp).
+  void open_corpus();
+  void make_plan_for_world();
+  void build_communicators();
+  void build_model();
+  void build_reducers();
+  void build_optimizer();
+  void resume_from_latest();
+  // One step (trainer_step.cpp).
+  StepRecord train_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets);
+  void forward_backward_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
+                             const std::vector<int64_t>& mb_tokens, StepRecord& rec);
+  void apply_update(int64_t step, StepRecord& rec);
+  nlohmann::json metrics_line(const StepRecord& rec, int64_t grad_bytes_before);
+  // After a step's loads are recorded: the aux-free bias update (or reset).
+  void advance_routers(bool skipped);
+  void print_memory_plan() const;
   void log_line(const StepRecord& r);
   void fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
                     std::vector<int64_t>& mb_tokens);
@@ -119,34 +151,35 @@ class Trainer {
   std::unique_ptr<kernels::Context> ctx_;
   std::unique_ptr<data::TokenFile> train_tokens_, val_tokens_;
   std::unique_ptr<data::WindowSampler> sampler_;
-  std::unique_ptr<nn::Transformer> model_;
-  std::unique_ptr<comm::Communicator> balance_comm_;  // MoE statistics, apart from gradient traffic
-  std::unique_ptr<comm::Communicator> grad_comm_;    // gradient buckets and ZeRO-1 gathers
-  std::unique_ptr<parallel::GradReducer> reducer_;   // dp > 1 or ZeRO-1 (with ep > 1: dense parameters)
-  int64_t ep_ = 1;
-  std::unique_ptr<comm::Communicator> ep_comm_;            // the ep ranks sharing one copy of the experts
-  std::unique_ptr<comm::Communicator> expert_grad_comm_;   // the dp / ep ranks holding the same experts
-  std::unique_ptr<parallel::GradReducer> expert_reducer_;  // expert gradients over expert_grad_comm_
-  // Tensor parallelism: rank = dp_rank * tp + tp_rank.
-  int64_t tp_ = 1;
-  int64_t dp_ = 1;
-  std::unique_ptr<comm::Communicator> tp_comm_;              // the tp ranks sharing a micro-batch
-  std::unique_ptr<comm::Communicator> partial_grad_comm_;    // every rank: gradients partial over tp
-  std::unique_ptr<parallel::GradReducer> partial_reducer_;   // router, shared experts, norms under sp
-  // Pipeline parallelism: rank = pp_rank * stage_size + stage_rank; dp, tp
-  // and ep live inside a stage (stage_comm_).
-  int64_t pp_ = 1;
-  std::unique_ptr<comm::Communicator> stage_comm_;  // the ranks of this stage
-  std::unique_ptr<comm::Communicator> pp_comm_;     // this position in every stage
-  std::unique_ptr<PipelineRunner> pipeline_;
-  std::vector<std::pair<int64_t, int64_t>> stages_;  // vpp 1: every stage's layers [first, end)
-  comm::Communicator& stage() { return stage_comm_ ? *stage_comm_ : *world_; }
-  int64_t stage_size() const { return world_->size() / pp_; }
-  int64_t stage_rank() const { return world_->rank() % stage_size(); }
-  int64_t pp_rank() const { return world_->rank() / stage_size(); }
-  int64_t dp_rank() const { return stage_rank() / tp_; }
-  int64_t tp_rank() const { return stage_rank() % tp_; }
+  std::unique_ptr<parallel::TrainingPlan> plan_;
+  parallel::RankPlan rank_;
+  std::unique_ptr<MeasuredStageCosts> measured_;  // parallel.stage_balance = measured (pp > 1)
+  const parallel::RankCoords& at() const { return rank_.coords; }
+  int64_t tp() const { return plan_->settings().tp; }
+  int64_t ep() const { return plan_->settings().ep; }
+  int64_t pp() const { return plan_->settings().pp; }
 
+  // Communicators: the plan's groups (comm::ProcessMesh over its dense and
+  // expert meshes). Each carries one kind of traffic, so its counters tell
+  // that traffic apart: tp (the model's tensor-parallel collectives), ep
+  // (the MoE token exchange), pp (stage-to-stage activations), stage (loss
+  // sums, expert loads), balance (MoE statistics), and one per reducer.
+  std::unique_ptr<comm::ProcessMesh> dense_mesh_, expert_mesh_;
+  comm::Communicator* tp_comm_ = nullptr;
+  comm::Communicator* ep_comm_ = nullptr;
+  comm::Communicator* pp_comm_ = nullptr;
+  comm::Communicator* stage_comm_ = nullptr;
+  std::unique_ptr<comm::Communicator> balance_comm_;
+  std::unique_ptr<comm::Communicator> grad_comm_;          // dense gradients and ZeRO-1 gathers over dp
+  std::unique_ptr<comm::Communicator> partial_grad_comm_;  // tp-partial gradients over the stage
+  std::unique_ptr<comm::Communicator> expert_grad_comm_;   // expert gradients over their replicas
+  comm::Communicator& stage() { return *stage_comm_; }
+
+  std::unique_ptr<nn::Transformer> model_;
+  std::unique_ptr<PipelineRunner> pipeline_;
+  std::unique_ptr<parallel::GradReducer> reducer_;          // dense (dp > 1 or ZeRO-1)
+  std::unique_ptr<parallel::GradReducer> partial_reducer_;  // router, shared experts, norms under sp (tp > 1)
+  std::unique_ptr<parallel::GradReducer> expert_reducer_;   // routed experts' replicas (ep > 1)
   std::unique_ptr<optim::ParamOptimizer> opt_;
   std::vector<optim::ZeroOptimizer*> zero_parts_;  // ZeRO-1's parts of opt_ (dense over dp, tp-partial over the stage)
   int64_t acc_ = 1;
@@ -154,7 +187,7 @@ class Trainer {
   optim::LossScaler scaler_;
   int64_t start_step_ = 0;
   int64_t skipped_ = 0;
-  double peak_flops_ = 0;
+  double peak_flops_ = 0;  // measured on the first run() (train/peak_flops.h)
 };
 
 }  // namespace moetron::train

@@ -1,0 +1,59 @@
+#include "moetron/cli/plan_cmd.h"
+
+#include <omp.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "moetron/core/error.h"
+#include "moetron/train/plan_config.h"
+#include "moetron/train/plan_report.h"
+
+namespace moetron::cli {
+
+CLI::App* add_plan_command(CLI::App& app, PlanCommand& o) {
+  auto* cmd = app.add_subcommand(
+      "plan", "print the plan of a config on N ranks (coordinates, groups, stages, buckets, memory) without MPI");
+  cmd->add_option("--config", o.config, "TOML config file")->required();
+  cmd->add_option("-n,--ranks", o.ranks, "ranks of the job planned")->required();
+  cmd->add_option("--set", o.sets, "override a config key: key=value (repeatable)");
+  cmd->add_option("--json", o.json_path, "also write the plan as JSON to this file ('-': stdout only)");
+  cmd->add_option("--threads", o.threads, "OpenMP threads per rank (kernel scratch in the memory prediction)");
+  cmd->add_flag("--no-memory", o.no_memory, "skip the per-rank memory prediction");
+  return cmd;
+}
+
+int run_plan_command(const PlanCommand& o) {
+  MOETRON_CHECK(o.ranks >= 1, "-n must be >= 1, got ", o.ranks);
+  const train::Config cfg = train::load_config(o.config, o.sets);
+  const nn::Precision prec = train::resolve_precision(cfg.train, nullptr);
+  const parallel::TrainingPlan plan = train::make_plan(cfg, prec, static_cast<int>(o.ranks));
+  train::PlanReportOptions ro;
+  ro.threads = o.threads > 0 ? o.threads : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads());
+  ro.memory = !o.no_memory;
+  const nlohmann::json j = train::plan_json(cfg, plan, ro);
+  if (o.json_path == "-") {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << train::plan_table(j, ro);
+  if (plan.settings().stage_balance == parallel::StageBalance::measured && plan.settings().pp > 1) {
+    std::cout << "note: parallel.stage_balance = measured: the job times its layers at launch and may split "
+                 "the stages differently from the FLOP split shown\n";
+  }
+  if (!o.json_path.empty()) {
+    // Written whole to a temporary name, then renamed: a failed write leaves no partial file.
+    const std::string tmp = o.json_path + ".tmp";
+    {
+      std::ofstream f(tmp);
+      MOETRON_CHECK(f.good(), "cannot open '", tmp, "' for writing");
+      f << j.dump(2) << "\n";
+      MOETRON_CHECK(f.good(), "cannot write '", tmp, "'");
+    }
+    MOETRON_CHECK(std::rename(tmp.c_str(), o.json_path.c_str()) == 0, "cannot rename '", tmp, "' to '",
+                  o.json_path, "'");
+  }
+  return 0;
+}
+
+}  // namespace moetron::cli

@@ -1,0 +1,25 @@
+// `moetron plan` (and `moetron train --dry-run`): the TrainingPlan of a
+// config on N ranks, from one process, as a table and as JSON
+// (train/plan_report.h).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moetron::cli {
+
+struct PlanCommand {
+  std::string config;
+  std::vector<std::string> sets;
+  int64_t ranks = 1;
+  std::string json_path;  // "-": JSON on stdout instead of the table
+  int64_t threads = 0;    // 0: train.threads, else this machine's OpenMP default
+  bool no_memory = false;
+};
+
+CLI::App* add_plan_command(CLI::App& app, PlanCommand& opts);
+int run_plan_command(const PlanCommand& opts);
+
+}  // namespace moetron::cli

@@ -1,0 +1,315 @@
+// The training loop of Trainer: run() and one step's parts.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "moetron/core/threading.h"
+#include "moetron/kernels/elementwise.h"
+#include "moetron/optim/zero_optimizer.h"
+#include "moetron/train/fault_injection.h"
+#include "moetron/train/memory_report.h"
+#include "moetron/train/peak_flops.h"
+#include "moetron/train/trainer.h"
+
+namespace moetron::train {
+
+using clock_type = std::chrono::steady_clock;
+
+TrainResult Trainer::run() {
+  TrainResult res;
+  res.val_loss = NAN;
+  std::ofstream metrics;
+  if (is_root()) {
+    metrics.open(run_dir_ + "/metrics.jsonl", std::ios::app);
+    MOETRON_CHECK(metrics.good(), "cannot open '", run_dir_, "/metrics.jsonl' for writing");
+  }
+  std::vector<Tensor> inputs, targets;
+  for (int64_t m = 0; m < acc_; ++m) {
+    inputs.push_back(Tensor::empty({cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32));
+    targets.push_back(Tensor::empty({cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32));
+  }
+  if (peak_flops_ == 0) peak_flops_ = measure_peak_flops(prec_.compute, static_cast<int>(cfg_.train.threads));
+  print_memory_plan();
+  cpu_allocator().reset_peaks();
+  for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
+    const int64_t grad_bytes_before = gradient_bytes_sent();
+    StepRecord rec = train_step(step, inputs, targets);
+    if (res.history.empty()) res.first_step_memory = cpu_allocator().stats();  // before any evaluation
+    nlohmann::json line = metrics_line(rec, grad_bytes_before);
+    advance_routers(rec.skipped);
+    if ((cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == cfg_.train.steps) {
+      res.val_loss = evaluate();
+      line["val_loss"] = res.val_loss;
+    }
+    if (is_root()) {
+      metrics << line.dump() << "\n" << std::flush;
+      if (step % cfg_.train.log_every == 0 || step == cfg_.train.steps || step == start_step_ + 1) log_line(rec);
+      if (line.contains("val_loss") && !::isatty(STDOUT_FILENO)) {
+        std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
+      }
+    }
+    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) {
+      save_checkpoint(step);
+    }
+    if (res.history.empty() && is_root()) {
+      // On a terminal the progress line has no newline yet (it redraws in place).
+      if (::isatty(STDOUT_FILENO) && step != cfg_.train.steps) std::cout << "\n";
+      std::cout << memory_table({{"measured peak, step " + std::to_string(step),
+                                  measured_peaks(cpu_allocator().stats())}})
+                << std::flush;
+    }
+    if (res.history.empty()) res.first_loss = rec.loss;
+    res.last_loss = rec.loss;
+    res.history.push_back(rec);
+    ++res.steps_done;
+  }
+  if (res.steps_done > 0) save_checkpoint(cfg_.train.steps);
+  res.skipped_steps = skipped_;
+  res.final_loss_scale = fp16_ ? scaler_.scale() : 1.0;
+  return res;
+}
+
+void Trainer::print_memory_plan() const {
+  if (!is_root()) return;
+  // One prediction per pipeline stage (its first rank's: the ranks of a
+  // stage differ only by the routing under ep), from the plan the job runs.
+  for (int64_t s = 0; s < pp(); ++s) {
+    const int rank = static_cast<int>(s * plan_->stage_size());
+    std::cout << memory_plan(cfg_, *plan_, rank, num_compute_threads()) << std::flush;
+  }
+}
+
+StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets) {
+  maybe_inject_failure(world_->rank(), step);
+  const auto t0 = clock_type::now();
+  std::vector<int64_t> mb_tokens(static_cast<size_t>(acc_), 0);
+  fill_batches(step, inputs, targets, mb_tokens);
+  StepRecord rec;
+  rec.step = step;
+  for (int64_t n : mb_tokens) rec.tokens += n;
+  model_->params().zero_grads();
+  forward_backward_step(step, inputs, targets, mb_tokens, rec);
+  if (before_update) before_update(step);
+  apply_update(step, rec);
+  rec.step_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  rec.tokens_per_s = static_cast<double>(rec.tokens) / rec.step_s;
+  rec.mfu = rec.tokens_per_s * flops_per_token() / (peak_flops_ * static_cast<double>(world_->size()));
+  return rec;
+}
+
+void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
+                                    const std::vector<int64_t>& mb_tokens, StepRecord& rec) {
+  // fp16: the loss (hence every gradient) is multiplied by the loss scale;
+  // the optimizer divides it out.
+  const double loss_scale = fp16_ ? scaler_.scale() : 1.0;
+  rec.loss_scale = loss_scale;
+  const auto step_tokens = static_cast<double>(rec.tokens);
+  // ce (the last stage's, once per tp group), dropped (every rank's
+  // slots), aux and z loss (once per stage: equal on its ranks), over ranks.
+  Tensor sums = Tensor::zeros({4}, DType::f64, MemTag::comm);
+  double* sm = sums.data<double>();
+  const auto add_stats = [&](const nn::LossStats& st, double share) {
+    if (at().tp == 0) sm[0] += st.ce_sum;
+    sm[1] += static_cast<double>(st.dropped);
+    if (at().stage_rank == 0) {
+      sm[2] += st.aux_loss * share;
+      sm[3] += st.z_loss * share;
+    }
+  };
+  const auto arm = [&] { for_each_reducer([&](parallel::GradReducer& r) { r.arm(step); }); };
+  if (pipeline_) {
+    std::vector<double> weights;
+    for (int64_t n : mb_tokens) weights.push_back(static_cast<double>(n) / step_tokens * loss_scale);
+    const PipelineRunner::StepResult pr =
+        pipeline_->train_step(*ctx_, inputs, targets, loss_scale / step_tokens, weights, arm);
+    // The micro-batches' aux losses are already weighted by their shares (x loss scale).
+    nn::LossStats st = pr.stats;
+    st.aux_loss /= loss_scale;
+    st.z_loss /= loss_scale;
+    add_stats(st, 1.0);
+    rec.pipeline_wait_s = pr.wait_s;
+  } else {
+    for (int64_t m = 0; m < acc_; ++m) {
+      const auto mi = static_cast<size_t>(m);
+      const double share = static_cast<double>(mb_tokens[mi]) / step_tokens;
+      if (m == acc_ - 1) arm();
+      const nn::LossStats st = model_->forward_backward(*ctx_, inputs[mi], targets[mi], loss_scale / step_tokens,
+                                                        share * loss_scale, true);
+      add_stats(st, share);
+    }
+  }
+  for_each_reducer([&](parallel::GradReducer& r) {
+    r.finish(*ctx_);
+    rec.comm_wait_s += r.last_wait_seconds();
+  });
+  if (world_->size() > 1) world_->allreduce(sums, comm::ReduceOp::sum);
+  rec.loss = sm[0] / step_tokens;
+  rec.dropped = static_cast<int64_t>(sm[1]);
+  rec.aux_loss = sm[2];
+  rec.z_loss = sm[3];
+}
+
+void Trainer::apply_update(int64_t step, StepRecord& rec) {
+  rec.grad_norm = grad_norm(1.0 / rec.loss_scale);
+  reduce_expert_loads();
+  const bool overflow = fp16_ && std::isfinite(rec.loss) && !std::isfinite(rec.grad_norm);
+  if (!overflow && (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm))) {
+    MOETRON_CHECK(cfg_.train.nan_policy == "skip", "non-finite loss or gradient at step ", step,
+                  " (train.nan_policy = \"stop\")");
+  }
+  if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
+    // An fp16 overflow is expected now and then: skip, count, halve the scale.
+    if (overflow) scaler_.update(false);
+    rec.lr = opt_->options().schedule.at(step);
+    rec.skipped = true;
+    ++skipped_;
+    for (nn::MoeLayer* l : model_->moe_layers()) l->reset_load();
+    return;
+  }
+  if (fp16_) scaler_.update(true);
+  rec.lr = opt_->step(*ctx_, step, 1.0 / rec.loss_scale, rec.grad_norm).lr;
+}
+
+nlohmann::json Trainer::metrics_line(const StepRecord& rec, int64_t grad_bytes_before) {
+  nlohmann::json line = {{"step", rec.step},        {"loss", rec.loss},         {"lr", rec.lr},
+                         {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
+                         {"mfu", rec.mfu},          {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
+                         {"skipped", rec.skipped},  {"tokens", rec.tokens},
+                         {"dropped_slots", rec.dropped}, {"step_s", rec.step_s}};
+  if (pipeline_) {
+    line["pipeline_wait_s"] = rec.pipeline_wait_s;
+    // Each stage's time not waiting on the pipeline (its first rank's):
+    // how balanced the stages really are.
+    Tensor busy = Tensor::zeros({pp()}, DType::f64, MemTag::comm);
+    busy.data<double>()[at().pp] = rec.step_s - rec.pipeline_wait_s;
+    pp_comm_->allreduce(busy, comm::ReduceOp::sum);
+    line["stage_busy_s"] = std::vector<double>(busy.data<double>(), busy.data<double>() + pp());
+  }
+  if (reducer_) {
+    line["comm_wait_s"] = rec.comm_wait_s;
+    line["grad_bytes_sent"] = gradient_bytes_sent() - grad_bytes_before;  // this rank, this step
+  }
+  if (fp16_) line["loss_scale"] = rec.loss_scale;
+  nlohmann::json loads = nlohmann::json::array();
+  for (nn::MoeLayer* l : model_->moe_layers()) {
+    loads.push_back(l->expert_load());
+  }
+  line["expert_load"] = loads;
+  return line;
+}
+
+void Trainer::advance_routers(bool skipped) {
+  for (nn::MoeLayer* l : model_->moe_layers()) {
+    if (skipped) continue;
+    if (cfg_.moe.bias_update_rate > 0) {
+      l->update_bias(cfg_.moe.bias_update_rate);
+    } else {
+      l->reset_load();
+    }
+  }
+}
+
+void Trainer::log_line(const StepRecord& r) {
+  const double remaining = static_cast<double>(cfg_.train.steps - r.step);
+  const double tokens_per_step =
+      static_cast<double>(cfg_.train.micro_batch * acc_ * plan_->dp() * cfg_.train.seq_len);
+  const double eta = r.tokens_per_s > 0 ? remaining * tokens_per_step / r.tokens_per_s : 0;
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %7.0f tok/s | MFU %5.1f%% | ETA %4.0fs%s",
+                static_cast<long long>(r.step), static_cast<long long>(cfg_.train.steps), r.loss, r.lr,
+                r.grad_norm, r.tokens_per_s, 100.0 * r.mfu, eta, r.skipped ? " | skipped" : "");
+  if (::isatty(STDOUT_FILENO)) {
+    std::cout << "\r" << buf << "\033[K" << std::flush;
+    if (r.step == cfg_.train.steps) std::cout << "\n";
+  } else {
+    std::cout << buf << std::endl;
+  }
+}
+
+double Trainer::grad_norm(double grad_scale) {
+  if (ep() == 1 && tp() == 1 && pp() == 1) return opt_->grad_norm(*ctx_, grad_scale);
+  // After reduction a gradient is the same on every rank holding it: count
+  // each expert once over its ep group, each tp block once over tp, the
+  // replicated rest locally.
+  double replicated = 0;
+  Tensor expert = Tensor::zeros({1}, DType::f64, MemTag::comm);
+  Tensor sharded = Tensor::zeros({1}, DType::f64, MemTag::comm);
+  // ZeRO-1: its gradients live reduced in its bucket chunks, each counted
+  // once over its group.
+  for (optim::ZeroOptimizer* z : zero_parts_) {
+    const optim::ZeroOptimizer::GradSquares sq = z->grad_squares(*ctx_);  // collective over its group
+    replicated += sq.replicated;
+    sharded.data<double>()[0] += sq.blocks;
+  }
+  for (const auto& p : model_->params().all()) {
+    if (std::any_of(zero_parts_.begin(), zero_parts_.end(), [&](optim::ZeroOptimizer* z) { return z->holds(*p); })) {
+      continue;
+    }
+    const bool is_expert = ep() > 1 && p->kind == nn::ParallelKind::expert;
+    const double sq = kernels::sum_squares(*ctx_, p->grad);
+    if (is_expert) {
+      expert.data<double>()[0] += sq;
+    } else if (p->sharded()) {
+      if (p->shard.primary) sharded.data<double>()[0] += sq;
+    } else {
+      replicated += sq;
+    }
+  }
+  if (ep_comm_) ep_comm_->allreduce(expert, comm::ReduceOp::sum);
+  if (tp_comm_) tp_comm_->allreduce(sharded, comm::ReduceOp::sum);
+  Tensor total = Tensor::empty({1}, DType::f64, MemTag::comm);
+  total.data<double>()[0] = replicated + expert.data<double>()[0] + sharded.data<double>()[0];
+  if (pp_comm_) pp_comm_->allreduce(total, comm::ReduceOp::sum);  // the stages' layers
+  return std::sqrt(total.data<double>()[0]) * std::fabs(grad_scale);
+}
+
+void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
+                           std::vector<int64_t>& mb_tokens) {
+  // Rows of the global batch, in order: micro-batch m of the step is rows
+  // [m * mb * dp, (m + 1) * mb * dp), rank r taking mb of them. dp = 1 with
+  // micro_batch = mb * dp reads exactly the same micro-batches.
+  const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, dp = plan_->dp();
+  std::vector<int32_t> window(static_cast<size_t>(s + 1));
+  Tensor counts = Tensor::zeros({acc_}, DType::i64, MemTag::comm);
+  for (int64_t m = 0; m < acc_; ++m) {
+    const auto mi = static_cast<size_t>(m);
+    for (int64_t r = 0; r < mb; ++r) {
+      const auto index = static_cast<uint64_t>((step - 1) * mb * acc_ * dp + m * mb * dp + at().dp * mb + r);
+      sampler_->fill(index, window.data());
+      std::copy(window.begin(), window.end() - 1, inputs[mi].data<int32_t>() + r * s);
+      std::copy(window.begin() + 1, window.end(), targets[mi].data<int32_t>() + r * s);
+    }
+    const int32_t* tp = targets[mi].data<int32_t>();
+    if (at().tp == 0 && at().pp == 0) {  // the tp ranks (and the stages) hold the same rows
+      for (int64_t i = 0; i < mb * s; ++i) counts.data<int64_t>()[m] += tp[i] >= 0;
+    }
+  }
+  // Normalisation is by the global batch's tokens: each micro-batch's count
+  // summed over the dp ranks.
+  if (world_->size() > 1) world_->allreduce(counts, comm::ReduceOp::sum);
+  for (int64_t m = 0; m < acc_; ++m) mb_tokens[static_cast<size_t>(m)] = counts.data<int64_t>()[m];
+}
+
+void Trainer::reduce_expert_loads() {
+  const auto layers = model_->moe_layers();
+  if (stage().size() == 1 || layers.empty()) return;
+  const auto e = static_cast<int64_t>(layers.front()->expert_load().size());
+  Tensor loads = Tensor::empty({static_cast<int64_t>(layers.size()) * e}, DType::i64, MemTag::comm);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    std::copy(layers[l]->expert_load().begin(), layers[l]->expert_load().end(),
+              loads.data<int64_t>() + static_cast<int64_t>(l) * e);
+  }
+  stage().allreduce(loads, comm::ReduceOp::sum);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const int64_t* p = loads.data<int64_t>() + static_cast<int64_t>(l) * e;
+    layers[l]->set_expert_load(std::vector<int64_t>(p, p + e));
+  }
+}
+
+}  // namespace moetron::train
