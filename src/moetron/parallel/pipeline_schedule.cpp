@@ -8,17 +8,29 @@
 namespace moetron::parallel {
 
 std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64_t rank, int64_t m, int64_t v) {
+  return pipeline_schedule(parse_schedule(kind), pp, rank, m, v);
+}
+
+ScheduleKind parse_schedule(const std::string& s) {
+  if (s == "1f1b") return ScheduleKind::one_f_one_b;
+  if (s == "gpipe") return ScheduleKind::gpipe;
+  MOETRON_FAIL("invalid config: 'parallel.schedule': must be 1f1b or gpipe (vpp > 1 with 1f1b is interleaved 1F1B), got \"",
+               s, "\"");
+}
+
+const char* name_of(ScheduleKind k) { return k == ScheduleKind::gpipe ? "gpipe" : "1f1b"; }
+
+std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int64_t pp, int64_t rank, int64_t m, int64_t v) {
   MOETRON_CHECK(pp >= 1 && rank >= 0 && rank < pp && m >= 1 && v >= 1, "pipeline schedule of rank ", rank, " of ",
                 pp, " for ", m, " micro-batches over ", v, " chunks");
   std::vector<PipeOp> ops;
-  if (kind == "gpipe") {
+  if (kind == ScheduleKind::gpipe) {
     for (int64_t c = 0; c < v; ++c)
       for (int64_t mb = 0; mb < m; ++mb) ops.push_back({true, mb, c});
     for (int64_t c = v; c-- > 0;)
       for (int64_t mb = 0; mb < m; ++mb) ops.push_back({false, mb, c});
     return ops;
   }
-  MOETRON_CHECK(kind == "1f1b", "parallel.schedule must be gpipe or 1f1b, got \"", kind, "\"");
   MOETRON_CHECK(m >= pp, "1F1B needs at least as many micro-batches as stages (", m, " < parallel.pp = ", pp, ")");
   MOETRON_CHECK(v == 1 || m % pp == 0, "interleaved 1F1B needs micro-batches (", m, ") divisible by parallel.pp = ",
                 pp);

@@ -27,7 +27,14 @@ struct PipeOp {
   int64_t chunk = 0;
 };
 
-// kind: "gpipe" | "1f1b" (with v > 1: interleaved 1F1B).
+// gpipe | 1f1b (with v > 1: interleaved 1F1B).
+enum class ScheduleKind { one_f_one_b, gpipe };
+// parallel.schedule's text; throws naming the key.
+ScheduleKind parse_schedule(const std::string& s);
+const char* name_of(ScheduleKind k);
+
+std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int64_t pp, int64_t rank, int64_t microbatches, int64_t v);
+// The same with kind given as text ("gpipe" | "1f1b").
 std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64_t rank, int64_t microbatches,
                                       int64_t v);
 // The idle fraction of an ideal pipeline: (pp - 1) / (v m + pp - 1).

@@ -32,12 +32,6 @@ MuonDistribution parse_muon_distribution(const std::string& s) {
   bad_value("optim.muon_distribution", "owner, gather or replicated", s);
 }
 
-ScheduleKind parse_schedule(const std::string& s) {
-  if (s == "1f1b") return ScheduleKind::one_f_one_b;
-  if (s == "gpipe") return ScheduleKind::gpipe;
-  bad_value("parallel.schedule", "1f1b or gpipe (vpp > 1 with 1f1b is interleaved 1F1B)", s);
-}
-
 StageBalance parse_stage_balance(const std::string& s) {
   if (s == "flops") return StageBalance::flops;
   if (s == "measured") return StageBalance::measured;
@@ -54,7 +48,6 @@ const char* name_of(OptimizerKind k) { return k == OptimizerKind::muon ? "muon" 
 const char* name_of(MuonDistribution k) {
   return k == MuonDistribution::owner ? "owner" : k == MuonDistribution::gather ? "gather" : "replicated";
 }
-const char* name_of(ScheduleKind k) { return k == ScheduleKind::gpipe ? "gpipe" : "1f1b"; }
 const char* name_of(StageBalance k) { return k == StageBalance::measured ? "measured" : "flops"; }
 const char* name_of(GradGroup g) {
   return g == GradGroup::expert ? "expert" : g == GradGroup::partial ? "tp-partial" : "dense";
@@ -102,7 +95,7 @@ TrainingPlan::TrainingPlan(PlanSettings settings, int world_size, std::vector<La
   acc_ = accumulation_steps(s_, dp_);
   if (s_.pp > 1) {
     for (int64_t r = 0; r < s_.pp; ++r) {  // the schedule's rules (interleaving needs acc % pp == 0)
-      (void)pipeline_schedule(name_of(s_.schedule), s_.pp, r, acc_, s_.vpp);
+      (void)pipeline_schedule(s_.schedule, s_.pp, r, acc_, s_.vpp);
     }
   }
   if (s_.vpp == 1) {

@@ -24,6 +24,7 @@
 #include "moetron/nn/transformer.h"
 #include "moetron/parallel/bucket_plan.h"
 #include "moetron/parallel/grad_reducer.h"
+#include "moetron/parallel/pipeline_schedule.h"
 
 namespace moetron::parallel {
 
@@ -31,17 +32,14 @@ namespace moetron::parallel {
 // throw naming the config key and the allowed values.
 enum class OptimizerKind { adamw, muon };
 enum class MuonDistribution { owner, gather, replicated };
-enum class ScheduleKind { one_f_one_b, gpipe };
 enum class StageBalance { flops, measured };
 
 OptimizerKind parse_optimizer(const std::string& s);           // optim.name
 MuonDistribution parse_muon_distribution(const std::string& s);  // optim.muon_distribution
-ScheduleKind parse_schedule(const std::string& s);              // parallel.schedule
 StageBalance parse_stage_balance(const std::string& s);         // parallel.stage_balance
 DType parse_storage_dtype(const std::string& s, const char* key);  // "fp32" | "bf16"
 const char* name_of(OptimizerKind k);
 const char* name_of(MuonDistribution k);
-const char* name_of(ScheduleKind k);
 const char* name_of(StageBalance k);
 
 using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end)

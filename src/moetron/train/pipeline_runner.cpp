@@ -10,9 +10,9 @@ using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 }  // namespace
 
-PipelineRunner::PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group, std::string schedule,
+PipelineRunner::PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group, parallel::ScheduleKind schedule,
                                int64_t vpp)
-    : model_(model), pp_(pp_group), schedule_(std::move(schedule)), v_(vpp) {
+    : model_(model), pp_(pp_group), schedule_(schedule), v_(vpp) {
   MOETRON_CHECK(model_.num_chunks() == v_, "pipeline rank holds ", model_.num_chunks(), " chunks, expected parallel.vpp = ",
                 v_);
 }

@@ -19,7 +19,7 @@ namespace moetron::train {
 class PipelineRunner {
  public:
   // pp_group: the pp ranks at this position of every stage, ordered by stage.
-  PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group, std::string schedule, int64_t vpp);
+  PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group, parallel::ScheduleKind schedule, int64_t vpp);
 
   struct StepResult {
     // Summed over this rank's micro-batches (losses on the last stage); the
@@ -39,7 +39,7 @@ class PipelineRunner {
  private:
   nn::Transformer& model_;
   comm::Communicator& pp_;
-  std::string schedule_;
+  parallel::ScheduleKind schedule_;
   int64_t v_;
   int64_t stages() const { return pp_.size() * v_; }
   int64_t virtual_stage(int64_t chunk) const { return chunk * pp_.size() + pp_.rank(); }

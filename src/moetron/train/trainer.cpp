@@ -122,7 +122,7 @@ void Trainer::build_model() {
   const std::string diff = nn::first_difference(nn::describe_parameters(model_->params()), rank_.inventory.params);
   MOETRON_CHECK(diff.empty(), "rank ", world_->rank(), ": the model built differs from its plan: ", diff);
   if (tp_comm_) model_->set_tensor_group(tp_comm_);
-  if (pp_comm_) pipeline_ = std::make_unique<PipelineRunner>(*model_, *pp_comm_, cfg_.parallel.schedule, s.vpp);
+  if (pp_comm_) pipeline_ = std::make_unique<PipelineRunner>(*model_, *pp_comm_, s.schedule, s.vpp);
   model_->initialize(cfg_.train.seed);
   model_->set_recompute(recompute_policy(cfg_));
   // Every rank of a stage holds a distinct token shard for the MoE layers (tp folded in).
