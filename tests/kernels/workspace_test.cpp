@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -17,6 +19,7 @@
 #include "moetron/kernels/attention.h"
 #include "moetron/kernels/cross_entropy.h"
 #include "moetron/kernels/embedding.h"
+#include "moetron/kernels/matmul.h"
 #include "moetron/kernels/norm.h"
 #include "util/test_util.h"
 
@@ -173,6 +176,52 @@ TEST(Workspace, FusedCrossEntropyReportsWhatTheAllocatorSees) {
       }
     }
   }
+}
+
+// The CPU matmul's fp32 slots persist in the context and grow to the
+// largest request (kernels::cpu_gemm_slots): after a run of GEMMs a fresh
+// context holds exactly each slot's maximum, rounded. Which slots a machine
+// uses depends on whether its oneDNN has a bf16 matmul; the sizes come from
+// the same question.
+TEST(Workspace, GemmSlotsAreWhatTheContextKeeps) {
+  struct Gemm {
+    int64_t m, n, k;
+    DType ab, c;
+    bool trans_b;
+  };
+  const std::vector<Gemm> gemms = {{7, 33, 130, DType::bf16, DType::bf16, true},
+                                   {33, 7, 13, DType::f32, DType::bf16, false},
+                                   {130, 1, 7, DType::bf16, DType::f32, false},
+                                   {1, 130, 33, DType::f32, DType::f32, true}};
+  const bool widens = cpu_widens_bf16_matmul();
+  std::vector<std::array<Tensor, 3>> operands;
+  GemmSlots most;
+  for (const Gemm& g : gemms) {
+    const std::string what = std::to_string(g.m) + "x" + std::to_string(g.n);
+    const Shape b_shape = g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n};
+    operands.push_back({random_tensor({g.m, g.k}, g.ab, "a" + what),
+                        random_tensor(b_shape, g.ab, "b" + what), test::poisoned({g.m, g.n}, g.c)});
+    const GemmSlots s = cpu_gemm_slots(g.m, g.n, g.k, g.ab, g.c, widens);
+    most.staged_out = std::max(most.staged_out, s.staged_out);
+    most.widened_a = std::max(most.widened_a, s.widened_a);
+    most.widened_b = std::max(most.widened_b, s.widened_b);
+  }
+  Allocator& a = cpu_allocator();
+  const int64_t before = a.current(MemTag::workspace);
+  {
+    Context ctx(Backend::cpu, 2);
+    for (size_t i = 0; i < gemms.size(); ++i) {
+      const auto& [x, w, y] = operands[i];
+      matmul(ctx, x, w, y, {.trans_b = gemms[i].trans_b});
+    }
+    Scratch slots;
+    for (int64_t n : {most.staged_out, most.widened_a, most.widened_b}) {
+      add_scratch(slots, n, DType::f32);
+    }
+    EXPECT_EQ(a.current(MemTag::workspace) - before, workspace_bytes(slots, 1))
+        << (widens ? "widening" : "native") << " bf16 matmul";
+  }
+  EXPECT_EQ(a.current(MemTag::workspace), before) << "the context frees its slots";
 }
 
 // The reference keeps its doubles in uncounted vectors and reports nothing.
