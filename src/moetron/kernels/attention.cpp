@@ -32,6 +32,34 @@ void attention_backward(Context& ctx, const Tensor& dout, const Tensor& q, const
 
 namespace {
 
+// f16 runs the f32 kernel on staged copies of q, k, v, out (backward also
+// dout, dq, dk, dv).
+Scratch scratch_of(const char* fn, Backend backend, const AttentionShape& shape, bool backward) {
+  const int64_t nq = shape.batch * shape.seq_q * shape.heads * shape.head_dim;
+  const int64_t nk = shape.batch * shape.seq_k * shape.kv_heads * shape.head_dim;
+  const bool f16 = shape.dtype == DType::f16;
+  AttentionShape kernel = shape;
+  if (f16) kernel.dtype = DType::f32;
+  const auto own = [&] {
+    return backward ? cpu::attention_backward_scratch(kernel)
+                    : cpu::attention_forward_scratch(kernel);
+  };
+  if (backward) return call_scratch(fn, backend, f16, {nq, nq, nk, nk, nq, nq, nk, nk}, own);
+  return call_scratch(fn, backend, f16, {nq, nk, nk, nq}, own);
+}
+
+}  // namespace
+
+Scratch attention_forward_scratch(Backend backend, const AttentionShape& shape) {
+  return scratch_of("attention_forward_scratch", backend, shape, false);
+}
+
+Scratch attention_backward_scratch(Backend backend, const AttentionShape& shape) {
+  return scratch_of("attention_backward_scratch", backend, shape, true);
+}
+
+namespace {
+
 void check_float_dtype(const Tensor& t, const char* name, bool allow_f64) {
   const DType d = t.dtype();
   // The reference also reads f16 (the CPU backend stages f16 through f32).

@@ -8,6 +8,7 @@
 #include "moetron/core/tensor.h"
 #include "moetron/kernels/context.h"
 #include "moetron/kernels/dispatch.h"
+#include "moetron/kernels/workspace.h"
 
 namespace moetron::kernels {
 
@@ -49,6 +50,27 @@ MOETRON_KERNEL_DECL(void attention_backward(Context& ctx, const Tensor& dout, co
                                             const Tensor& lse, const AttentionMask& mask,
                                             float scale, const Tensor& dq, const Tensor& dk,
                                             const Tensor& dv))
+
+// The sizes of one attention call: q [batch, seq_q, heads, head_dim], k and
+// v [batch, seq_k, kv_heads, head_dim], all of `dtype`.
+struct AttentionShape {
+  int64_t batch = 1, seq_q = 0, seq_k = 0, heads = 1, kv_heads = 1, head_dim = 0;
+  DType dtype = DType::f32;
+};
+
+// The workspace a call of attention_forward / attention_backward on
+// `backend` allocates for `shape`, held at once at the call's peak (see
+// kernels/workspace.h): the CPU kernels' packed tiles and per-thread
+// accumulators, after, for f16, the staged f32 copies of every f16 tensor
+// (q, k, v, out; backward also dout, dq, dk, dv; all distinct). The
+// reference keeps its doubles in uncounted vectors: nothing.
+Scratch attention_forward_scratch(Backend backend, const AttentionShape& shape);
+Scratch attention_backward_scratch(Backend backend, const AttentionShape& shape);
+namespace cpu {
+// The CPU kernels' own scratch for f32 or bf16 tensors (kernels/cpu/attention_scratch.cpp).
+Scratch attention_forward_scratch(const AttentionShape& shape);
+Scratch attention_backward_scratch(const AttentionShape& shape);
+}  // namespace cpu
 
 // Argument checks shared by every backend: shapes as above, dtypes equal
 // (f64 only where allow_f64, i.e. the reference), lse f32 (or f64 with

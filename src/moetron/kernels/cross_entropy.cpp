@@ -25,4 +25,13 @@ void cross_entropy_fused(Context& ctx, const Tensor& hidden, const Tensor& head_
                           chunk_tokens, losses, d_hidden, d_head_w);
 }
 
+Scratch cross_entropy_fused_scratch(Backend backend, const CrossEntropyFusedShape& shape) {
+  const int64_t nh = shape.tokens * shape.dim, nw = shape.vocab * shape.dim;
+  CrossEntropyFusedShape kernel = shape;
+  if (shape.dtype == DType::f16) kernel.dtype = DType::f32;
+  return call_scratch("cross_entropy_fused_scratch", backend, shape.dtype == DType::f16,
+                      {nh, nw, shape.d_hidden ? nh : 0},
+                      [&] { return cpu::cross_entropy_fused_scratch(kernel); });
+}
+
 }  // namespace moetron::kernels

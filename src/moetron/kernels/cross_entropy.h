@@ -11,6 +11,7 @@
 #include "moetron/core/tensor.h"
 #include "moetron/kernels/context.h"
 #include "moetron/kernels/dispatch.h"
+#include "moetron/kernels/workspace.h"
 
 namespace moetron::kernels {
 
@@ -33,5 +34,24 @@ MOETRON_KERNEL_DECL(void cross_entropy_fused(Context& ctx, const Tensor& hidden,
                                              float grad_scale, int64_t chunk_tokens,
                                              const Tensor& losses, const Tensor& d_hidden,
                                              const Tensor& d_head_w))
+
+// The sizes of one cross_entropy_fused call: hidden [tokens, dim] and head_w
+// [vocab, dim] of `dtype`, and which gradients it computes.
+struct CrossEntropyFusedShape {
+  int64_t tokens = 0, vocab = 0, dim = 0, chunk_tokens = 1;
+  DType dtype = DType::f32;
+  bool d_hidden = true, d_head_w = true;
+};
+
+// The workspace cross_entropy_fused on `backend` allocates for `shape`
+// (kernels/workspace.h): on the CPU one chunk of fp32 logits (overwritten by
+// the dlogits) and, for bf16, the chunk's bf16 dlogits (with d_hidden) and
+// f32 hidden rows (with d_head_w), after, for f16, the staged copies of
+// hidden, head_w and d_hidden; nothing on the reference. The CPU matmul's
+// fp32 slots persist in the context (kernels/cpu/cpu_state.h): not listed.
+Scratch cross_entropy_fused_scratch(Backend backend, const CrossEntropyFusedShape& shape);
+namespace cpu {
+Scratch cross_entropy_fused_scratch(const CrossEntropyFusedShape& shape);
+}  // namespace cpu
 
 }  // namespace moetron::kernels

@@ -22,4 +22,10 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, con
   MOETRON_KERNEL_DISPATCH(ctx, embedding_backward, ids, dout, dtable, vocab_offset);
 }
 
+Scratch embedding_backward_scratch(Backend backend, int64_t tokens, int64_t rows, int64_t dim,
+                                   DType dtype) {
+  return call_scratch("embedding_backward_scratch", backend, dtype == DType::f16, {tokens * dim},
+                      [&] { return cpu::embedding_backward_scratch(tokens, rows, dim); });
+}
+
 }  // namespace moetron::kernels

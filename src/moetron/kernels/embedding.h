@@ -7,6 +7,7 @@
 #include "moetron/core/tensor.h"
 #include "moetron/kernels/context.h"
 #include "moetron/kernels/dispatch.h"
+#include "moetron/kernels/workspace.h"
 
 namespace moetron::kernels {
 
@@ -19,5 +20,15 @@ MOETRON_KERNEL_DECL(void embedding_forward(Context& ctx, const Tensor& ids, cons
 // Deterministic: each row's contributions are summed in token order.
 MOETRON_KERNEL_DECL(void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout,
                                             const Tensor& dtable, int64_t vocab_offset))
+
+// The workspace embedding_backward on `backend` allocates for `tokens` ids,
+// a [rows, dim] table and dout of `dtype` (kernels/workspace.h): on the CPU
+// the counting sort's row starts, token order and fill cursors, after, for
+// f16, the staged copy of dout; nothing on the reference.
+Scratch embedding_backward_scratch(Backend backend, int64_t tokens, int64_t rows, int64_t dim,
+                                   DType dtype);
+namespace cpu {
+Scratch embedding_backward_scratch(int64_t tokens, int64_t rows, int64_t dim);
+}  // namespace cpu
 
 }  // namespace moetron::kernels

@@ -10,8 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "moetron/core/error.h"
 #include "moetron/core/tensor.h"
 #include "moetron/kernels/context.h"
+#include "moetron/kernels/workspace.h"
 
 namespace moetron::kernels {
 
@@ -46,6 +48,29 @@ class F16Staging {
   Context& ctx_;
   std::vector<Entry> entries_;
 };
+
+// The workspace a front-end call on `backend` holds (kernels/workspace.h).
+// CPU: when its tensors are f16 (`f16`), one staged f32 copy per distinct
+// f16 tensor, inputs and outputs alike (`staged`: their element counts),
+// allocated first and held throughout; then the f32/bf16 kernel's own
+// scratch, cpu_scratch(). Reference: nothing (its doubles live in uncounted
+// vectors).
+template <typename CpuScratch>
+Scratch call_scratch(const char* fn, Backend backend, bool f16,
+                     std::initializer_list<int64_t> staged, CpuScratch&& cpu_scratch) {
+  switch (backend) {
+    case Backend::reference: return {};
+    case Backend::cpu: break;
+    case Backend::cuda: MOETRON_FAIL(fn, ": no implementation for backend cuda");
+  }
+  Scratch s;
+  if (f16) {
+    for (int64_t n : staged) add_scratch(s, n, DType::f32);
+  }
+  const Scratch own = cpu_scratch();
+  s.insert(s.end(), own.begin(), own.end());
+  return s;
+}
 
 // Runs body(staging) as kernel `fn` (timed by the profiler) and writes the
 // staged outputs back.

@@ -33,6 +33,16 @@ void grouped_matmul_weight_grad(Context& ctx, const Tensor& dy, const Tensor& x,
   MOETRON_KERNEL_DISPATCH(ctx, grouped_matmul_weight_grad, dy, x, offsets, dw, beta);
 }
 
+GemmSlots cpu_gemm_slots(int64_t m, int64_t n, int64_t k, DType ab, DType c, bool widens) {
+  cpu::GemmSpec s;
+  s.m = m;
+  s.n = n;
+  s.k = k;
+  s.ab = ab;
+  s.c = c;
+  return cpu::gemm_slots(s, widens);
+}
+
 bool cpu_widens_bf16_matmul() {
   static const bool widens = [] {
     Context ctx(Backend::cpu, 1);

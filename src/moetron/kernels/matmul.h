@@ -49,4 +49,16 @@ MOETRON_KERNEL_DECL(void grouped_matmul_weight_grad(Context& ctx, const Tensor& 
 // fp32 scratch as large as the largest GEMM's operands (planner/gemm_scratch.h).
 bool cpu_widens_bf16_matmul();
 
+// The fp32 slots the CPU backend's GEMMs keep in their context
+// (kernels/cpu/cpu_state.h), in elements, for one c[m, n] = a[m, k] b[k, n]
+// with a and b of `ab` and c of `c`: bf16 operands widened where oneDNN has
+// no bf16 matmul (`widens`: cpu_widens_bf16_matmul()) take a slot each, and
+// an fp32 GEMM into bf16 (a widened one included) is computed into the
+// third first. A slot keeps the largest request it has seen, so after a
+// step each holds the maximum over the step's GEMMs.
+struct GemmSlots {
+  int64_t staged_out = 0, widened_a = 0, widened_b = 0;
+};
+GemmSlots cpu_gemm_slots(int64_t m, int64_t n, int64_t k, DType ab, DType c, bool widens);
+
 }  // namespace moetron::kernels

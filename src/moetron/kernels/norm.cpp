@@ -22,4 +22,10 @@ void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& x, const Ten
   MOETRON_KERNEL_DISPATCH(ctx, rmsnorm_backward, dy, x, w, rstd, dx, dw);
 }
 
+Scratch rmsnorm_backward_scratch(Backend backend, int64_t rows, int64_t cols, DType dtype) {
+  const int64_t n = rows * cols;  // dy, x and dx
+  return call_scratch("rmsnorm_backward_scratch", backend, dtype == DType::f16, {n, n, n},
+                      [&] { return cpu::rmsnorm_backward_scratch(rows, cols); });
+}
+
 }  // namespace moetron::kernels

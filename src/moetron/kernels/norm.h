@@ -4,6 +4,7 @@
 #include "moetron/core/tensor.h"
 #include "moetron/kernels/context.h"
 #include "moetron/kernels/dispatch.h"
+#include "moetron/kernels/workspace.h"
 
 namespace moetron::kernels {
 
@@ -15,5 +16,14 @@ MOETRON_KERNEL_DECL(void rmsnorm_forward(Context& ctx, const Tensor& x, const Te
 MOETRON_KERNEL_DECL(void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& x,
                                           const Tensor& w, const Tensor& rstd, const Tensor& dx,
                                           const Tensor& dw))
+
+// The workspace rmsnorm_backward on `backend` allocates for x of [rows, cols]
+// in `dtype` (kernels/workspace.h): on the CPU one f32 dw partial per chunk
+// of rows, after, for f16, the staged copies of dy, x and dx; nothing on
+// the reference.
+Scratch rmsnorm_backward_scratch(Backend backend, int64_t rows, int64_t cols, DType dtype);
+namespace cpu {
+Scratch rmsnorm_backward_scratch(int64_t rows, int64_t cols);
+}  // namespace cpu
 
 }  // namespace moetron::kernels

@@ -10,12 +10,15 @@ namespace {
 struct Slots {
   GemmScratch s;
   bool bf16_grads = false;
-  // One GEMM c[m, n] = a[m, k] b[k, n] on bf16 operands; `bf16_out`: c is
-  // bf16 and is computed in the fp32 slot first.
+  bool widens = false;  // kernels::cpu_widens_bf16_matmul(), as the inputs say
+  // One GEMM c[m, n] = a[m, k] b[k, n] on bf16 operands into bf16 (bf16_out)
+  // or f32: the slots the CPU matmul requests for it (kernels/matmul.h).
   void gemm(int64_t m, int64_t n, int64_t k, bool bf16_out) {
-    s.widened_a = std::max(s.widened_a, m * k);
-    s.widened_b = std::max(s.widened_b, k * n);
-    if (bf16_out) s.staged_out = std::max(s.staged_out, m * n);
+    const kernels::GemmSlots g = kernels::cpu_gemm_slots(
+        m, n, k, DType::bf16, bf16_out ? DType::bf16 : DType::f32, widens);
+    s.widened_a = std::max(s.widened_a, g.widened_a);
+    s.widened_b = std::max(s.widened_b, g.widened_b);
+    s.staged_out = std::max(s.staged_out, g.staged_out);
   }
   // nn/linear.cpp over `rows` tokens: y = x w^T, dw += dy^T x, dx = dy w.
   // Activations and their gradients are bf16; the weight gradient is bf16
@@ -34,6 +37,7 @@ GemmScratch widened_gemm_scratch(const MemoryInputs& in, const Dims& x,
   if (x.c != DType::bf16) return {};
   Slots sl;
   sl.bf16_grads = in.matrix_grad == DType::bf16;
+  sl.widens = in.widened_bf16_gemm;
   const nn::MoeConfig& e = in.moe;
   for (const auto& [lo, hi] : chunks) {
     for (int64_t i = lo; i < hi; ++i) {

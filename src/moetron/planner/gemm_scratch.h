@@ -1,7 +1,7 @@
 // The CPU backend's persistent GEMM scratch where oneDNN has no bf16 matmul
 // (oneDNN 2.6 without AVX512_CORE): every bf16 GEMM widens its operands into
 // two fp32 slots and, for a bf16 output, computes into a third before
-// rounding (kernels/cpu/matmul_gemm.cpp, the slots of kernels/cpu/cpu_state.h).
+// rounding (kernels::cpu_gemm_slots says how large for each GEMM).
 // A slot grows to the largest request it has seen and is kept by the
 // context, so after the first step the three slots hold the largest GEMM
 // operands of the step: at bench-moe scale the vocabulary head's weight
@@ -12,13 +12,12 @@
 #include <utility>
 #include <vector>
 
+#include "moetron/kernels/matmul.h"
 #include "moetron/planner/memory_replay.h"
 
 namespace moetron::planner {
 
-struct GemmScratch {  // fp32 elements per slot
-  int64_t staged_out = 0, widened_a = 0, widened_b = 0;
-};
+using GemmScratch = kernels::GemmSlots;  // fp32 elements per slot
 
 // The slots' sizes after one step of this rank's chunks (zero when the
 // compute dtype is not bf16: only bf16 GEMMs are widened).

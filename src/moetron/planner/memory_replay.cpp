@@ -4,6 +4,10 @@
 #include <map>
 
 #include "moetron/core/error.h"
+#include "moetron/kernels/attention.h"
+#include "moetron/kernels/cross_entropy.h"
+#include "moetron/kernels/embedding.h"
+#include "moetron/kernels/norm.h"
 #include "moetron/planner/memory_model.h"
 
 namespace moetron::planner {
@@ -18,36 +22,8 @@ Buf Replay::alloc(int64_t elems, DType dt, MemTag tag) {
 
 namespace {
 
-// Per-thread scratch of the blockwise attention kernels (kernels/cpu/attention_*.cpp).
-constexpr int64_t kTile = 64;
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-void attention_forward_scratch(Replay& r, const Dims& x, std::vector<Buf>& held) {
-  const int64_t hdp = round_up(x.hd, 16), nkb = (x.s + kTile - 1) / kTile, tile = kTile * hdp;
-  for (int64_t th = 0; th < x.threads; ++th) {
-    for (int64_t n : {nkb * tile, nkb * tile, tile, kTile * hdp, kTile * kTile}) held.push_back(r.ws(n, x.c));
-    held.push_back(r.ws(nkb, DType::i64));
-    for (int64_t n : {kTile * kTile, kTile * hdp, kTile, kTile, kTile}) held.push_back(r.ws(n, DType::f32));
-  }
-}
-
-void attention_backward_scratch(Replay& r, const Dims& x, std::vector<Buf>& held) {
-  const int64_t hdp = round_up(x.hd, 16), nkb = (x.s + kTile - 1) / kTile, nqb = nkb;
-  const int64_t ktile = kTile * hdp, qtile = kTile * hdp, pk = dtype_size(x.c) == 2 ? 2 : 1;
-  if (x.h / x.hkv > 1) held.push_back(r.ws(2 * x.b * x.h * nkb * ktile, DType::f32));
-  for (int64_t th = 0; th < x.threads; ++th) {
-    for (int64_t n : {nkb * ktile, nkb * ktile, nkb * ktile, nqb * qtile, nqb * qtile}) held.push_back(r.ws(n, x.c));
-    if (pk > 1) {
-      held.push_back(r.ws(nqb * qtile, x.c));
-      held.push_back(r.ws(nqb * qtile, x.c));
-    }
-    held.push_back(r.ws(ktile, x.c));
-    for (int64_t n : {nqb * kTile, nqb * kTile, nqb * qtile, ktile, ktile, kTile * kTile, kTile * kTile}) {
-      held.push_back(r.ws(n, DType::f32));
-    }
-    for (int64_t n : {kTile * kTile, kTile * kTile, kTile * kTile}) held.push_back(r.ws(n, x.c));
-  }
-}
+// The memory model sizes the CPU backend's kernels.
+constexpr kernels::Backend kCpu = kernels::Backend::cpu;
 
 struct AttnSaved {
   Buf x, q, k, v, out, lse, positions;
@@ -114,7 +90,7 @@ class StepReplay {
       Buf d_h = r_.alloc(x.t * x.d, x.c);
       head_workspace();
       d_x = r_.alloc(x.tb * x.d, x.c);
-      { Buf partial = norm_partial(); }
+      { std::vector<Buf> partial = norm_partial(); }
       d_h = nullptr;
       x_final = nullptr;
       for (int64_t start = last, end = n; end > 0; end = start, start = std::max<int64_t>(start - k, 0)) {
@@ -185,7 +161,7 @@ class StepReplay {
         stash.erase(it);
         // The received gradient, or on the last stage the final norm's backward output.
         Buf d_x = r_.alloc(x.tb * x.d, x.c);
-        if (last) Buf partial = norm_partial();
+        if (last) std::vector<Buf> partial = norm_partial();
         const int64_t last_segment = last_segment_start(b0, b1);
         for (int64_t start = last_segment, end = b1; end > b0; end = start, start = std::max(start - k_, b0)) {
           if (start < last_segment) {
@@ -224,29 +200,53 @@ class StepReplay {
   void embed_backward(const Buf& d_x) {
     const Dims& x = x_;
     Buf d_full = x.sp ? r_.alloc(x.t * x.d, x.c) : d_x;
-    Buf start = r_.ws(in_.model.vocab_size + 1, DType::i64), order = r_.ws(x.t, DType::i64),
-        fill = r_.ws(in_.model.vocab_size, DType::i64);
+    // This rank's rows of the (vocab-parallel under tp) table.
+    std::vector<Buf> scratch = hold(kernels::embedding_backward_scratch(kCpu, x.t, x.v, x.d, x.c));
   }
 
-  // The cross-entropy's chunk buffers (kernels/cpu/cross_entropy.cpp, nn/vocab_parallel_ce.cpp).
+  // The cross-entropy's chunk buffers: nn/vocab_parallel_ce.cpp's under tp,
+  // else the fused kernel's own.
   void head_workspace() {
     const Dims& x = x_;
     const int64_t chunk = std::min(in_.ce_chunk_tokens, x.t);
     if (x.tp > 1) {
       Buf logits = r_.ws(chunk * x.v, DType::f32), mx = r_.ws(chunk, DType::f32), sums = r_.ws(2 * chunk, DType::f32);
-      Buf h32 = x.c == DType::bf16 ? r_.ws(chunk * x.d, DType::f32) : nullptr;
+      Buf h32 = x.c != DType::f32 ? r_.ws(chunk * x.d, DType::f32) : nullptr;
       Buf dl = x.c == DType::bf16 ? r_.ws(chunk * x.v, DType::bf16) : nullptr;
       return;
     }
-    Buf logits = r_.ws(chunk * x.v, DType::f32);
-    Buf dl = x.c == DType::bf16 ? r_.ws(chunk * x.v, DType::bf16) : nullptr;
-    Buf hf = x.c == DType::bf16 ? r_.ws(chunk * x.d, DType::f32) : nullptr;
+    kernels::CrossEntropyFusedShape shape;
+    shape.tokens = x.t;
+    shape.vocab = x.v;
+    shape.dim = x.d;
+    shape.chunk_tokens = in_.ce_chunk_tokens;
+    shape.dtype = x.c;
+    std::vector<Buf> scratch = hold(kernels::cross_entropy_fused_scratch(kCpu, shape));
   }
 
-  Buf norm_partial() {
-    constexpr int64_t kMinChunkRows = 64, kMaxChunks = 64;
-    const int64_t rows = std::max(kMinChunkRows, (x_.tb + kMaxChunks - 1) / kMaxChunks);
-    return r_.ws((x_.tb + rows - 1) / rows * x_.d, DType::f32);
+  // rmsnorm_backward's scratch (its dw partials) over this rank's rows.
+  std::vector<Buf> norm_partial() {
+    return hold(kernels::rmsnorm_backward_scratch(kCpu, x_.tb, x_.d, x_.c));
+  }
+
+  // A kernel call's scratch, allocated and held until the result goes.
+  std::vector<Buf> hold(const kernels::Scratch& scratch) {
+    std::vector<Buf> held;
+    for (const kernels::ScratchBuffer& b : scratch) {
+      for (int64_t th = 0; th < (b.per_thread ? x_.threads : 1); ++th) {
+        held.push_back(r_.ws(b.elems, b.dtype));
+      }
+    }
+    return held;
+  }
+
+  // The attention kernels' scratch for this rank's heads, held.
+  std::vector<Buf> attention_scratch(bool backward) {
+    const Dims& x = x_;
+    const kernels::AttentionShape shape{.batch = x.b, .seq_q = x.s, .seq_k = x.s, .heads = x.h,
+                                        .kv_heads = x.hkv, .head_dim = x.hd, .dtype = x.c};
+    return hold(backward ? kernels::attention_backward_scratch(kCpu, shape)
+                         : kernels::attention_forward_scratch(kCpu, shape));
   }
 
   // Block::forward; the saved state goes to blocks_[i].
@@ -299,10 +299,7 @@ class StepReplay {
     s.v = r_.alloc(x.t * x.hkv * x.hd, x.c);
     s.out = r_.alloc(x.t * x.h * x.hd, x.c);
     s.lse = r_.alloc(x.b * x.h * x.s, x.a);
-    {
-      std::vector<Buf> scratch;
-      attention_forward_scratch(r_, x, scratch);
-    }
+    { std::vector<Buf> scratch = attention_scratch(false); }
     row_output();
     if (drop_core_) s.out = nullptr;
     return s;
@@ -385,11 +382,11 @@ class StepReplay {
       mlp_backward(s.mlp, x.ffn, true);
     }
     Buf d_h = r_.alloc(x.tb * x.d, x.c);
-    { Buf partial = norm_partial(); }
+    { std::vector<Buf> partial = norm_partial(); }
     if (drop_norm_) s.attn.x = column_input(rebuild_norm());
     attn_backward(s.attn);
     Buf d_x = r_.alloc(x.tb * x.d, x.c);
-    { Buf partial = norm_partial(); }
+    { std::vector<Buf> partial = norm_partial(); }
     s = BlockSaved{};
     return d_x;
   }
@@ -437,17 +434,13 @@ class StepReplay {
     if (!s.out) {
       s.out = r_.alloc(x.t * x.h * x.hd, x.c);
       Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
-      std::vector<Buf> scratch;
-      attention_forward_scratch(r_, x, scratch);
+      std::vector<Buf> scratch = attention_scratch(false);
     }
     Buf d_out = r_.alloc(x.t * x.h * x.hd, x.c);
     Buf dq = r_.alloc(x.t * x.h * x.hd, x.c);
     Buf dk = r_.alloc(x.t * x.hkv * x.hd, x.c);
     Buf dv = r_.alloc(x.t * x.hkv * x.hd, x.c);
-    {
-      std::vector<Buf> scratch;
-      attention_backward_scratch(r_, x, scratch);
-    }
+    { std::vector<Buf> scratch = attention_scratch(true); }
     d_out = nullptr;
     if (x.tp > in_.model.n_kv_heads) {
       // Replicated kv heads: each weight gradient is summed over the ranks sharing it.

@@ -122,6 +122,20 @@ void cross_entropy(Context&, const Tensor& logits, const Tensor& targets, float 
   }
 }
 
+Scratch cross_entropy_fused_scratch(const CrossEntropyFusedShape& s) {
+  MOETRON_CHECK(s.tokens >= 0 && s.vocab >= 0 && s.dim >= 0 && s.chunk_tokens >= 1,
+                "cross_entropy_fused_scratch: bad shape T ", s.tokens, " V ", s.vocab, " D ",
+                s.dim, " chunk ", s.chunk_tokens);
+  if (s.tokens == 0) return {};  // the kernel returns before allocating
+  const bool is_bf16 = s.dtype == DType::bf16;
+  const int64_t C = std::min(s.chunk_tokens, s.tokens);
+  Scratch out;
+  add_scratch(out, C * s.vocab, DType::f32);
+  if (is_bf16 && s.d_hidden) add_scratch(out, C * s.vocab, DType::bf16);
+  if (is_bf16 && s.d_head_w) add_scratch(out, C * s.dim, DType::f32);
+  return out;
+}
+
 void cross_entropy_fused(Context& ctx, const Tensor& hidden, const Tensor& head_w,
                          const Tensor& targets, float grad_scale, int64_t chunk_tokens,
                          const Tensor& losses, const Tensor& d_hidden, const Tensor& d_head_w) {

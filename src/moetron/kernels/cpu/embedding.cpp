@@ -53,6 +53,18 @@ void embedding_forward(Context&, const Tensor& ids, const Tensor& table, const T
   }
 }
 
+Scratch embedding_backward_scratch(int64_t tokens, int64_t rows, int64_t dim) {
+  MOETRON_CHECK(tokens >= 0 && rows >= 0 && dim >= 0, "embedding_backward_scratch: bad shape T ",
+                tokens, " V ", rows, " D ", dim);
+  if (tokens == 0 || rows == 0 || dim == 0) return {};  // the kernel returns before allocating
+  // start [V + 1] and order [T] (held throughout), fill [V] (held while order is filled).
+  Scratch s;
+  add_scratch(s, rows + 1, DType::i64);
+  add_scratch(s, tokens, DType::i64);
+  add_scratch(s, rows, DType::i64);
+  return s;
+}
+
 void embedding_backward(Context&, const Tensor& ids, const Tensor& dout, const Tensor& dtable,
                         int64_t vocab_offset) {
   check_ids("embedding_backward", ids, dtable, "embedding dtable", vocab_offset);

@@ -173,6 +173,18 @@ bool has_native_bf16_matmul(CpuState& st) {
   return st.native_bf16_matmul == 1;
 }
 
+GemmSlots gemm_slots(const GemmSpec& s, bool widens) {
+  GemmSlots g;
+  if (s.batch == 0 || s.m == 0 || s.n == 0 || s.k == 0) return g;  // gemm() stops before
+  const bool widen = s.ab == DType::bf16 && widens;
+  if (widen) {
+    g.widened_a = s.batch * s.m * s.k;
+    g.widened_b = (s.b_batched ? s.batch : 1) * s.k * s.n;
+  }
+  if ((widen || s.ab == DType::f32) && s.c == DType::bf16) g.staged_out = s.batch * s.m * s.n;
+  return g;
+}
+
 void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c, VaryingDim varying) {
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
   if (s.k == 0) return scale_only(s, c);
@@ -180,10 +192,11 @@ void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c
     // Products of bf16 values are exact in fp32, so widening the operands
     // and running the fp32 matmul computes what a bf16 x bf16 -> fp32
     // matmul does (up to the order of its fp32 sums).
-    float* wa = st.scratch_f32(s.batch * s.m * s.k, 1);
-    float* wb = st.scratch_f32((s.b_batched ? s.batch : 1) * s.k * s.n, 2);
-    widen_bf16(a, wa, s.batch * s.m * s.k);
-    widen_bf16(b, wb, (s.b_batched ? s.batch : 1) * s.k * s.n);
+    const GemmSlots slots = gemm_slots(s, true);
+    float* wa = st.scratch_f32(slots.widened_a, 1);
+    float* wb = st.scratch_f32(slots.widened_b, 2);
+    widen_bf16(a, wa, slots.widened_a);
+    widen_bf16(b, wb, slots.widened_b);
     GemmSpec p = s;
     p.ab = DType::f32;
     return gemm(st, p, wa, wb, c, varying);
@@ -197,7 +210,7 @@ void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c
     p.beta = 0.0f;
   }
   CachedPrimitive& entry = lookup(st, p, varying);
-  void* dst = staged ? st.scratch_f32(s.batch * s.m * s.n) : c;
+  void* dst = staged ? st.scratch_f32(gemm_slots(s, false).staged_out) : c;
   if (!entry.args.empty()) {
     entry.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<void*>(a));
     entry.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<void*>(b));

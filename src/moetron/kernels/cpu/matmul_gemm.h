@@ -10,6 +10,7 @@
 
 #include "moetron/core/dtype.h"
 #include "moetron/kernels/cpu/cpu_state.h"
+#include "moetron/kernels/matmul.h"
 
 namespace moetron::kernels::cpu {
 
@@ -38,6 +39,10 @@ enum class VaryingDim : uint8_t { none, m, k };
 
 void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c,
           VaryingDim varying = VaryingDim::none);
+
+// The state's fp32 slots gemm() requests for s (kernels::cpu_gemm_slots),
+// with `widens` whether bf16 operands are widened (no native bf16 matmul).
+GemmSlots gemm_slots(const GemmSpec& s, bool widens);
 
 // Whether oneDNN runs bf16 x bf16 matmuls on this CPU (else gemm widens the
 // operands into the state's fp32 scratch slots).

@@ -33,6 +33,10 @@ constexpr int64_t kParallelElems = 16384;
 constexpr int64_t kMaxChunks = 64;
 constexpr int64_t kMinChunkRows = 16;
 
+int64_t dw_chunk_rows(int64_t rows) {
+  return std::max(kMinChunkRows, (rows + kMaxChunks - 1) / kMaxChunks);
+}
+
 // Sum of x^2 over a row, two accumulators to hide FMA latency.
 template <typename T>
 float row_sum_squares(const T* xr, int64_t n) {
@@ -81,6 +85,16 @@ void rmsnorm_forward(Context&, const Tensor& x, const Tensor& w, float eps, cons
   });
 }
 
+Scratch rmsnorm_backward_scratch(int64_t rows, int64_t cols) {
+  MOETRON_CHECK(rows >= 0 && cols >= 0, "rmsnorm_backward_scratch: bad shape [", rows, ", ",
+                cols, "]");
+  if (rows == 0 || cols == 0) return {};  // the kernel returns before allocating
+  const int64_t chunk_rows = dw_chunk_rows(rows);
+  Scratch s;
+  add_scratch(s, (rows + chunk_rows - 1) / chunk_rows * cols, DType::f32);
+  return s;
+}
+
 void rmsnorm_backward(Context&, const Tensor& dy, const Tensor& x, const Tensor& w,
                       const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
   const Dims d = check_common("rmsnorm_backward", x, w, rstd);
@@ -89,8 +103,7 @@ void rmsnorm_backward(Context&, const Tensor& dy, const Tensor& x, const Tensor&
   check_tensor(dw, "rmsnorm dw", {d.cols}, DType::f32);
   if (d.rows == 0 || d.cols == 0) return;
   const int64_t D = d.cols;
-  const int64_t chunk_rows =
-      std::max(kMinChunkRows, (d.rows + kMaxChunks - 1) / kMaxChunks);
+  const int64_t chunk_rows = dw_chunk_rows(d.rows);
   const int64_t chunks = (d.rows + chunk_rows - 1) / chunk_rows;
   Tensor partial = Tensor::empty({chunks, D}, DType::f32, MemTag::workspace);
   float* pp = ptr<float>(partial);
