@@ -9,6 +9,7 @@
 #include <map>
 
 #include "moetron/core/error.h"
+#include "util/test_util.h"
 #include "moetron/nn/transformer.h"
 
 namespace moetron::parallel {
@@ -38,14 +39,7 @@ PlanSettings tiny(int64_t tp, int64_t ep, int64_t pp) {
   return s;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(TrainingPlan, CoordinatesAndGroupsFollowTheMesh) {
   const TrainingPlan plan(tiny(2, 2, 2), 8);  // pp 2 x dp 2 x tp 2, ep 2 folded into each stage

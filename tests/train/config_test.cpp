@@ -6,18 +6,12 @@
 #include <fstream>
 
 #include "moetron/core/error.h"
+#include "util/test_util.h"
 
 namespace moetron::train {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(Config, ParsesSectionsAndOverrides) {
   const Config c = parse_config(R"(

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 
 namespace moetron::test {
@@ -148,6 +149,15 @@ double max_normalized_error(const Tensor& actual, const Tensor& expected) {
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace moetron::test

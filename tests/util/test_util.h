@@ -50,4 +50,7 @@ inline const std::vector<int64_t> kAwkwardSizes = {1, 7, 33, 130};
 // a followed by b (config --set lists: a base plus one case's keys).
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
 
+// The message of the moetron::Error that fn throws ("" when it throws none).
+std::string error_of(const std::function<void()>& fn);
+
 }  // namespace moetron::test

@@ -121,25 +121,19 @@ void write_optimizer_slices(const std::string& path, std::vector<optim::StateSli
 
 }  // namespace
 
-void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::ParamOptimizer& opt) {
-  const std::string& run_dir = req.run_dir;
-  const int64_t step = req.step;
-  const nlohmann::json& trainer_state = req.trainer_state;
-  const std::string& config_toml = req.config_toml;
-  const int64_t keep = req.keep;
-  comm::Communicator* world_ptr = req.world;
-  const std::vector<optim::StateSlice>& extra = req.extra;
-  const std::function<bool(const std::string&)>& writes_fn = req.writes;
-  std::unique_ptr<comm::Communicator> local;
-  if (!world_ptr) local = comm::make_local_communicator();
-  comm::Communicator& world = world_ptr ? *world_ptr : *local;
-  const auto writes = [&](const std::string& name) { return writes_fn ? writes_fn(name) : world.rank() == 0; };
-  const std::string final_dir = checkpoint_dir(run_dir, step);
-  // fp32 masters (resume is exact), each as this rank holds it, never
-  // gathered: a tp block by its own rank, a ZeRO-1 chunk by its owner, with
-  // the piece's place in the full tensor in the metadata.
-  std::vector<NamedTensor> weights;
-  std::map<std::string, std::string> weight_meta = {{"format", "pt"}};
+namespace {
+
+using WritesFn = std::function<bool(const std::string&)>;
+
+// The fp32 masters (resume is exact) this rank writes, each as this rank
+// holds it, never gathered: a tp block by its own rank, a ZeRO-1 chunk by
+// its owner, with the piece's place in the full tensor in the metadata.
+struct Weights {
+  std::vector<NamedTensor> tensors;
+  std::map<std::string, std::string> meta = {{"format", "pt"}};
+};
+Weights weights_to_write(nn::Transformer& model, optim::ParamOptimizer& opt, const WritesFn& writes) {
+  Weights w;
   for (const auto& m : opt.checkpoint_masters()) {
     const bool own_chunk = opt.sharded() && !m.replicated && !m.duplicate;
     if (!own_chunk && !writes(m.name)) continue;
@@ -147,16 +141,82 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
     Piece piece = piece_of(m);
     if (!piece.is_block()) piece.shape = p.value.shape();  // not tp-sharded: the local shape is the full one
     if (piece.metadata().empty()) {
-      weights.push_back({m.name, m.values.reshape(p.value.shape())});
+      w.tensors.push_back({m.name, m.values.reshape(p.value.shape())});
     } else {
-      weights.push_back({m.name, piece.whole_block() ? m.values.reshape(p.value.shape()) : m.values});
-      weight_meta[m.name] = piece.metadata();
+      w.tensors.push_back({m.name, piece.whole_block() ? m.values.reshape(p.value.shape()) : m.values});
+      w.meta[m.name] = piece.metadata();
     }
   }
+  return w;
+}
+
+// Rank 0's files in the staging directory: model.safetensors, the router
+// biases, the HF config, the trainer state and the run's config.
+void stage_rank0_files(StagedDir& staged, const Weights& w, nn::Transformer& model, const SaveRequest& req) {
+  write_safetensors(staged.file(kModelFile), w.tensors, w.meta);
+  std::vector<NamedTensor> state;
+  for (nn::MoeLayer* layer : model.moe_layers()) state.push_back({bias_name(*layer), layer->bias()});
+  write_safetensors(staged.file(kStateFile), state);
+  std::ofstream f(staged.file("config.json"));
+  f << hf_config(model.config(), model.moe_config()).dump(2) << "\n";
+  std::ofstream t(staged.file(kTrainerFile));
+  t << req.trainer_state.dump(2) << "\n";
+  std::ofstream c(staged.file("moetron.toml"));
+  c << req.config_toml;
+  MOETRON_CHECK(f.good() && t.good() && c.good(), "writing checkpoint '", staged.staging_path(), "' failed");
+}
+
+// This rank's optimizer slices: a tp block by the rank that writes its
+// parameter's block; a sharded optimizer's chunks by their ranks (once: see
+// StateSlice::duplicate); a replicated optimizer's state once, by rank 0.
+std::vector<optim::StateSlice> slices_to_write(optim::ParamOptimizer& opt, const WritesFn& writes,
+                                               const std::vector<optim::StateSlice>& extra) {
+  std::vector<optim::StateSlice> slices;
+  for (auto& sl : opt.state_slices()) {
+    const bool own_chunk = opt.sharded() && !sl.replicated && !sl.duplicate;
+    if (own_chunk || writes(sl.block_of ? sl.block_of->name : sl.name)) slices.push_back(std::move(sl));
+  }
+  slices.insert(slices.end(), extra.begin(), extra.end());
+  return slices;
+}
+
+// Rank 0: the manifest over every rank's files, the atomic commit, then
+// pruning to req.keep checkpoints (only once the new one is durable).
+void publish(StagedDir& staged, const SaveRequest& req, int world_size, const Tensor& writers) {
+  std::vector<std::string> files = {kStateFile, "config.json", kTrainerFile, "moetron.toml"};
+  nlohmann::json model_files = nlohmann::json::array();
+  for (int r = 0; r < world_size; ++r) {
+    if (writers.data<int32_t>()[r]) model_files.push_back(model_file(r));
+  }
+  for (const auto& f : model_files) files.push_back(f.get<std::string>());
+  for (int r = 0; r < world_size; ++r) files.push_back(optimizer_file(r));
+  nlohmann::json layout = nlohmann::json::object();  // what wrote the pieces
+  for (const char* k : {"dp", "tp", "ep", "pp"}) {
+    if (req.trainer_state.contains(k)) layout[k] = req.trainer_state[k];
+  }
+  write_manifest(staged.staging_path(), files,
+                 {{"step", req.step}, {"optimizer_ranks", world_size}, {"model_files", model_files},
+                  {"layout", layout}});
+  staged.commit();
+  const auto dirs = checkpoint_dirs(req.run_dir);
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(req.keep, 1)); i < dirs.size(); ++i) {
+    remove_tree(dirs[i].second);
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::ParamOptimizer& opt) {
+  std::unique_ptr<comm::Communicator> local;
+  if (!req.world) local = comm::make_local_communicator();
+  comm::Communicator& world = req.world ? *req.world : *local;
+  const WritesFn writes = [&](const std::string& name) { return req.writes ? req.writes(name) : world.rank() == 0; };
+  const std::string final_dir = checkpoint_dir(req.run_dir, req.step);
+  const Weights weights = weights_to_write(model, opt, writes);
   // Which ranks write a model file: rank 0 always (model.safetensors: at one
   // rank the Hugging Face file; `moetron export` assembles one from any layout).
   Tensor writers = Tensor::zeros({world.size()}, DType::i32, MemTag::comm);
-  writers.data<int32_t>()[world.rank()] = world.rank() == 0 || !weights.empty();
+  writers.data<int32_t>()[world.rank()] = world.rank() == 0 || !weights.tensors.empty();
   if (world.size() > 1) world.allreduce(writers, comm::ReduceOp::sum);
   std::unique_ptr<StagedDir> staged;
   std::string staging, error;
@@ -164,17 +224,7 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
     try {
       staged = std::make_unique<StagedDir>(final_dir);
       staging = staged->staging_path();
-      write_safetensors(staged->file(kModelFile), weights, weight_meta);
-      std::vector<NamedTensor> state;
-      for (nn::MoeLayer* layer : model.moe_layers()) state.push_back({bias_name(*layer), layer->bias()});
-      write_safetensors(staged->file(kStateFile), state);
-      std::ofstream f(staged->file("config.json"));
-      f << hf_config(model.config(), model.moe_config()).dump(2) << "\n";
-      std::ofstream t(staged->file(kTrainerFile));
-      t << trainer_state.dump(2) << "\n";
-      std::ofstream c(staged->file("moetron.toml"));
-      c << config_toml;
-      MOETRON_CHECK(f.good() && t.good() && c.good(), "writing checkpoint '", final_dir, "' failed");
+      stage_rank0_files(*staged, weights, model, req);
     } catch (const Error& e) {
       error = e.what();
       staging.clear();
@@ -184,47 +234,17 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
   if (!error.empty()) MOETRON_FAIL(error);
   MOETRON_CHECK(!staging.empty(), "rank 0 could not stage checkpoint '", final_dir, "'");
   try {
-    // A replicated optimizer's state is stored once, by rank 0.
-    if (world.rank() > 0 && !weights.empty()) {
-      write_safetensors(staging + "/" + model_file(world.rank()), weights, weight_meta);
+    if (world.rank() > 0 && !weights.tensors.empty()) {
+      write_safetensors(staging + "/" + model_file(world.rank()), weights.tensors, weights.meta);
     }
-    std::vector<optim::StateSlice> slices;
-    for (auto& sl : opt.state_slices()) {
-      // A tp block by the rank that writes its parameter's block; a sharded
-      // optimizer's chunks by their ranks (once: see StateSlice::duplicate).
-      const bool own_chunk = opt.sharded() && !sl.replicated && !sl.duplicate;
-      if (own_chunk || writes(sl.block_of ? sl.block_of->name : sl.name)) {
-        slices.push_back(std::move(sl));
-      }
-    }
-    slices.insert(slices.end(), extra.begin(), extra.end());
-    write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), std::move(slices));
+    write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), slices_to_write(opt, writes, req.extra));
   } catch (const Error& e) {
     error = e.what();
   }
   agree(world, error, str_cat("writing checkpoint '", final_dir, "'"));
   if (world.rank() == 0) {
     try {
-      std::vector<std::string> files = {kStateFile, "config.json", kTrainerFile, "moetron.toml"};
-      nlohmann::json model_files = nlohmann::json::array();
-      for (int r = 0; r < world.size(); ++r) {
-        if (writers.data<int32_t>()[r]) model_files.push_back(model_file(r));
-      }
-      for (const auto& f : model_files) files.push_back(f.get<std::string>());
-      for (int r = 0; r < world.size(); ++r) files.push_back(optimizer_file(r));
-      nlohmann::json layout = nlohmann::json::object();  // what wrote the pieces
-      for (const char* k : {"dp", "tp", "ep", "pp"}) {
-        if (trainer_state.contains(k)) layout[k] = trainer_state[k];
-      }
-      write_manifest(staged->staging_path(), files,
-                     {{"step", step}, {"optimizer_ranks", world.size()}, {"model_files", model_files},
-                      {"layout", layout}});
-      staged->commit();
-      // Prune only after the new checkpoint is durable.
-      const auto dirs = checkpoint_dirs(run_dir);
-      for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < dirs.size(); ++i) {
-        remove_tree(dirs[i].second);
-      }
+      publish(*staged, req, world.size(), writers);
     } catch (const Error& e) {
       error = e.what();
     }

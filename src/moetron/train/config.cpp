@@ -295,7 +295,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return cfg;
 }
 
-void validate(const Config& c) {
+namespace {
+
+void validate_model(const Config& c) {
   const auto& m = c.model;
   check_rule(m.vocab_size > 0, "model.vocab_size", "must be positive");
   check_rule(m.d_model > 0, "model.d_model", "must be positive");
@@ -332,6 +334,9 @@ void validate(const Config& c) {
   check_rule(e.capacity_factor == 0 || e.capacity_factor >= 1.0 / static_cast<double>(std::max<int64_t>(e.top_k, 1)),
              "moe.capacity_factor", "must be 0 (dropless) or a positive factor, typically 1.25");
   check_rule(e.capacity_factor >= 0, "moe.capacity_factor", "must be >= 0");
+}
+
+void validate_optim(const Config& c) {
   const auto& o = c.optim;
   (void)parallel::parse_optimizer(o.name);
   check_rule(o.lr > 0, "optim.lr", "must be positive");
@@ -347,6 +352,10 @@ void validate(const Config& c) {
   (void)parallel::parse_muon_distribution(o.muon_distribution);
   (void)parallel::parse_storage_dtype(o.moment_dtype, "optim.moment_dtype");
   check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in (0, 1)");
+}
+
+void validate_train(const Config& c) {
+  const auto& m = c.model;
   const auto& t = c.train;
   check_rule(t.seq_len > 0 && t.seq_len <= m.max_seq_len, "train.seq_len",
              str_cat("must be in [1, model.max_seq_len = ", m.max_seq_len, "]"));
@@ -355,6 +364,33 @@ void validate(const Config& c) {
   check_rule(t.global_batch >= 0, "train.global_batch", "must be >= 0 (0: micro_batch * grad_accum * dp)");
   check_rule(t.global_batch == 0 || t.grad_accum == 1, "train.grad_accum",
              "must stay 1 when train.global_batch is set (the accumulation is derived from it)");
+  check_rule(t.steps > 0, "train.steps", "must be positive");
+  check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
+             "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
+  const DType grad_dtype = parallel::parse_storage_dtype(t.grad_dtype, "train.grad_dtype");
+  check_rule(grad_dtype == DType::f32 || t.precision == "bf16", "train.grad_dtype",
+             str_cat("= bf16 needs train.precision = bf16, got \"", t.precision,
+                     "\" (\"auto\" may resolve to fp32: set bf16 explicitly)"));
+  check_rule(t.loss_scale_init > 0, "train.loss_scale_init", "must be positive");
+  check_rule(t.loss_scale_window >= 1, "train.loss_scale_window", "must be >= 1");
+  check_rule(t.log_every > 0, "train.log_every", "must be positive");
+  check_rule(t.eval_every >= 0, "train.eval_every", "must be >= 0 (0: only at the end)");
+  check_rule(t.eval_batches > 0, "train.eval_batches", "must be positive");
+  check_rule(t.nan_policy == "skip" || t.nan_policy == "stop", "train.nan_policy",
+             str_cat("must be \"skip\" or \"stop\", got \"", t.nan_policy, "\""));
+  check_rule(t.threads >= 0, "train.threads", "must be >= 0 (0: all cores)");
+  if (t.memory_budget != "auto") planner::parse_bytes(t.memory_budget, "invalid config: 'train.memory_budget'");
+  // Names the recompute key that breaks a rule.
+  nn::make_recompute_policy(c.recompute.policy, split_list(c.recompute.modules), m.n_layers, c.recompute.segment);
+  check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
+  check_rule(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+}
+
+// Rules that hold on any number of ranks (the plan checks the rest against
+// the world size: parallel/training_plan.h).
+void validate_parallel(const Config& c) {
+  const auto& m = c.model;
+  const auto& t = c.train;
   check_rule(c.parallel.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
   const auto& pc = c.parallel.compression;
   check_rule(pc == "none" || pc == "int8" || pc == "int4" || pc == "sign" || pc == "topk", "parallel.compression",
@@ -399,26 +435,15 @@ void validate(const Config& c) {
     check_rule(!m.tie_embeddings, "parallel.pp",
                "> 1 with model.tie_embeddings = true is not supported (embedding and head live on different stages)");
   }
-  check_rule(t.steps > 0, "train.steps", "must be positive");
-  check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
-             "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
-  const DType grad_dtype = parallel::parse_storage_dtype(t.grad_dtype, "train.grad_dtype");
-  check_rule(grad_dtype == DType::f32 || t.precision == "bf16", "train.grad_dtype",
-             str_cat("= bf16 needs train.precision = bf16, got \"", t.precision,
-                     "\" (\"auto\" may resolve to fp32: set bf16 explicitly)"));
-  check_rule(t.loss_scale_init > 0, "train.loss_scale_init", "must be positive");
-  check_rule(t.loss_scale_window >= 1, "train.loss_scale_window", "must be >= 1");
-  check_rule(t.log_every > 0, "train.log_every", "must be positive");
-  check_rule(t.eval_every >= 0, "train.eval_every", "must be >= 0 (0: only at the end)");
-  check_rule(t.eval_batches > 0, "train.eval_batches", "must be positive");
-  check_rule(t.nan_policy == "skip" || t.nan_policy == "stop", "train.nan_policy",
-             str_cat("must be \"skip\" or \"stop\", got \"", t.nan_policy, "\""));
-  check_rule(t.threads >= 0, "train.threads", "must be >= 0 (0: all cores)");
-  if (t.memory_budget != "auto") planner::parse_bytes(t.memory_budget, "invalid config: 'train.memory_budget'");
-  // Names the recompute key that breaks a rule.
-  nn::make_recompute_policy(c.recompute.policy, split_list(c.recompute.modules), m.n_layers, c.recompute.segment);
-  check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
-  check_rule(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+}
+
+}  // namespace
+
+void validate(const Config& c) {
+  validate_model(c);
+  validate_optim(c);
+  validate_train(c);
+  validate_parallel(c);
 }
 
 int64_t accumulation_steps(const Config& cfg, int64_t dp) {
