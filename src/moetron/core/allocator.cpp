@@ -55,10 +55,18 @@ int64_t Allocator::reserved() const {
   return cached_bytes_ + pooled_in_use_ + unpooled_in_use_.load(std::memory_order_relaxed);
 }
 
+void* Allocator::system_allocate(size_t bytes) {
+  MOETRON_CHECK(device_ == Device::cpu, "the host allocator cannot allocate ", device_name(device_),
+                " memory");
+  return std::aligned_alloc(kAlignment, bytes);
+}
+
+void Allocator::system_free(void* p) noexcept { std::free(p); }
+
 void Allocator::release_cached() {
   std::lock_guard<std::mutex> lock(pool_mutex_);
   for (auto& [size, blocks] : free_blocks_) {
-    for (void* p : blocks) std::free(p);
+    for (void* p : blocks) system_free(p);
   }
   free_blocks_.clear();
   cached_bytes_ = 0;
@@ -66,11 +74,9 @@ void Allocator::release_cached() {
 
 void* Allocator::allocate(size_t bytes, MemTag tag) {
   if (bytes == 0) return nullptr;
-  MOETRON_CHECK(device_ == Device::cpu, "the host allocator cannot allocate ", device_name(device_),
-                " memory");
   const size_t size = rounded(bytes);
   void* p = nullptr;
-  if (size >= kPoolMinBytes) {
+  if (size >= pool_min_) {
     const size_t cls = pool_class(size);
     {
       std::lock_guard<std::mutex> lock(pool_mutex_);
@@ -82,10 +88,10 @@ void* Allocator::allocate(size_t bytes, MemTag tag) {
       }
     }
     if (p == nullptr) {
-      p = std::aligned_alloc(kAlignment, cls);
+      p = system_allocate(cls);
       if (p == nullptr) {
         release_cached();
-        p = std::aligned_alloc(kAlignment, cls);
+        p = system_allocate(cls);
       }
     }
     if (p != nullptr) {
@@ -93,7 +99,7 @@ void* Allocator::allocate(size_t bytes, MemTag tag) {
       pooled_in_use_ += static_cast<int64_t>(cls);
     }
   } else {
-    p = std::aligned_alloc(kAlignment, size);
+    p = system_allocate(size);
     if (p != nullptr) unpooled_in_use_.fetch_add(static_cast<int64_t>(size), std::memory_order_relaxed);
   }
   if (p == nullptr) {
@@ -109,18 +115,18 @@ void* Allocator::allocate(size_t bytes, MemTag tag) {
 void Allocator::deallocate(void* ptr, size_t bytes, MemTag tag) noexcept {
   if (ptr == nullptr) return;
   const size_t size = rounded(bytes);
-  if (size >= kPoolMinBytes) {
+  if (size >= pool_min_) {
     const size_t cls = pool_class(size);
     std::lock_guard<std::mutex> lock(pool_mutex_);
     try {
       free_blocks_[cls].push_back(ptr);
       cached_bytes_ += static_cast<int64_t>(cls);
     } catch (...) {  // no memory for the free list itself: give the block back
-      std::free(ptr);
+      system_free(ptr);
     }
     pooled_in_use_ -= static_cast<int64_t>(cls);
   } else {
-    std::free(ptr);
+    system_free(ptr);
     unpooled_in_use_.fetch_sub(static_cast<int64_t>(size), std::memory_order_relaxed);
   }
   const auto n = static_cast<int64_t>(size);

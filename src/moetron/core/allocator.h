@@ -41,13 +41,21 @@ struct MemStats {
 // slack). reserved() counts what the process holds for tensors: blocks in use
 // at their class size plus the cache. release_cached() returns the cache to
 // the system (also done, then retried, when an allocation fails).
+//
+// The accounting and the cache are the same for every kind of memory; only
+// where blocks come from differs. Derived allocators (core/cuda/: device
+// memory, pinned host memory) override system_allocate/system_free, cache
+// blocks of every size (a cudaMalloc or cudaFree costs far more than a page
+// fault, and cudaFree synchronises the device), and call release_cached() in
+// their own destructor: the base destructor can no longer reach their
+// system_free.
 class Allocator {
  public:
   static constexpr size_t kAlignment = 64;
   static constexpr size_t kPoolMinBytes = size_t{256} << 10;
 
-  explicit Allocator(Device device = Device::cpu) : device_(device) {}
-  ~Allocator();
+  explicit Allocator(Device device = Device::cpu) : Allocator(device, kPoolMinBytes) {}
+  virtual ~Allocator();
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
@@ -72,11 +80,21 @@ class Allocator {
   // The size class a pooled request of `bytes` occupies.
   static size_t pool_class(size_t bytes);
 
+ protected:
+  // Blocks of pool_min_bytes and more are cached (0: every block).
+  Allocator(Device device, size_t pool_min_bytes) : device_(device), pool_min_(pool_min_bytes) {}
+  // A block of `bytes` (a multiple of kAlignment) aligned to at least
+  // kAlignment, or nullptr when the system refuses. The base class takes
+  // host memory from the C heap and refuses any other device.
+  virtual void* system_allocate(size_t bytes);
+  virtual void system_free(void* p) noexcept;
+
  private:
   static size_t idx(MemTag t) { return static_cast<size_t>(t); }
   static void raise_peak(std::atomic<int64_t>& peak, int64_t value);
 
   Device device_;
+  size_t pool_min_;
   mutable std::mutex pool_mutex_;
   std::unordered_map<size_t, std::vector<void*>> free_blocks_;  // by class size
   int64_t cached_bytes_ = 0;

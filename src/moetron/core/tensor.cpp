@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "moetron/core/device.h"
+
 namespace moetron {
 
 Storage::Storage(size_t bytes, MemTag tag, Allocator& alloc)
@@ -23,7 +25,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemTag tag, Allocator& all
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, MemTag tag, Allocator& alloc) {
   Tensor t = empty(shape, dtype, tag, alloc);
-  if (t.nbytes()) std::memset(t.data_, 0, t.nbytes());
+  set_bytes(t.data_, t.device_, 0, t.nbytes());
   return t;
 }
 
@@ -66,7 +68,14 @@ Tensor Tensor::operator[](int64_t i) const {
 }
 
 Tensor Tensor::clone(MemTag tag) const {
-  Tensor t = empty(shape_, dtype_, tag);
+  if (storage_) return clone_to(storage_->allocator(), tag);
+  MOETRON_CHECK(device_ == Device::cpu, "clone of ", str(),
+                ", a view of device memory: name the allocator with clone_to");
+  return clone_to(cpu_allocator(), tag);
+}
+
+Tensor Tensor::clone_to(Allocator& alloc, MemTag tag) const {
+  Tensor t = empty(shape_, dtype_, tag, alloc);
   t.copy_from(*this);
   return t;
 }
@@ -74,10 +83,23 @@ Tensor Tensor::clone(MemTag tag) const {
 void Tensor::copy_from(const Tensor& src) const {
   MOETRON_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy_from ", src.str(), " into ",
                 str());
-  if (nbytes()) std::memmove(data_, src.data_, nbytes());
+  if (nbytes() == 0) return;
+  if (device_ == Device::cpu && src.device_ == Device::cpu) {
+    std::memmove(data_, src.data_, nbytes());
+  } else {
+    copy_bytes(data_, device_, src.data_, src.device_, nbytes());
+  }
 }
 
 void Tensor::fill(double value) const {
+  if (device_ != Device::cpu) {
+    // Filled on the host and copied: fill is for initialisation and tests,
+    // not a hot path, and core/ has no device kernels.
+    Tensor host = empty(shape_, dtype_, MemTag::workspace);
+    host.fill(value);
+    copy_from(host);
+    return;
+  }
   const int64_t n = numel();
   switch (dtype_) {
     case DType::f32: {
@@ -120,11 +142,12 @@ void Tensor::fill(double value) const {
   }
 }
 
-void Tensor::poison() const {
-  if (nbytes()) std::memset(data_, 0xff, nbytes());
-}
+void Tensor::poison() const { set_bytes(data_, device_, 0xff, nbytes()); }
 
-std::string Tensor::str() const { return str_cat(dtype_name(dtype_), shape_.str()); }
+std::string Tensor::str() const {
+  if (device_ == Device::cpu) return str_cat(dtype_name(dtype_), shape_.str());
+  return str_cat(dtype_name(dtype_), shape_.str(), "@", device_name(device_));
+}
 
 void check_shape(const Tensor& t, const char* name, const Shape& shape) {
   MOETRON_CHECK(t.shape() == shape, name, " has shape ", t.shape().str(), ", expected ",

@@ -3,6 +3,12 @@
 // shared between views by reference count) or is a view of memory someone
 // else owns (Tensor::wrap). Views of a tensor share its storage; slicing the
 // leading dimension and reshaping keep the result contiguous.
+//
+// The device is that of the allocator (Device::cuda for cuda_allocator(),
+// core/device.h) or the one given to wrap(). The host never dereferences a
+// device tensor: data<T>() refuses one (kernels take raw() on the device);
+// copy_from, zeros, fill, poison and clone work on either, copying
+// explicitly between host and device.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +49,9 @@ class Storage {
   size_t bytes_;
   MemTag tag_;
   Allocator& alloc_;
+
+ public:
+  Allocator& allocator() const { return alloc_; }
 };
 
 class Tensor {
@@ -75,6 +84,8 @@ class Tensor {
   T* data() const {
     MOETRON_CHECK(detail::dtype_of<T>() == dtype_, "tensor of dtype ", dtype_name(dtype_),
                   " accessed as ", dtype_name(detail::dtype_of<T>()));
+    MOETRON_CHECK(device_ == Device::cpu, "host access to the elements of ", str(),
+                  " (copy it to the host first: clone_to(cpu_allocator()))");
     return static_cast<T*>(data_);
   }
 
@@ -84,10 +95,17 @@ class Tensor {
   Tensor slice(int64_t begin, int64_t end) const;
   // Element i of the leading dimension, rank reduced by one.
   Tensor operator[](int64_t i) const;
+  // A copy in new storage from the allocator that owns this tensor's (the host
+  // allocator for a view of host memory; a view of device memory has none
+  // to name: use clone_to).
   Tensor clone(MemTag tag = MemTag::activations) const;
+  // A copy in new storage from `alloc`, on its device: the explicit way
+  // between host and device.
+  Tensor clone_to(Allocator& alloc, MemTag tag = MemTag::activations) const;
   // Writes go through the handle: a const Tensor is a fixed view, not
   // read-only data (kernels take outputs as const Tensor&).
-  // Copies src into this tensor (same shape and dtype).
+  // Copies src into this tensor (same shape and dtype; either may be on the
+  // host or the device, see copy_bytes in core/device.h for the ordering).
   void copy_from(const Tensor& src) const;
   // Fills every element with `value` converted to the dtype.
   void fill(double value) const;
@@ -95,7 +113,7 @@ class Tensor {
   // -1 for integers. Tests poison outputs so an element never written fails.
   void poison() const;
 
-  std::string str() const;  // "f32[2, 3]"
+  std::string str() const;  // "f32[2, 3]", "f32[2, 3]@cuda" on the device
 
  private:
   std::shared_ptr<Storage> storage_;

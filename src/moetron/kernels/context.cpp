@@ -22,8 +22,15 @@ Backend parse_backend(std::string_view name) {
   MOETRON_FAIL("unknown backend '", name, "' (expected reference, cpu or cuda)");
 }
 
-Context::Context(Backend backend, int num_threads) : backend_(backend) {
-  MOETRON_CHECK(backend != Backend::cuda, "this build has no CUDA backend");
+Context::Context(Backend backend, int num_threads, int cuda_device) : backend_(backend) {
+  if (backend == Backend::cuda) {
+    if constexpr (MOETRON_HAVE_CUDA) {
+      cuda_ = {cuda::create_state(cuda_device), &cuda::destroy_state};
+    } else {
+      MOETRON_FAIL("this build has no CUDA backend (configure with -DMOETRON_CUDA=ON where the ",
+                   "CUDA toolkit is installed)");
+    }
+  }
   init_compute_threads(num_threads);
 }
 
@@ -32,6 +39,18 @@ Context::~Context() = default;
 cpu::CpuState& Context::cpu_state() {
   if (!cpu_) cpu_ = std::make_unique<cpu::CpuState>();
   return *cpu_;
+}
+
+cuda::CudaState& Context::cuda_state() {
+  MOETRON_CHECK(cuda_ != nullptr, "cuda_state() of a context running the ", backend_name(backend_),
+                " backend");
+  return *cuda_;
+}
+
+void Context::synchronize() {
+  if constexpr (MOETRON_HAVE_CUDA) {
+    if (cuda_) cuda::synchronize(*cuda_);
+  }
 }
 
 }  // namespace moetron::kernels
