@@ -1,6 +1,6 @@
-// CPU matmul family (oneDNN) against the fp64 reference, the reference
-// against finite differences through the identities models use, and the
-// shape/dtype errors every backend must raise.
+// CPU matmul family (oneDNN) and CUDA matmul (cuBLASLt) against the fp64
+// reference, the reference against finite differences through the
+// identities models use, and the shape/dtype errors every backend must raise.
 #include "moetron/kernels/matmul.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 
 #include "moetron/kernels/cpu/cpu_state.h"
 #include "moetron/kernels/cpu/matmul_gemm.h"
+#include "util/device_util.h"
 #include "util/test_util.h"
 
 namespace moetron::kernels {
@@ -57,15 +58,18 @@ Shape with_batch(const Shape& batch, int64_t r, int64_t c) {
   return s;
 }
 
-TEST(Matmul, EveryVariantMatchesReference) {
-  Context cpu(Backend::cpu), ref(Backend::reference);
+// Every shape, batch layout, trans flag, dtype pair and alpha/beta of ctx's
+// backend against the reference; returns the number of cases run.
+// all_batched: batched layouts on every shape (fast on a GPU).
+int every_variant_matches_reference(Context& ctx, bool all_batched) {
+  Context ref(Backend::reference);
   int cases = 0;
   for (const Mnk& sh : kShapes) {
     for (const BatchCase& bc : kBatches) {
       // Batched cases on two shapes only (primitive creation dominates the
-      // test's time): the batch logic does not depend on the sizes.
+      // CPU test's time): the batch logic does not depend on the sizes.
       const bool batched = bc.batch.rank() > 0;
-      if (batched && &sh != &kShapes[1] && &sh != &kShapes[2]) continue;
+      if (!all_batched && batched && &sh != &kShapes[1] && &sh != &kShapes[2]) continue;
       for (int t = 0; t < 4; ++t) {
         MatmulArgs args;
         args.trans_a = (t & 1) != 0;
@@ -75,6 +79,7 @@ TEST(Matmul, EveryVariantMatchesReference) {
           const Shape sb = with_batch(bc.b_batched ? bc.batch : Shape{}, args.trans_b ? sh.n : sh.k,
                                       args.trans_b ? sh.k : sh.n);
           Tensor a = random_tensor(sa, in, "a"), b = random_tensor(sb, in, "b");
+          const Tensor da = test::on_device(ctx, a), db = test::on_device(ctx, b);
           for (DType out : {DType::f32, DType::bf16}) {
             for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.75f, -1.25f}, std::pair{1.0f, 1.0f}}) {
               // Batched: one alpha/beta case per output dtype, poisoned c for bf16.
@@ -85,9 +90,10 @@ TEST(Matmul, EveryVariantMatchesReference) {
               // beta == 0 must not read c: poison it, a NaN read would show.
               Tensor c = beta == 0.0f ? poisoned(sc, out) : random_tensor(sc, out, "c");
               Tensor expect = c.clone();
-              matmul(cpu, a, b, c, args);
+              const Tensor dc = test::on_device(ctx, c);
+              matmul(ctx, da, db, dc, args);
               matmul(ref, a, b, expect, args);
-              EXPECT_TRUE(close(c, expect))
+              EXPECT_TRUE(close(test::on_host(dc), expect))
                   << "a " << a.str() << " b " << b.str() << " -> " << c.str() << " trans_a "
                   << args.trans_a << " trans_b " << args.trans_b << " alpha " << alpha << " beta " << beta;
               ++cases;
@@ -97,7 +103,58 @@ TEST(Matmul, EveryVariantMatchesReference) {
       }
     }
   }
-  EXPECT_EQ(cases, 8 * 4 * 2 * 2 * 3 + 2 * 4 * 4 * 2 * 2);
+  return cases;
+}
+
+TEST(Matmul, EveryVariantMatchesReference) {
+  Context cpu(Backend::cpu);
+  EXPECT_EQ(every_variant_matches_reference(cpu, false), 8 * 4 * 2 * 2 * 3 + 2 * 4 * 4 * 2 * 2);
+}
+
+TEST(Matmul, CudaEveryVariantMatchesReference) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda);
+  EXPECT_EQ(every_variant_matches_reference(gpu, true), 8 * 4 * 2 * 2 * 3 + 8 * 4 * 4 * 2 * 2);
+}
+
+// Past the tensor-core tiles in every dimension with ragged edges, and
+// operands at odd offsets (slices one row in: 2-byte aligned bf16), which
+// cuBLASLt must be told about rather than assume 256-byte alignment.
+TEST(Matmul, CudaLargeAndMisalignedMatchReference) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda), ref(Backend::reference);
+  for (DType in : {DType::f32, DType::bf16}) {
+    for (DType out : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(in) << " -> " << dtype_name(out));
+      Tensor a = random_tensor({301, 517}, in, "a"), b = random_tensor({259, 517}, in, "b");
+      MatmulArgs args;
+      args.trans_b = true;
+      Tensor c = poisoned({300, 257}, out), expect = poisoned({300, 257}, out);
+      const Tensor da = test::on_device(gpu, a), db = test::on_device(gpu, b);
+      const Tensor dc = test::on_device(gpu, c);
+      matmul(gpu, da.slice(1, 301), db.slice(1, 258), dc, args);
+      matmul(ref, a.slice(1, 301), b.slice(1, 258), expect, args);
+      EXPECT_TRUE(close(test::on_host(dc), expect));
+    }
+  }
+}
+
+TEST(Matmul, CudaEmptyInnerDimensionGivesBetaTimesC) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda), ref(Backend::reference);
+  Tensor a = Tensor::zeros({7, 0}, DType::f32), b = Tensor::zeros({0, 5}, DType::f32);
+  for (DType out : {DType::f32, DType::bf16}) {
+    for (float beta : {0.0f, 0.5f}) {
+      Tensor c = beta == 0.0f ? poisoned({7, 5}, out) : random_tensor({7, 5}, out, "c");
+      Tensor expect = c.clone();
+      MatmulArgs args;
+      args.beta = beta;
+      const Tensor dc = test::on_device(gpu, c);
+      matmul(gpu, test::on_device(gpu, a), test::on_device(gpu, b), dc, args);
+      matmul(ref, a, b, expect, args);
+      EXPECT_TRUE(close(test::on_host(dc), expect)) << beta;
+    }
+  }
 }
 
 TEST(Matmul, LargerBlockedShapeMatchesReference) {

@@ -11,7 +11,7 @@ void matmul(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c,
       cpu::matmul(ctx, s.in(a), s.in(b), s.out(c, args.beta != 0.0f), args);
     });
   }
-  MOETRON_KERNEL_DISPATCH(ctx, matmul, a, b, c, args);
+  MOETRON_KERNEL_DISPATCH_CUDA(ctx, matmul, a, b, c, args);
 }
 void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w,
                     std::span<const int64_t> offsets, const Tensor& y, bool trans_w, float beta) {

@@ -23,8 +23,8 @@ struct MatmulArgs {
 
 // a: [..., M, K] (or [..., K, M]); b: [..., K, N] (or [..., N, K]) with the
 // same leading batch dims as a, or 2-D and shared by every batch; c: [..., M, N].
-MOETRON_KERNEL_DECL(void matmul(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c,
-                                const MatmulArgs& args))
+MOETRON_KERNEL_DECL_CUDA(void matmul(Context& ctx, const Tensor& a, const Tensor& b,
+                                     const Tensor& c, const MatmulArgs& args))
 
 // Row-grouped GEMM for experts. x: [T, K] whose rows [offsets[e], offsets[e+1])
 // belong to group e (offsets has E+1 entries, offsets[0] = 0, offsets[E] <= T);
@@ -39,8 +39,7 @@ MOETRON_KERNEL_DECL(void grouped_matmul(Context& ctx, const Tensor& x, const Ten
 // dy: [T, N], x: [T, K], dw: [E, N, K] (f32 or bf16 — bf16: fp32 sums,
 // rounded once into dw —, or the reference's f64).
 // A group with no rows gives beta * dw[e].
-MOETRON_KERNEL_DECL(void grouped_matmul_weight_grad(Context& ctx, const Tensor& dy,
-                                                    const Tensor& x,
+MOETRON_KERNEL_DECL(void grouped_matmul_weight_grad(Context& ctx, const Tensor& dy, const Tensor& x,
                                                     std::span<const int64_t> offsets,
                                                     const Tensor& dw, float beta))
 

@@ -4,22 +4,26 @@ namespace moetron::kernels {
 
 namespace {
 
+const char* backend_of(DtypePolicy policy) {
+  return policy == DtypePolicy::cuda ? "the CUDA backend" : "the CPU backend";
+}
+
 void check_input_dtypes(const Tensor& a, const char* an, const Tensor& b, const char* bn,
                         DtypePolicy policy, const char* fn) {
   MOETRON_CHECK(a.dtype() == b.dtype(), fn, ": ", an, " ", a.str(), " and ", bn, " ", b.str(),
                 " must have the same dtype");
-  if (policy == DtypePolicy::cpu) {
+  if (policy != DtypePolicy::reference) {
     MOETRON_CHECK(a.dtype() == DType::f32 || a.dtype() == DType::bf16, fn, ": ", an,
-                  " must be f32 or bf16 on the CPU backend, got ", a.str());
+                  " must be f32 or bf16 on ", backend_of(policy), ", got ", a.str());
   } else {
     MOETRON_CHECK(is_floating(a.dtype()), fn, ": ", an, " must be a float tensor, got ", a.str());
   }
 }
 
 void check_output_dtype(const Tensor& c, const char* cn, DtypePolicy policy, const char* fn) {
-  if (policy == DtypePolicy::cpu) {
+  if (policy != DtypePolicy::reference) {
     MOETRON_CHECK(c.dtype() == DType::f32 || c.dtype() == DType::bf16, fn, ": ", cn,
-                  " must be f32 or bf16 on the CPU backend, got ", c.str());
+                  " must be f32 or bf16 on ", backend_of(policy), ", got ", c.str());
   } else {
     MOETRON_CHECK(is_floating(c.dtype()), fn, ": ", cn, " must be a float tensor, got ", c.str());
   }
@@ -97,9 +101,9 @@ GroupedDims check_grouped_weight_grad(const Tensor& dy, const Tensor& x,
                                       DtypePolicy policy) {
   const char* fn = "grouped_matmul_weight_grad";
   check_input_dtypes(dy, "dy", x, "x", policy, fn);
-  if (policy == DtypePolicy::cpu) {
+  if (policy != DtypePolicy::reference) {
     MOETRON_CHECK(dw.dtype() == DType::f32 || dw.dtype() == DType::bf16, fn,
-                  ": dw must be f32 or bf16 on the CPU backend, got ", dw.str());
+                  ": dw must be f32 or bf16 on ", backend_of(policy), ", got ", dw.str());
   } else {
     MOETRON_CHECK(dw.dtype() == DType::f32 || dw.dtype() == DType::bf16 || dw.dtype() == DType::f64, fn,
                   ": dw must be f32, bf16 or f64, got ", dw.str());

@@ -11,9 +11,9 @@
 
 namespace moetron::kernels {
 
-// Which dtypes a backend takes: the CPU backend f32/bf16 inputs (equal) and
-// f32/bf16 outputs; the reference any float dtype, including f64.
-enum class DtypePolicy { cpu, reference };
+// Which dtypes a backend takes: the CPU and CUDA backends f32/bf16 inputs
+// (equal) and f32/bf16 outputs; the reference any float dtype, including f64.
+enum class DtypePolicy { cpu, cuda, reference };
 
 struct MatmulDims {
   int64_t batch = 1;  // product of the leading dims of a (1 for 2-D a)
