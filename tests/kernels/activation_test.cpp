@@ -1,9 +1,10 @@
-// SwiGLU and softmax: CPU against the fp64 reference, finite differences of
-// the reference backward, aliasing, bad inputs.
+// SwiGLU and softmax: CPU (and SwiGLU on CUDA) against the fp64 reference,
+// finite differences of the reference backward, aliasing, bad inputs.
 #include "moetron/kernels/activation.h"
 
 #include <gtest/gtest.h>
 
+#include "util/device_util.h"
 #include "util/test_util.h"
 
 namespace moetron::kernels {
@@ -31,33 +32,51 @@ double weighted_sum(const Tensor& out, const Tensor& weights) {
   return s;
 }
 
-TEST(SwiGlu, CpuMatchesReferenceForwardAndBackward) {
-  Context cpu(Backend::cpu), ref(Backend::reference);
+// Forward and backward of ctx's backend against the reference on every
+// T x F of the given sizes (inputs copied to ctx's device, outputs back).
+void swiglu_matches_reference(Context& ctx, const std::vector<int64_t>& sizes) {
+  Context ref(Backend::reference);
+  const auto dev = [&](const Tensor& t) { return test::on_device(ctx, t); };
   for (DType dt : {DType::f32, DType::bf16}) {
     const auto tol = dt == DType::f32 ? kF32 : kBf16;
-    for (int64_t T : test::kAwkwardSizes) {
-      for (int64_t F : test::kAwkwardSizes) {
+    for (int64_t T : sizes) {
+      for (int64_t F : sizes) {
         SCOPED_TRACE(testing::Message() << dtype_name(dt) << " T=" << T << " F=" << F);
         // [-12, 12] reaches both saturated ends of the sigmoid.
         Tensor gu = random_tensor({T, 2 * F}, dt, "gate_up", -12.0f, 12.0f);
-        Tensor out = poisoned({T, F}, dt), out_ref = poisoned({T, F}, dt);
+        Tensor out = dev(poisoned({T, F}, dt)), out_ref = poisoned({T, F}, dt);
         // Outputs scale with |g| <= 12, so the absolute floor does too.
-        swiglu_forward(cpu, gu, out);
+        swiglu_forward(ctx, dev(gu), out);
         swiglu_forward(ref, gu, out_ref);
-        EXPECT_TRUE(test::all_close(out, out_ref, {tol.rtol, tol.atol * 12}));
+        EXPECT_TRUE(test::all_close(test::on_host(out), out_ref, {tol.rtol, tol.atol * 12}));
 
         Tensor dout = random_tensor({T, F}, dt, "dout");
-        Tensor dgu = poisoned({T, 2 * F}, dt), dgu_ref = poisoned({T, 2 * F}, dt);
-        swiglu_backward(cpu, dout, gu, dgu);
+        Tensor dgu = dev(poisoned({T, 2 * F}, dt)), dgu_ref = poisoned({T, 2 * F}, dt);
+        swiglu_backward(ctx, dev(dout), dev(gu), dgu);
         swiglu_backward(ref, dout, gu, dgu_ref);
-        EXPECT_TRUE(test::all_close(dgu, dgu_ref, {tol.rtol, tol.atol * 12}));
+        EXPECT_TRUE(test::all_close(test::on_host(dgu), dgu_ref, {tol.rtol, tol.atol * 12}));
       }
     }
   }
 }
 
-TEST(SwiGlu, ExtremeGatesStayFinite) {
-  Context cpu(Backend::cpu), ref(Backend::reference);
+TEST(SwiGlu, CpuMatchesReferenceForwardAndBackward) {
+  Context cpu(Backend::cpu);
+  swiglu_matches_reference(cpu, test::kAwkwardSizes);
+}
+
+// Also F past one block of threads (300) with a ragged tail.
+TEST(SwiGlu, CudaMatchesReferenceForwardAndBackward) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda);
+  std::vector<int64_t> sizes = test::kAwkwardSizes;
+  sizes.push_back(300);
+  swiglu_matches_reference(gpu, sizes);
+}
+
+// Gates far past where exp overflows: silu saturates to 0 or g, no NaN.
+void swiglu_extreme_gates(Context& ctx) {
+  Context ref(Backend::reference);
   Tensor gu = Tensor::empty({1, 8}, DType::f32);
   float* p = gu.data<float>();
   const float gates[4] = {-200.0f, -90.0f, 90.0f, 200.0f};
@@ -65,16 +84,29 @@ TEST(SwiGlu, ExtremeGatesStayFinite) {
     p[j] = gates[j];
     p[4 + j] = 0.5f;
   }
-  Tensor out = poisoned({1, 4}, DType::f32), out_ref = poisoned({1, 4}, DType::f32);
-  swiglu_forward(cpu, gu, out);
+  Tensor out = test::on_device(ctx, poisoned({1, 4}, DType::f32));
+  Tensor out_ref = poisoned({1, 4}, DType::f32);
+  swiglu_forward(ctx, test::on_device(ctx, gu), out);
   swiglu_forward(ref, gu, out_ref);
-  EXPECT_TRUE(test::all_close(out, out_ref, kF32));
+  EXPECT_TRUE(test::all_close(test::on_host(out), out_ref, kF32));
   Tensor dout = Tensor::empty({1, 4}, DType::f32);
   dout.fill(1.0);
-  Tensor dgu = poisoned({1, 8}, DType::f32), dgu_ref = poisoned({1, 8}, DType::f32);
-  swiglu_backward(cpu, dout, gu, dgu);
+  Tensor dgu = test::on_device(ctx, poisoned({1, 8}, DType::f32));
+  Tensor dgu_ref = poisoned({1, 8}, DType::f32);
+  swiglu_backward(ctx, test::on_device(ctx, dout), test::on_device(ctx, gu), dgu);
   swiglu_backward(ref, dout, gu, dgu_ref);
-  EXPECT_TRUE(test::all_close(dgu, dgu_ref, kF32));
+  EXPECT_TRUE(test::all_close(test::on_host(dgu), dgu_ref, kF32));
+}
+
+TEST(SwiGlu, ExtremeGatesStayFinite) {
+  Context cpu(Backend::cpu);
+  swiglu_extreme_gates(cpu);
+}
+
+TEST(SwiGlu, CudaExtremeGatesStayFinite) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda);
+  swiglu_extreme_gates(gpu);
 }
 
 TEST(SwiGlu, ReferenceBackwardMatchesFiniteDifferences) {

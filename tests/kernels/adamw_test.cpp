@@ -1,6 +1,6 @@
-// AdamW: CPU against the fp64 reference over several steps (bias correction
-// with step > 1), weight decay, grad_scale, bf16 grads, f32/bf16 param copies,
-// f32 and bf16 moments.
+// AdamW: CPU and CUDA against the fp64 reference over several steps (bias
+// correction with step > 1), weight decay, grad_scale, bf16 grads, f32/bf16
+// param copies, f32 and bf16 moments.
 #include "moetron/kernels/adamw.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <string>
 
+#include "util/device_util.h"
 #include "util/test_util.h"
 
 namespace moetron::kernels {
@@ -142,6 +143,53 @@ TEST(AdamW, Bf16MomentsMatchReferenceAndRoundTheFp32Update) {
   }
   EXPECT_THROW(adamw_step(cpu, w, g, Tensor::zeros({8}, DType::f16), Tensor::zeros({8}, DType::f16), {}, Tensor()),
                Error);
+}
+
+// Every combination of grad, moment and copy dtype, five steps, n past one
+// grid of blocks (70001 > 65536 x 256 is not needed: the grid-stride loop
+// is exercised by 70001 > 256 per block).
+TEST(AdamW, CudaMatchesReferenceOverSeveralSteps) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda), ref(Backend::reference);
+  const auto dev = [&](const Tensor& t) { return test::on_device(gpu, t); };
+  for (DType gd : {DType::f32, DType::bf16}) {
+    for (DType md : {DType::f32, DType::bf16}) {
+      for (DType cd : {DType::f64, DType::f32, DType::bf16}) {  // f64: no param_copy
+        for (int64_t n : {1, 7, 33, 130, 70001}) {
+          SCOPED_TRACE(testing::Message() << "grad " << dtype_name(gd) << " moments "
+                                          << dtype_name(md) << " copy " << dtype_name(cd)
+                                          << " n=" << n);
+          Tensor w_ref = random_tensor({n}, DType::f32, "w");
+          Tensor m_ref = Tensor::zeros({n}, md), v_ref = Tensor::zeros({n}, md);
+          Tensor w = dev(w_ref), m = dev(m_ref), v = dev(v_ref);
+          const bool has_copy = cd != DType::f64;
+          Tensor copy = has_copy ? dev(poisoned({n}, cd)) : Tensor();
+          AdamWArgs args = decaying_scaled_args();
+          for (int64_t step = 1; step <= 5; ++step) {
+            args.step = step;
+            Tensor g = random_tensor({n}, gd, str_cat("g", step), -2.0f, 2.0f);
+            adamw_step(gpu, w, dev(g), m, v, args, copy);
+            adamw_step(ref, w_ref, g, m_ref, v_ref, args, Tensor());
+          }
+          const Tensor wh = test::on_host(w), mh = test::on_host(m), vh = test::on_host(v);
+          if (md == DType::f32) {
+            EXPECT_TRUE(test::all_close(mh, m_ref, kMoment));
+            EXPECT_TRUE(test::all_close(vh, v_ref, kMoment));
+            EXPECT_TRUE(test::all_close(wh, w_ref, kMaster));
+          } else {
+            const double m_floor = std::ldexp(max_abs(m_ref), -7);
+            EXPECT_TRUE(test::all_close(mh, m_ref, {kBf16MomentRtol, m_floor}));
+            EXPECT_TRUE(test::all_close(vh, v_ref, {kBf16MomentRtol, 1e-9}));
+            EXPECT_TRUE(test::all_close(wh, w_ref, kMasterBf16Moments));
+          }
+          // The copy is exactly the updated master, rounded once.
+          if (has_copy) {
+            EXPECT_TRUE(test::all_close(test::on_host(copy), test::to_dtype(wh, cd), {0, 0}));
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(AdamW, LateStepsAndLargeScaleMatchReference) {

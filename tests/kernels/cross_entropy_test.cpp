@@ -1,6 +1,7 @@
-// Cross-entropy on logits and fused with the LM head: CPU against the fp64
-// reference, the reference gradients against finite differences, ignored
-// targets, chunking, skipped gradients, and bad input.
+// Cross-entropy on logits and fused with the LM head: CPU (and plain
+// cross-entropy on CUDA) against the fp64 reference, the reference gradients
+// against finite differences, ignored targets, chunking, skipped gradients,
+// and bad input.
 #include "moetron/kernels/cross_entropy.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 
 #include "moetron/core/rng.h"
 #include "moetron/kernels/cpu/simd.h"
+#include "util/device_util.h"
 #include "util/test_util.h"
 
 namespace moetron::kernels {
@@ -92,6 +94,64 @@ TEST(CrossEntropy, CpuMatchesReference) {
       }
     }
   }
+}
+
+// Also a vocabulary of 32000 (many elements per thread) and T = 1000 rows.
+TEST(CrossEntropy, CudaMatchesReference) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda), ref(Backend::reference);
+  const auto dev = [&](const Tensor& t) { return test::on_device(gpu, t); };
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (int64_t T : {int64_t{1}, int64_t{7}, int64_t{130}, int64_t{1000}}) {
+      for (int64_t V : {int64_t{7}, int64_t{33}, int64_t{1000}, int64_t{32000}}) {
+        const std::string what = tag(dt, T, V);
+        Tensor logits = random_tensor({T, V}, dt, "logits" + what, -4, 4);
+        Tensor targets = make_targets(T, V, what);
+        const float scale = 1.0f / static_cast<float>(T);
+        Tensor loss = dev(poisoned({T}, DType::f32)), loss_ref = poisoned({T}, DType::f32);
+        Tensor dl = dev(poisoned({T, V}, dt)), dl_ref = poisoned({T, V}, dt);
+        cross_entropy(gpu, dev(logits), dev(targets), scale, loss, dl);
+        cross_entropy(ref, logits, targets, scale, loss_ref, dl_ref);
+        const Tensor loss_h = test::on_host(loss), dl_h = test::on_host(dl);
+        EXPECT_TRUE(test::all_close(loss_h, loss_ref, kLossTol)) << what;
+        EXPECT_TRUE(test::normalized_close(dl_h, dl_ref,
+                                           dt == DType::f32 ? kF32GradTol : kBf16GradTol))
+            << what;
+        expect_ignored_rows_zero(targets, loss_h, dl_h, what);
+
+        // Losses alone, and in place (dlogits aliasing logits), give the same numbers.
+        Tensor loss_only = dev(poisoned({T}, DType::f32));
+        cross_entropy(gpu, dev(logits), dev(targets), scale, loss_only, Tensor());
+        EXPECT_TRUE(test::all_close(test::on_host(loss_only), loss_h, {0, 0})) << what;
+        Tensor inplace = dev(logits), loss_in = dev(poisoned({T}, DType::f32));
+        cross_entropy(gpu, inplace, dev(targets), scale, loss_in, inplace);
+        EXPECT_TRUE(test::all_close(test::on_host(inplace), dl_h, {0, 0})) << what << " in place";
+      }
+    }
+  }
+}
+
+TEST(CrossEntropy, CudaBadTargetIsAnErrorAndWritesNothing) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda);
+  const int64_t T = 130, V = 33;
+  Tensor logits = test::on_device(gpu, random_tensor({T, V}, DType::f32, "l"));
+  Tensor big = make_targets(T, V, "bad");
+  big.data<int32_t>()[77] = static_cast<int32_t>(V);
+  big.data<int32_t>()[100] = static_cast<int32_t>(V + 5);
+  Tensor losses = test::on_device(gpu, Tensor::zeros({T}, DType::f32));
+  try {
+    cross_entropy(gpu, logits, test::on_device(gpu, big), 1.0f, losses, Tensor());
+    ADD_FAILURE() << "a target >= V was accepted";
+  } catch (const Error& e) {
+    // The first bad target is named, as on the CPU.
+    EXPECT_NE(std::string(e.what()).find("targets[77] = 33"), std::string::npos) << e.what();
+  }
+  const Tensor host = test::on_host(losses);
+  for (int64_t t = 0; t < T; ++t) EXPECT_EQ(host.data<float>()[t], 0.0f);
+  // Host targets on a CUDA context are refused (the kernel would read host memory).
+  EXPECT_THROW(cross_entropy(gpu, logits, make_targets(T, V, "host"), 1.0f, losses, Tensor()),
+               Error);
 }
 
 TEST(CrossEntropy, ReferenceGradientMatchesFiniteDifferences) {

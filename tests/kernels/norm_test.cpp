@@ -1,11 +1,12 @@
-// RMSNorm: CPU against the fp64 reference, finite differences of the
-// reference backward, deterministic dw across thread counts, bad inputs.
+// RMSNorm: CPU and CUDA against the fp64 reference, finite differences of
+// the reference backward, deterministic dw across thread counts, bad inputs.
 #include "moetron/kernels/norm.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 
+#include "util/device_util.h"
 #include "util/test_util.h"
 
 namespace moetron::kernels {
@@ -59,6 +60,55 @@ TEST(RmsNorm, CpuMatchesReferenceForwardAndBackward) {
       }
     }
   }
+}
+
+// The CUDA kernels against the reference: the CPU test's sizes plus rows
+// longer than a block (D 3000) and more rows than a dw chunk (T 1000).
+TEST(RmsNorm, CudaMatchesReferenceForwardAndBackward) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda), ref(Backend::reference);
+  const float eps = 1e-5f;
+  std::vector<int64_t> sizes = test::kAwkwardSizes;
+  sizes.push_back(1000);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const auto tol = dt == DType::f32 ? kF32 : kBf16;
+    for (int64_t T : sizes) {
+      for (int64_t D : {int64_t{1}, int64_t{7}, int64_t{33}, int64_t{130}, int64_t{3000}}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " T=" << T << " D=" << D);
+        Tensor x = random_tensor({T, D}, dt, "x", -2.0f, 2.0f);
+        Tensor w = random_tensor({D}, DType::f32, "w", 0.5f, 1.5f);
+        Tensor y = test::on_device(gpu, poisoned({T, D}, dt)), y_ref = poisoned({T, D}, dt);
+        Tensor r = test::on_device(gpu, poisoned({T}, DType::f32));
+        Tensor r_ref = poisoned({T}, DType::f32);
+        rmsnorm_forward(gpu, test::on_device(gpu, x), test::on_device(gpu, w), eps, y, r);
+        rmsnorm_forward(ref, x, w, eps, y_ref, r_ref);
+        EXPECT_TRUE(test::all_close(test::on_host(r), r_ref, kF32));
+        EXPECT_TRUE(test::all_close(test::on_host(y), y_ref, tol));
+
+        Tensor dy = random_tensor({T, D}, dt, "dy");
+        Tensor dx = test::on_device(gpu, poisoned({T, D}, dt)), dx_ref = poisoned({T, D}, dt);
+        Tensor dw_ref = random_tensor({D}, DType::f32, "dw0");  // accumulated into
+        Tensor dw = test::on_device(gpu, dw_ref.clone());
+        rmsnorm_backward(gpu, test::on_device(gpu, dy), test::on_device(gpu, x),
+                         test::on_device(gpu, w), test::on_device(gpu, r_ref), dx, dw);
+        rmsnorm_backward(ref, dy, x, w, r_ref, dx_ref, dw_ref);
+        EXPECT_TRUE(test::all_close(test::on_host(dx), dx_ref, tol));
+        // dw sums up to 1000 rows in fp32 (in chunks): the floor grows with the sum.
+        EXPECT_TRUE(test::all_close(test::on_host(dw), dw_ref, {1e-5, 3e-5 * (1.0 + T / 100.0)}));
+      }
+    }
+  }
+  // dw is reduced without atomics: a second run gives the same bits.
+  Tensor x = test::on_device(gpu, random_tensor({1000, 130}, DType::f32, "x"));
+  Tensor dy = test::on_device(gpu, random_tensor({1000, 130}, DType::f32, "dy"));
+  Tensor w = test::on_device(gpu, random_tensor({130}, DType::f32, "w", 0.5f, 1.5f));
+  Tensor r = test::on_device(gpu, random_tensor({1000}, DType::f32, "r", 0.5f, 1.5f));
+  Tensor dx = test::empty_on(gpu, {1000, 130}, DType::f32);
+  Tensor dw1 = test::on_device(gpu, Tensor::zeros({130}, DType::f32));
+  Tensor dw2 = test::on_device(gpu, Tensor::zeros({130}, DType::f32));
+  rmsnorm_backward(gpu, dy, x, w, r, dx, dw1);
+  rmsnorm_backward(gpu, dy, x, w, r, dx, dw2);
+  EXPECT_TRUE(test::all_close(test::on_host(dw1), test::on_host(dw2), {0, 0}));
 }
 
 TEST(RmsNorm, ReferenceBackwardMatchesFiniteDifferences) {

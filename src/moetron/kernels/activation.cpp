@@ -9,7 +9,7 @@ void swiglu_forward(Context& ctx, const Tensor& gate_up, const Tensor& out) {
       cpu::swiglu_forward(ctx, s.in(gate_up), s.out(out));
     });
   }
-  MOETRON_KERNEL_DISPATCH(ctx, swiglu_forward, gate_up, out);
+  MOETRON_KERNEL_DISPATCH_CUDA(ctx, swiglu_forward, gate_up, out);
 }
 void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up,
                      const Tensor& d_gate_up) {
@@ -18,7 +18,7 @@ void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up,
       cpu::swiglu_backward(ctx, s.in(dout), s.in(gate_up), s.out(d_gate_up));
     });
   }
-  MOETRON_KERNEL_DISPATCH(ctx, swiglu_backward, dout, gate_up, d_gate_up);
+  MOETRON_KERNEL_DISPATCH_CUDA(ctx, swiglu_backward, dout, gate_up, d_gate_up);
 }
 void softmax_forward(Context& ctx, const Tensor& x, const Tensor& y) {
   if (needs_f16_staging(ctx, {&x, &y})) {

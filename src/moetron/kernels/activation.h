@@ -10,10 +10,11 @@ namespace moetron::kernels {
 // gate_up: [T, 2F], columns [0, F) the gate, [F, 2F) the up projection (one
 // fused GEMM produces both); out: [T, F] = silu(gate) * up. f32 or bf16
 // (reference also f64), all the same dtype.
-MOETRON_KERNEL_DECL(void swiglu_forward(Context& ctx, const Tensor& gate_up, const Tensor& out))
+MOETRON_KERNEL_DECL_CUDA(void swiglu_forward(Context& ctx, const Tensor& gate_up,
+                                             const Tensor& out))
 // d_gate_up: [T, 2F] overwritten.
-MOETRON_KERNEL_DECL(void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up,
-                                         const Tensor& d_gate_up))
+MOETRON_KERNEL_DECL_CUDA(void swiglu_backward(Context& ctx, const Tensor& dout,
+                                              const Tensor& gate_up, const Tensor& d_gate_up))
 
 // Softmax over the last dimension of x: [R, C]; y: [R, C]. f32 or bf16 (bf16
 // storage, f32 math; reference also f64), x and y the same dtype. Rows are

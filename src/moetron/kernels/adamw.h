@@ -26,8 +26,8 @@ struct AdamWArgs {
 // fp32, updated, used for the update, then stored rounded to nearest even;
 // grad: f32 or bf16 [n];
 // param_copy: undefined, or [n] f32/bf16 receiving the updated master (the working copy).
-MOETRON_KERNEL_DECL(void adamw_step(Context& ctx, const Tensor& master, const Tensor& grad,
-                                    const Tensor& m, const Tensor& v, const AdamWArgs& args,
-                                    const Tensor& param_copy))
+MOETRON_KERNEL_DECL_CUDA(void adamw_step(Context& ctx, const Tensor& master, const Tensor& grad,
+                                         const Tensor& m, const Tensor& v, const AdamWArgs& args,
+                                         const Tensor& param_copy))
 
 }  // namespace moetron::kernels

@@ -10,7 +10,7 @@ void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets, fl
       cpu::cross_entropy(ctx, s.in(logits), targets, grad_scale, losses, s.out(dlogits));
     });
   }
-  MOETRON_KERNEL_DISPATCH(ctx, cross_entropy, logits, targets, grad_scale, losses, dlogits);
+  MOETRON_KERNEL_DISPATCH_CUDA(ctx, cross_entropy, logits, targets, grad_scale, losses, dlogits);
 }
 void cross_entropy_fused(Context& ctx, const Tensor& hidden, const Tensor& head_w,
                          const Tensor& targets, float grad_scale, int64_t chunk_tokens,

@@ -1,7 +1,8 @@
 // Next-token cross-entropy, plain (on logits) and fused with the LM head so
 // the whole batch's fp32 logits never exist at once.
 //
-// targets: i32 [T]; a target < 0 is ignored (loss 0, no gradient). The
+// targets: i32 [T]; a target < 0 is ignored (loss 0, no gradient). On a CUDA
+// context every tensor, targets included, is a device tensor. The
 // gradient is grad_scale * (softmax(logits) - onehot(target)) per token;
 // pass grad_scale = 1 / (tokens counted over the whole global batch).
 #pragma once
@@ -18,9 +19,9 @@ namespace moetron::kernels {
 // logits: [T, V] f32 or bf16 (reference also f64); losses: [T] f32 (or f64);
 // dlogits: [T, V] dtype of logits, overwritten, may alias logits; an undefined
 // Tensor skips the gradient.
-MOETRON_KERNEL_DECL(void cross_entropy(Context& ctx, const Tensor& logits, const Tensor& targets,
-                                       float grad_scale, const Tensor& losses,
-                                       const Tensor& dlogits))
+MOETRON_KERNEL_DECL_CUDA(void cross_entropy(Context& ctx, const Tensor& logits,
+                                            const Tensor& targets, float grad_scale,
+                                            const Tensor& losses, const Tensor& dlogits))
 
 // hidden: [T, D], head_w: [V, D] (same dtype, f32 or bf16; reference also f64);
 // logits = hidden head_w^T computed chunk_tokens rows at a time (fp32).

@@ -16,18 +16,29 @@ inline void check_shape_2d(const Tensor& t, const char* fn, const char* name, in
                 name, " must be [", rows, ", ", cols, "], got ", describe(t));
 }
 
-// targets i32 [T], each < V (a negative target is ignored); losses [T].
-inline void check_targets(const char* fn, const Tensor& targets, const Tensor& losses, int64_t T,
-                          int64_t V) {
+// targets i32 [T]; losses [T].
+inline void check_target_shapes(const char* fn, const Tensor& targets, const Tensor& losses,
+                                int64_t T) {
   MOETRON_CHECK(targets.defined() && targets.rank() == 1 && targets.dim(0) == T &&
                     targets.dtype() == DType::i32,
                 fn, ": targets must be i32 [", T, "], got ", describe(targets));
   MOETRON_CHECK(losses.defined() && losses.rank() == 1 && losses.dim(0) == T, fn,
                 ": losses must be [", T, "], got ", describe(losses));
+}
+
+[[noreturn]] inline void fail_target(const char* fn, int64_t t, int32_t target, int64_t V) {
+  MOETRON_FAIL(fn, ": targets[", t, "] = ", target, " is not below the vocab size ", V,
+               " (negative targets are ignored)");
+}
+
+// The shapes above, and each target < V (a negative target is ignored):
+// host tensors (the CUDA backend checks the values on the device).
+inline void check_targets(const char* fn, const Tensor& targets, const Tensor& losses, int64_t T,
+                          int64_t V) {
+  check_target_shapes(fn, targets, losses, T);
   const int32_t* tg = targets.data<int32_t>();
   for (int64_t t = 0; t < T; ++t) {
-    MOETRON_CHECK(tg[t] < V, fn, ": targets[", t, "] = ", tg[t], " is not below the vocab size ",
-                  V, " (negative targets are ignored)");
+    if (tg[t] >= V) fail_target(fn, t, tg[t], V);
   }
 }
 

@@ -10,7 +10,7 @@ void embedding_forward(Context& ctx, const Tensor& ids, const Tensor& table, con
       cpu::embedding_forward(ctx, ids, s.in(table), s.out(out), vocab_offset);
     });
   }
-  MOETRON_KERNEL_DISPATCH(ctx, embedding_forward, ids, table, out, vocab_offset);
+  MOETRON_KERNEL_DISPATCH_CUDA(ctx, embedding_forward, ids, table, out, vocab_offset);
 }
 void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, const Tensor& dtable,
                         int64_t vocab_offset) {
@@ -19,7 +19,7 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, con
       cpu::embedding_backward(ctx, ids, s.in(dout), dtable, vocab_offset);
     });
   }
-  MOETRON_KERNEL_DISPATCH(ctx, embedding_backward, ids, dout, dtable, vocab_offset);
+  MOETRON_KERNEL_DISPATCH_CUDA(ctx, embedding_backward, ids, dout, dtable, vocab_offset);
 }
 
 Scratch embedding_backward_scratch(Backend backend, int64_t tokens, int64_t rows, int64_t dim,

@@ -10,7 +10,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
       cpu::rmsnorm_forward(ctx, s.in(x), w, eps, s.out(y), rstd);
     });
   }
-  MOETRON_KERNEL_DISPATCH(ctx, rmsnorm_forward, x, w, eps, y, rstd);
+  MOETRON_KERNEL_DISPATCH_CUDA(ctx, rmsnorm_forward, x, w, eps, y, rstd);
 }
 void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& w,
                       const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
@@ -19,7 +19,7 @@ void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& x, const Ten
       cpu::rmsnorm_backward(ctx, s.in(dy), s.in(x), w, rstd, s.out(dx), dw);
     });
   }
-  MOETRON_KERNEL_DISPATCH(ctx, rmsnorm_backward, dy, x, w, rstd, dx, dw);
+  MOETRON_KERNEL_DISPATCH_CUDA(ctx, rmsnorm_backward, dy, x, w, rstd, dx, dw);
 }
 
 Scratch rmsnorm_backward_scratch(Backend backend, int64_t rows, int64_t cols, DType dtype) {
