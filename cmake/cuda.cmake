@@ -56,5 +56,9 @@ if(MOETRON_HAVE_CUDA)
     add_compile_options("$<${cu}:-Xcompiler=-Werror;--Werror=all-warnings>")
   endif()
 endif()
-message(STATUS "moetron: CUDA backend ${MOETRON_HAVE_CUDA} (MOETRON_CUDA=${MOETRON_CUDA}, "
-               "architectures ${CMAKE_CUDA_ARCHITECTURES})")
+if(MOETRON_HAVE_CUDA)
+  message(STATUS "moetron: CUDA backend ON (MOETRON_CUDA=${MOETRON_CUDA}, "
+                 "architectures ${CMAKE_CUDA_ARCHITECTURES})")
+else()
+  message(STATUS "moetron: CUDA backend OFF (MOETRON_CUDA=${MOETRON_CUDA})")
+endif()
