@@ -46,19 +46,21 @@ void bench_cross_entropy(Runner& runner) {
     Tensor d_hidden = Tensor::empty({T, D}, dt, MemTag::workspace);
     Tensor d_head_w = Tensor::zeros({V, D}, DType::f32, MemTag::workspace);
     for (int64_t chunk : {512, 1024}) {
-      const double s = runner.time_median([&] {
-        cross_entropy_fused(ctx, hidden, head_w, targets, scale, chunk, losses, d_hidden, d_head_w);
-      }, 1.0);
+      const double s = runner.time_median(
+          [&] {
+            cross_entropy_fused(ctx, hidden, head_w, targets, scale, chunk, losses, d_hidden,
+                                d_head_w);
+          },
+          1.0);
       const double flops = 3.0 * 2.0 * static_cast<double>(T) * V * D;
       runner.record({"cross_entropy/fused/fwd_bwd",
-                     {{"shape", str_cat(shape_prefix, " D=512 chunk=", chunk)},
-                      {"dtype", dtype}},
+                     {{"shape", str_cat(shape_prefix, " D=512 chunk=", chunk)}, {"dtype", dtype}},
                      {{"seconds", s}, {"gflops", flops / s * 1e-9}, {"ms_per_step", s * 1e3}}});
     }
     Tensor logits = uniform({T, V}, dt, "logits", -4.0f, 4.0f);
     Tensor dlogits = Tensor::empty({T, V}, dt, MemTag::workspace);
-    const double s = runner.time_median(
-        [&] { cross_entropy(ctx, logits, targets, scale, losses, dlogits); });
+    const double s =
+        runner.time_median([&] { cross_entropy(ctx, logits, targets, scale, losses, dlogits); });
     const double bytes = 2.0 * static_cast<double>(T) * V * static_cast<double>(dtype_size(dt));
     runner.record({"cross_entropy/logits/fwd_bwd",
                    {{"shape", str_cat("[", T, ", 8192]")}, {"dtype", dtype}},

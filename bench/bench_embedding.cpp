@@ -30,7 +30,8 @@ void bench_embedding(Runner& runner) {
     const double td = static_cast<double>(T * D);
     // forward: read ids and the gathered rows, write out
     time_bandwidth(runner, "embedding/embedding_fwd", "4096 ids, [8192, 512]", dt,
-                   2 * td * es + 4.0 * T, [&] { kernels::embedding_forward(ctx, ids, table, out, 0); });
+                   2 * td * es + 4.0 * T,
+                   [&] { kernels::embedding_forward(ctx, ids, table, out, 0); });
     // backward: read ids and dout, read and write the touched f32 dtable rows
     time_bandwidth(runner, "embedding/embedding_bwd", "4096 ids, [8192, 512]", dt,
                    td * es + 4.0 * T + 2 * rows_touched * D * 4.0,

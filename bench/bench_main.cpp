@@ -1,8 +1,8 @@
 // moetron_bench_kernels [--quick] [--filter SUBSTR] [--threads 1,2] [--json FILE]
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -21,7 +21,9 @@ std::vector<std::pair<std::string, BenchFn>>& registry() {
   return r;
 }
 
-Registration::Registration(const char* name, BenchFn fn) { registry().emplace_back(name, std::move(fn)); }
+Registration::Registration(const char* name, BenchFn fn) {
+  registry().emplace_back(name, std::move(fn));
+}
 
 double Runner::time_median(const std::function<void()>& fn, double min_seconds) const {
   using clock = std::chrono::steady_clock;
@@ -29,7 +31,8 @@ double Runner::time_median(const std::function<void()>& fn, double min_seconds) 
   fn();
   std::vector<double> t;
   const auto start = clock::now();
-  while (t.size() < 3 || std::chrono::duration<double>(clock::now() - start).count() < min_seconds) {
+  while (t.size() < 3 ||
+         std::chrono::duration<double>(clock::now() - start).count() < min_seconds) {
     const auto a = clock::now();
     fn();
     t.push_back(std::chrono::duration<double>(clock::now() - a).count());

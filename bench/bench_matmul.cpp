@@ -69,8 +69,8 @@ struct RawCall {
   dnnl::primitive prim;
   std::unordered_map<int, memory> args;
 };
-RawCall raw_call(CpuState& st, dnnl::primitive prim, const RawShape& s, const void* a, const void* b,
-                 void* c) {
+RawCall raw_call(CpuState& st, dnnl::primitive prim, const RawShape& s, const void* a,
+                 const void* b, void* c) {
   const RawDescs d = raw_descs(s, Rt::none);
   return {std::move(prim),
           {{DNNL_ARG_SRC, memory(d.a, st.engine, const_cast<void*>(a))},
@@ -89,7 +89,8 @@ void run_all(CpuState& st, std::vector<RawCall>& calls) {
 struct PairTiming {
   double wrapper, raw, ratio;
 };
-PairTiming time_pair(Runner& r, const std::function<void()>& wrapper, const std::function<void()>& raw) {
+PairTiming time_pair(Runner& r, const std::function<void()>& wrapper,
+                     const std::function<void()>& raw) {
   using clock = std::chrono::steady_clock;
   const double min_seconds = r.quick() ? 0.05 : 0.6;
   auto seconds = [](const std::function<void()>& fn) {
@@ -101,7 +102,8 @@ PairTiming time_pair(Runner& r, const std::function<void()>& wrapper, const std:
   raw();
   std::vector<double> tw, tr, ratio;
   const auto start = clock::now();
-  while (tw.size() < 5 || std::chrono::duration<double>(clock::now() - start).count() < min_seconds) {
+  while (tw.size() < 5 ||
+         std::chrono::duration<double>(clock::now() - start).count() < min_seconds) {
     // Alternate which side goes first so neither always sees a warmer cache.
     const bool wrapper_first = tw.size() % 2 == 0;
     const double a = seconds(wrapper_first ? wrapper : raw);
@@ -122,7 +124,9 @@ void record(Runner& r, const std::string& name, const std::string& shape, DType 
             double flops, const PairTiming& t, double t_rt = 0) {
   Result res;
   res.name = name;
-  res.labels = {{"shape", shape}, {"dtype", std::string(dtype_name(ab))}, {"out", std::string(dtype_name(c))}};
+  res.labels = {{"shape", shape},
+                {"dtype", std::string(dtype_name(ab))},
+                {"out", std::string(dtype_name(c))}};
   res.metrics = {{"seconds", t.wrapper},
                  {"gflops", flops / t.wrapper * 1e-9},
                  {"raw_gflops", flops / t.raw * 1e-9},
@@ -167,7 +171,8 @@ void bench_linear(Runner& r, Context& ctx, const Linear& l, DType dt) {
   };
   for (const Pass& p : passes) {
     std::vector<RawCall> raw;
-    raw.push_back(raw_call(st, raw_primitive(st, p.raw), p.raw, p.a->raw(), p.b->raw(), p.c->raw()));
+    raw.push_back(
+        raw_call(st, raw_primitive(st, p.raw), p.raw, p.a->raw(), p.b->raw(), p.c->raw()));
     const PairTiming tp = time_pair(
         r, [&] { kernels::matmul(ctx, *p.a, *p.b, *p.c, p.args); }, [&] { run_all(st, raw); });
     record(r, std::string("matmul/") + l.name + "/" + p.pass + "/" + std::string(dtype_name(dt)),
@@ -225,7 +230,8 @@ void bench_grouped(Runner& r, Context& ctx, const char* name, const std::vector<
     const char* pass_name = pass == 0 ? "fwd" : pass == 1 ? "dx" : "dw";
     if (pass == 0) wrapper = [&] { kernels::grouped_matmul(ctx, x, w, off, y, true, 0.0f); };
     if (pass == 1) wrapper = [&] { kernels::grouped_matmul(ctx, dy, w, off, dx, false, 0.0f); };
-    if (pass == 2) wrapper = [&] { kernels::grouped_matmul_weight_grad(ctx, dy, x, off, dw, 0.0f); };
+    if (pass == 2)
+      wrapper = [&] { kernels::grouped_matmul_weight_grad(ctx, dy, x, off, dw, 0.0f); };
     const PairTiming tp = time_pair(r, wrapper, [&] { run_all(st, fixed); });
     const double t_rt = r.time_median([&] { run_all(st, runtime); }, 0.3);
     record(r, prefix + pass_name + "/" + std::string(dtype_name(dt)), shape, dt,

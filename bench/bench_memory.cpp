@@ -211,7 +211,8 @@ void bench_precision(Runner& runner) {
       Harness h(s, m.prec, runner.threads(), m.moments);
       st = h.step(none);
     }
-    const planner::MemoryEstimate est = planner::estimate_memory(inputs_of(s, m.prec, none, m.moments));
+    const planner::MemoryEstimate est =
+        planner::estimate_memory(inputs_of(s, m.prec, none, m.moments));
     // Model construction, optimizer state and the step: the run's whole peak.
     const double total = static_cast<double>(cpu_allocator().total_peak() - before) / 1e6;
     if (fp32_total == 0) fp32_total = total;
@@ -222,7 +223,8 @@ void bench_precision(Runner& runner) {
     res.metrics["total_predicted_mb"] = static_cast<double>(est.total_peak) / 1e6;
     res.metrics["below_fp32"] = 1.0 - total / fp32_total;
     res.metrics["activation_peak_mb"] = static_cast<double>(st.activation_peak) / 1e6;
-    res.metrics["activation_predicted_mb"] = static_cast<double>(est.peak_of(MemTag::activations)) / 1e6;
+    res.metrics["activation_predicted_mb"] =
+        static_cast<double>(est.peak_of(MemTag::activations)) / 1e6;
     runner.record(res);
   }
 }

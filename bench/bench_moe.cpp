@@ -37,7 +37,8 @@ void bench_router(Runner& runner) {
   Tensor dl = Tensor::empty({T, E}, DType::f32, MemTag::workspace);
   const RouterArgs args{static_cast<int>(K), RouterScore::softmax, true};
   const std::string shape = "[4096, 8] top-2 softmax";
-  const double fwd = runner.time_median([&] { router_topk(ctx, logits, Tensor(), args, scores, idx, w); });
+  const double fwd =
+      runner.time_median([&] { router_topk(ctx, logits, Tensor(), args, scores, idx, w); });
   // logits in, scores out, idx and weights out.
   record(runner, "moe/router_topk/fwd", shape, DType::f32, fwd, 4.0 * (2 * T * E + 2 * T * K));
   const double bwd = runner.time_median(
@@ -57,7 +58,8 @@ void bench_rows(Runner& runner) {
   Tensor scores = Tensor::empty({T, E}, DType::f32, MemTag::workspace);
   Tensor idx = Tensor::empty({T, K}, DType::i32, MemTag::workspace);
   Tensor w = Tensor::empty({T, K}, DType::f32, MemTag::workspace);
-  router_topk(ctx, logits, Tensor(), {static_cast<int>(K), RouterScore::softmax, true}, scores, idx, w);
+  router_topk(ctx, logits, Tensor(), {static_cast<int>(K), RouterScore::softmax, true}, scores, idx,
+              w);
   const MoePlan plan = moe_plan(idx, E, 0);
   const int64_t R = plan.rows();
   const double plan_s = runner.time_median([&] { (void)moe_plan(idx, E, 0); }, 0.2);
@@ -78,8 +80,8 @@ void bench_rows(Runner& runner) {
     const double pf = runner.time_median([&] { moe_permute(ctx, x, plan, perm); });
     const double pb = runner.time_median([&] { moe_permute_backward(ctx, dperm, plan, dx); });
     const double uf = runner.time_median([&] { moe_unpermute(ctx, perm, plan, w, out); });
-    const double ub = runner.time_median(
-        [&] { moe_unpermute_backward(ctx, dout, perm, plan, w, deo, dw); });
+    const double ub =
+        runner.time_median([&] { moe_unpermute_backward(ctx, dout, perm, plan, w, deo, dw); });
     // Bytes each kernel must touch once: rows read + rows written.
     record(runner, "moe/permute/fwd", shape, dt, pf, es * (R + R) * D);
     record(runner, "moe/permute/bwd", shape, dt, pb, es * (R + T) * D);

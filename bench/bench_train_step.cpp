@@ -20,8 +20,10 @@ using clock_type = std::chrono::steady_clock;
 // The best GEMM rate of the model's own shapes: the honest MFU denominator.
 double matmul_peak(Runner& runner, kernels::Context& ctx, DType dt) {
   double best = 0;
-  for (auto [m, n, k] : {std::array<int64_t, 3>{4096, 512, 512}, {1024, 2048, 512}, {4096, 8192, 512}}) {
-    Tensor a = Tensor::empty({m, k}, dt, MemTag::workspace), b = Tensor::empty({n, k}, dt, MemTag::workspace);
+  for (auto [m, n, k] :
+       {std::array<int64_t, 3>{4096, 512, 512}, {1024, 2048, 512}, {4096, 8192, 512}}) {
+    Tensor a = Tensor::empty({m, k}, dt, MemTag::workspace),
+           b = Tensor::empty({n, k}, dt, MemTag::workspace);
     Tensor c = Tensor::empty({m, n}, DType::f32, MemTag::workspace);
     fill_uniform(a, 1, "a", -1, 1);
     fill_uniform(b, 1, "b", -1, 1);
@@ -66,7 +68,8 @@ void bench_step(Runner& runner, bool bf16) {
   optim::OptimizerOptions oo;
   oo.schedule = {1e-3, 0.1, 0, 100};
   optim::Optimizer opt(model.params(), oo);
-  Tensor in = Tensor::empty({batch, seq}, DType::i32), tgt = Tensor::empty({batch, seq}, DType::i32);
+  Tensor in = Tensor::empty({batch, seq}, DType::i32),
+         tgt = Tensor::empty({batch, seq}, DType::i32);
   PhiloxStream rng(3, "tokens");
   for (int64_t i = 0; i < batch * seq; ++i) {
     in.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % 8192);

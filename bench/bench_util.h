@@ -11,9 +11,9 @@
 namespace moetron::bench {
 
 struct Result {
-  std::string name;                       // e.g. "matmul/qkv_proj/bf16"
+  std::string name;                           // e.g. "matmul/qkv_proj/bf16"
   std::map<std::string, std::string> labels;  // shape, dtype, ...
-  std::map<std::string, double> metrics;  // seconds, gflops, ratio, ...
+  std::map<std::string, double> metrics;      // seconds, gflops, ratio, ...
 };
 
 class Runner {

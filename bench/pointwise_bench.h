@@ -21,8 +21,8 @@ inline Tensor bench_random(const Shape& shape, DType dtype, const char* name, fl
 // Times fn and records name with labels shape/dtype and metrics seconds and
 // gbytes_per_s for `bytes` moved per call.
 template <typename Fn>
-void time_bandwidth(Runner& runner, const std::string& name, const std::string& shape,
-                    DType dtype, double bytes, Fn&& fn) {
+void time_bandwidth(Runner& runner, const std::string& name, const std::string& shape, DType dtype,
+                    double bytes, Fn&& fn) {
   const double s = runner.time_median(fn, 0.3);
   Result r;
   r.name = name + "/" + std::string(dtype_name(dtype));

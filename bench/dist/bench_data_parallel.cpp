@@ -35,11 +35,16 @@ int main(int argc, char** argv) {
   int64_t steps = 6, layers = 4;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--data") data = argv[i + 1];
-    else if (a == "--json") json_path = argv[i + 1];
-    else if (a == "--steps") steps = std::stoll(argv[i + 1]);
-    else if (a == "--layers") layers = std::stoll(argv[i + 1]);
-    else if (a == "--config") config = argv[i + 1];
+    if (a == "--data")
+      data = argv[i + 1];
+    else if (a == "--json")
+      json_path = argv[i + 1];
+    else if (a == "--steps")
+      steps = std::stoll(argv[i + 1]);
+    else if (a == "--layers")
+      layers = std::stoll(argv[i + 1]);
+    else if (a == "--config")
+      config = argv[i + 1];
     else {
       std::cerr << "unknown option " << a << "\n";
       return 2;
@@ -50,13 +55,15 @@ int main(int argc, char** argv) {
   try {
     nlohmann::json out = nlohmann::json::array();
     for (const bool overlap : {true, false}) {
-      const std::string run = std::filesystem::temp_directory_path().string() + "/moetron_bench_dp_" +
-                              std::to_string(dp) + (overlap ? "_on" : "_off");
+      const std::string run = std::filesystem::temp_directory_path().string() +
+                              "/moetron_bench_dp_" + std::to_string(dp) +
+                              (overlap ? "_on" : "_off");
       if (world->rank() == 0) remove_tree(run);
       world->barrier();
       const train::Config cfg = train::load_config(
-          config, {"data.path=" + data, "model.n_layers=" + std::to_string(layers), "train.steps=" + std::to_string(steps),
-                   "train.global_batch=8", "train.micro_batch=" + std::to_string(8 / dp), "train.threads=1",
+          config, {"data.path=" + data, "model.n_layers=" + std::to_string(layers),
+                   "train.steps=" + std::to_string(steps), "train.global_batch=8",
+                   "train.micro_batch=" + std::to_string(8 / dp), "train.threads=1",
                    "train.log_every=1000", "train.eval_batches=" + std::to_string(dp),
                    std::string("parallel.overlap=") + (overlap ? "true" : "false")});
       train::Trainer t(cfg, run, false, world);
@@ -72,20 +79,26 @@ int main(int argc, char** argv) {
       v.data<double>()[0] = st;
       v.data<double>()[1] = wt;
       world->allreduce(v, comm::ReduceOp::max);
-      const double grad_mb = static_cast<double>(t.reducer() ? t.reducer()->padded_numel() * 4 : 0) / 1048576.0;
-      out.push_back({{"dp", dp}, {"overlap", overlap}, {"step_s", v.data<double>()[0]},
+      const double grad_mb =
+          static_cast<double>(t.reducer() ? t.reducer()->padded_numel() * 4 : 0) / 1048576.0;
+      out.push_back({{"dp", dp},
+                     {"overlap", overlap},
+                     {"step_s", v.data<double>()[0]},
                      {"exposed_comm_s", v.data<double>()[1]},
                      {"compute_fraction", 1.0 - v.data<double>()[1] / v.data<double>()[0]},
-                     {"buckets", t.reducer() ? t.reducer()->buckets().size() : 0}, {"grad_mb", grad_mb},
+                     {"buckets", t.reducer() ? t.reducer()->buckets().size() : 0},
+                     {"grad_mb", grad_mb},
                      {"tokens_per_s", 8.0 * 512.0 / v.data<double>()[0]}});
       if (world->rank() == 0) remove_tree(run);
     }
     if (world->rank() == 0) {
-      std::printf("%4s %8s %10s %16s %10s %10s\n", "dp", "overlap", "step_s", "exposed_comm_s", "compute", "tok/s");
+      std::printf("%4s %8s %10s %16s %10s %10s\n", "dp", "overlap", "step_s", "exposed_comm_s",
+                  "compute", "tok/s");
       for (const auto& e : out) {
-        std::printf("%4d %8s %10.3f %16.3f %9.1f%% %10.0f\n", e["dp"].get<int>(), e["overlap"].get<bool>() ? "on" : "off",
-                    e["step_s"].get<double>(), e["exposed_comm_s"].get<double>(),
-                    100.0 * e["compute_fraction"].get<double>(), e["tokens_per_s"].get<double>());
+        std::printf("%4d %8s %10.3f %16.3f %9.1f%% %10.0f\n", e["dp"].get<int>(),
+                    e["overlap"].get<bool>() ? "on" : "off", e["step_s"].get<double>(),
+                    e["exposed_comm_s"].get<double>(), 100.0 * e["compute_fraction"].get<double>(),
+                    e["tokens_per_s"].get<double>());
       }
       std::cout << out.dump() << "\n";
       if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

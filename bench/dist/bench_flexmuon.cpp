@@ -29,8 +29,10 @@ int main(int argc, char** argv) {
   int64_t layers = 2, reps = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--layers") layers = std::stoll(argv[i + 1]);
-    else if (a == "--reps") reps = std::stoll(argv[i + 1]);
+    if (a == "--layers")
+      layers = std::stoll(argv[i + 1]);
+    else if (a == "--reps")
+      reps = std::stoll(argv[i + 1]);
     else {
       std::cerr << "unknown option " << a << "\n";
       return 2;
@@ -38,8 +40,9 @@ int main(int argc, char** argv) {
   }
   auto world = comm::make_mpi_world();
   try {
-    const train::Config cfg = train::load_config(MOETRON_SOURCE_DIR "/configs/bench-moe.toml",
-                                                 {"model.n_layers=" + std::to_string(layers), "data.path=none"});
+    const train::Config cfg =
+        train::load_config(MOETRON_SOURCE_DIR "/configs/bench-moe.toml",
+                           {"model.n_layers=" + std::to_string(layers), "data.path=none"});
     kernels::Context ctx(kernels::Backend::cpu, 1);
     nlohmann::json out = nlohmann::json::array();
     for (const std::string mode : {"owner", "gather", "replicated"}) {
@@ -52,8 +55,9 @@ int main(int argc, char** argv) {
       ro.mode = parallel::ReduceMode::reduce_scatter;
       std::vector<parallel::BucketSpec> plan;
       if (mode == "owner") {
-        plan = parallel::owner_bucket_plan(model.params(), world->size(), ro.bucket_bytes,
-                                           [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); });
+        plan = parallel::owner_bucket_plan(
+            model.params(), world->size(), ro.bucket_bytes,
+            [&oo](const nn::Parameter& p) { return optim::rule_uses_muon(oo, p); });
       }
       parallel::GradReducer reducer(model.params(), *world, ro, std::move(plan));
       optim::ZeroOptimizer opt(model.params(), oo, reducer, mode == "replicated");
@@ -79,15 +83,21 @@ int main(int argc, char** argv) {
       world->allreduce(t, comm::ReduceOp::max);
       int64_t matrices = 0;
       for (const auto& p : model.params().all()) matrices += optim::rule_uses_muon(oo, *p);
-      out.push_back({{"dp", world->size()}, {"mode", mode}, {"step_s", t.data<double>()[0]}, {"matrices", matrices},
+      out.push_back({{"dp", world->size()},
+                     {"mode", mode},
+                     {"step_s", t.data<double>()[0]},
+                     {"matrices", matrices},
                      {"bytes_sent", reducer.comm().total_stats().bytes_sent}});
     }
     if (world->rank() == 0) {
       const double base = out[1]["step_s"].get<double>(), rep = out[2]["step_s"].get<double>();
       for (const auto& e : out) {
-        std::printf("dp %d %-10s optimizer step %8.3f s  (%5.1f%% lower than gather, %5.1f%% lower than replicated)\n",
-                    e["dp"].get<int>(), e["mode"].get<std::string>().c_str(), e["step_s"].get<double>(),
-                    100.0 * (1.0 - e["step_s"].get<double>() / base), 100.0 * (1.0 - e["step_s"].get<double>() / rep));
+        std::printf(
+            "dp %d %-10s optimizer step %8.3f s  (%5.1f%% lower than gather, %5.1f%% lower than "
+            "replicated)\n",
+            e["dp"].get<int>(), e["mode"].get<std::string>().c_str(), e["step_s"].get<double>(),
+            100.0 * (1.0 - e["step_s"].get<double>() / base),
+            100.0 * (1.0 - e["step_s"].get<double>() / rep));
       }
       std::cout << out.dump() << "\n";
     }

@@ -33,8 +33,12 @@ namespace {
 
 using namespace moetron;
 
-int64_t bytes_of(comm::Communicator* c) { return c ? c->total_stats().bytes_sent : 0; }
-double seconds_of(comm::Communicator* c) { return c ? c->total_stats().seconds : 0; }
+int64_t bytes_of(comm::Communicator* c) {
+  return c ? c->total_stats().bytes_sent : 0;
+}
+double seconds_of(comm::Communicator* c) {
+  return c ? c->total_stats().seconds : 0;
+}
 
 struct Snapshot {
   double tp_b = 0, ep_b = 0, pp_b = 0, dp_b = 0, tp_s = 0, ep_s = 0;
@@ -59,14 +63,17 @@ Formula formula(train::Trainer& t, const train::Config& cfg, int world) {
   const auto& pc = cfg.parallel;
   const nn::Transformer& m = t.model();
   const double es = m.precision().compute == DType::bf16 ? 2.0 : 4.0;
-  const double T = static_cast<double>(cfg.train.micro_batch * cfg.train.seq_len), D = static_cast<double>(cfg.model.d_model);
+  const double T = static_cast<double>(cfg.train.micro_batch * cfg.train.seq_len),
+               D = static_cast<double>(cfg.model.d_model);
   const double A = T * D * es, tp = static_cast<double>(pc.tp), f = (tp - 1) / tp;
   const double mb = static_cast<double>(t.accumulation());
   auto& model = const_cast<nn::Transformer&>(m);
-  const double moe = static_cast<double>(model.moe_layers().size()), blocks = static_cast<double>(m.num_blocks());
+  const double moe = static_cast<double>(model.moe_layers().size()),
+               blocks = static_cast<double>(m.num_blocks());
   Formula out;
   if (pc.tp > 1) {
-    double per_mb = blocks * 4 * f * A + (blocks - moe) * 4 * f * A + (pc.sequence_parallel ? 0.0 : moe * 2 * f * A);
+    double per_mb = blocks * 4 * f * A + (blocks - moe) * 4 * f * A +
+                    (pc.sequence_parallel ? 0.0 : moe * 2 * f * A);
     if (m.holds_embedding()) per_mb += 2 * f * A;
     if (m.holds_head()) per_mb += 2 * f * A + 24 * f * T;
     out.tp = per_mb * mb;
@@ -74,11 +81,13 @@ Formula formula(train::Trainer& t, const train::Config& cfg, int world) {
   if (pc.ep > 1) {
     const double ep = static_cast<double>(pc.ep);
     const double rows = T / tp * static_cast<double>(cfg.moe.top_k) * (ep - 1) / ep;
-    out.ep = moe * mb * (4 * rows * D * es + (ep - 1) * static_cast<double>(cfg.moe.num_experts + 1) * 8);
+    out.ep = moe * mb *
+             (4 * rows * D * es + (ep - 1) * static_cast<double>(cfg.moe.num_experts + 1) * 8);
   }
   if (pc.pp > 1) {
     const double rows = pc.sequence_parallel ? T / tp : T;
-    const int64_t stages = pc.pp * pc.vpp, me = world / pc.pp == 0 ? 0 : t.world().rank() / (world / pc.pp);
+    const int64_t stages = pc.pp * pc.vpp,
+                  me = world / pc.pp == 0 ? 0 : t.world().rank() / (world / pc.pp);
     for (int64_t c = 0; c < pc.vpp; ++c) {
       const int64_t j = c * pc.pp + me;
       out.pp += mb * rows * D * es * ((j < stages - 1 ? 1 : 0) + (j > 0 ? 1 : 0));
@@ -105,12 +114,18 @@ int main(int argc, char** argv) {
   int64_t steps = 4, layers = 4, seq = 128;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--data") data = argv[i + 1];
-    else if (a == "--json") json_path = argv[i + 1];
-    else if (a == "--steps") steps = std::stoll(argv[i + 1]);
-    else if (a == "--layers") layers = std::stoll(argv[i + 1]);
-    else if (a == "--seq") seq = std::stoll(argv[i + 1]);
-    else if (a == "--config") config = argv[i + 1];
+    if (a == "--data")
+      data = argv[i + 1];
+    else if (a == "--json")
+      json_path = argv[i + 1];
+    else if (a == "--steps")
+      steps = std::stoll(argv[i + 1]);
+    else if (a == "--layers")
+      layers = std::stoll(argv[i + 1]);
+    else if (a == "--seq")
+      seq = std::stoll(argv[i + 1]);
+    else if (a == "--config")
+      config = argv[i + 1];
     else {
       std::cerr << "unknown option " << a << "\n";
       return 2;
@@ -129,16 +144,24 @@ int main(int argc, char** argv) {
       {"tp2 ep2 dp4 sp", {"parallel.tp=2", "parallel.ep=2", "parallel.sequence_parallel=true"}},
   };
   try {
-    MOETRON_CHECK(n == 8, "moetron_bench_layouts runs the issue's 8-rank layouts: mpirun -np 8, got ", n, " ranks");
+    MOETRON_CHECK(n == 8,
+                  "moetron_bench_layouts runs the issue's 8-rank layouts: mpirun -np 8, got ", n,
+                  " ranks");
     nlohmann::json out = nlohmann::json::array();
     for (const Case& c : cases) {
-      const std::string run = std::filesystem::temp_directory_path().string() + "/moetron_bench_layouts";
+      const std::string run =
+          std::filesystem::temp_directory_path().string() + "/moetron_bench_layouts";
       if (world->rank() == 0) remove_tree(run);
       world->barrier();
-      std::vector<std::string> sets = {"data.path=" + data, "model.n_layers=" + std::to_string(layers),
-                                       "model.max_seq_len=" + std::to_string(seq), "train.seq_len=" + std::to_string(seq),
-                                       "train.steps=" + std::to_string(steps), "train.global_batch=8",
-                                       "train.micro_batch=1", "train.threads=1", "train.log_every=1000",
+      std::vector<std::string> sets = {"data.path=" + data,
+                                       "model.n_layers=" + std::to_string(layers),
+                                       "model.max_seq_len=" + std::to_string(seq),
+                                       "train.seq_len=" + std::to_string(seq),
+                                       "train.steps=" + std::to_string(steps),
+                                       "train.global_batch=8",
+                                       "train.micro_batch=1",
+                                       "train.threads=1",
+                                       "train.log_every=1000",
                                        "train.eval_batches=1"};
       sets.insert(sets.end(), c.sets.begin(), c.sets.end());
       const train::Config cfg = train::load_config(config, sets);
@@ -164,8 +187,9 @@ int main(int argc, char** argv) {
       // Per rank means over the ranks (each rank's own formula).
       Tensor v = Tensor::empty({14}, DType::f64);
       double* p = v.data<double>();
-      const double vals[14] = {step / k, tp_s / k, ep_s / k, dp_s / k, pp_s / k, d.tp_b / k, d.ep_b / k,
-                               d.pp_b / k, d.dp_b / k, fm.tp, fm.ep, fm.pp, fm.dp, 0};
+      const double vals[14] = {step / k,   tp_s / k,   ep_s / k,   dp_s / k,   pp_s / k,
+                               d.tp_b / k, d.ep_b / k, d.pp_b / k, d.dp_b / k, fm.tp,
+                               fm.ep,      fm.pp,      fm.dp,      0};
       std::copy(vals, vals + 14, p);
       world->allreduce(v, comm::ReduceOp::sum);
       for (int i = 0; i < 14; ++i) p[i] /= n;
@@ -189,15 +213,19 @@ int main(int argc, char** argv) {
       if (world->rank() == 0) remove_tree(run);
     }
     if (world->rank() == 0) {
-      std::printf("%-20s %7s %7s %6s %6s %6s %6s | %8s %8s %8s %8s | %6s %6s %6s %6s\n", "layout", "step s", "compute",
-                  "tp s", "ep s", "dp s", "pp s", "tp MiB", "ep MiB", "pp MiB", "dp MiB", "tp/f", "ep/f", "pp/f", "dp/f");
+      std::printf("%-20s %7s %7s %6s %6s %6s %6s | %8s %8s %8s %8s | %6s %6s %6s %6s\n", "layout",
+                  "step s", "compute", "tp s", "ep s", "dp s", "pp s", "tp MiB", "ep MiB", "pp MiB",
+                  "dp MiB", "tp/f", "ep/f", "pp/f", "dp/f");
       for (const auto& e : out) {
-        std::printf("%-20s %7.3f %7.3f %6.3f %6.3f %6.3f %6.3f | %8.2f %8.2f %8.2f %8.2f | %6.3f %6.3f %6.3f %6.3f\n",
-                    e["layout"].get<std::string>().c_str(), e["step_s"].get<double>(), e["compute_s"].get<double>(),
-                    e["tp_s"].get<double>(), e["ep_s"].get<double>(), e["dp_wait_s"].get<double>(),
-                    e["pp_wait_s"].get<double>(), e["tp_mib"].get<double>(), e["ep_mib"].get<double>(),
-                    e["pp_mib"].get<double>(), e["dp_mib"].get<double>(), e["tp_ratio"].get<double>(),
-                    e["ep_ratio"].get<double>(), e["pp_ratio"].get<double>(), e["dp_ratio"].get<double>());
+        std::printf(
+            "%-20s %7.3f %7.3f %6.3f %6.3f %6.3f %6.3f | %8.2f %8.2f %8.2f %8.2f | %6.3f %6.3f "
+            "%6.3f %6.3f\n",
+            e["layout"].get<std::string>().c_str(), e["step_s"].get<double>(),
+            e["compute_s"].get<double>(), e["tp_s"].get<double>(), e["ep_s"].get<double>(),
+            e["dp_wait_s"].get<double>(), e["pp_wait_s"].get<double>(), e["tp_mib"].get<double>(),
+            e["ep_mib"].get<double>(), e["pp_mib"].get<double>(), e["dp_mib"].get<double>(),
+            e["tp_ratio"].get<double>(), e["ep_ratio"].get<double>(), e["pp_ratio"].get<double>(),
+            e["dp_ratio"].get<double>());
       }
       std::cout << out.dump() << "\n";
       if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

@@ -41,7 +41,8 @@ std::vector<Piece> layout(int64_t r, int64_t c, int tp, int dp, bool by_rows, st
   std::vector<Piece> out;
   if (tp == 1) {
     const std::vector<int64_t> at = cuts(r * c, dp);
-    for (size_t i = 0; i + 1 < at.size(); ++i) out.push_back(Piece::flat(at[i], at[i + 1] - at[i], r * c));
+    for (size_t i = 0; i + 1 < at.size(); ++i)
+      out.push_back(Piece::flat(at[i], at[i + 1] - at[i], r * c));
     return out;
   }
   const std::vector<int64_t> blocks = cuts(by_rows ? r : c, tp);
@@ -51,8 +52,8 @@ std::vector<Piece> layout(int64_t r, int64_t c, int tp, int dp, bool by_rows, st
     const Shape local = by_rows ? Shape({n, c}) : Shape({r, n});
     const std::vector<int64_t> at = cuts(local.numel(), dp);
     for (size_t i = 0; i + 1 < at.size(); ++i) {
-      out.push_back(Piece::block_range(Shape({r, c}), by_rows ? lo : 0, by_rows ? 0 : lo, local, at[i],
-                                       at[i + 1] - at[i]));
+      out.push_back(Piece::block_range(Shape({r, c}), by_rows ? lo : 0, by_rows ? 0 : lo, local,
+                                       at[i], at[i + 1] - at[i]));
     }
   }
   return out;
@@ -60,10 +61,12 @@ std::vector<Piece> layout(int64_t r, int64_t c, int tp, int dp, bool by_rows, st
 
 TEST(Pieces, AnyLayoutIsCutFromAnyOtherExactlyOnce) {
   std::mt19937 rng(7);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{7, 13}, {1, 33}, {130, 3}, {5, 1}, {64, 64}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {7, 13}, {1, 33}, {130, 3}, {5, 1}, {64, 64}};
   for (const auto& [r, c] : shapes) {
     for (int trial = 0; trial < 20; ++trial) {
-      const int tp_a = 1 + trial % 4, dp_a = 1 + (trial / 4) % 3, tp_b = 1 + (trial + 1) % 3, dp_b = 1 + trial % 5;
+      const int tp_a = 1 + trial % 4, dp_a = 1 + (trial / 4) % 3, tp_b = 1 + (trial + 1) % 3,
+                dp_b = 1 + trial % 5;
       const std::vector<Piece> saved = layout(r, c, tp_a, dp_a, trial % 2 == 0, rng);
       const std::vector<Piece> wanted = layout(r, c, tp_b, dp_b, trial % 3 == 0, rng);
       std::vector<Tensor> saved_values;
@@ -72,7 +75,8 @@ TEST(Pieces, AnyLayoutIsCutFromAnyOtherExactlyOnce) {
         Tensor got = Tensor::empty({w.numel()}, DType::f32);
         got.fill(-1.0);
         int64_t copied = 0;
-        for (size_t i = 0; i < saved.size(); ++i) copied += copy_overlap(saved[i], saved_values[i], w, got);
+        for (size_t i = 0; i < saved.size(); ++i)
+          copied += copy_overlap(saved[i], saved_values[i], w, got);
         ASSERT_EQ(copied, w.numel()) << r << "x" << c << " trial " << trial;
         for (int64_t k = 0; k < w.numel(); ++k) {
           ASSERT_EQ(got.data<float>()[k], static_cast<float>(full_index(w, k)))
@@ -93,8 +97,9 @@ TEST(Pieces, MetadataRoundTrips) {
   EXPECT_EQ(flat.metadata(), "30,120");
   EXPECT_EQ(Piece::whole(120).metadata(), "");
   const auto same = [](const Piece& a, const Piece& b) {
-    return a.total == b.total && a.full_cols == b.full_cols && a.row0 == b.row0 && a.col0 == b.col0 &&
-           a.rows == b.rows && a.cols == b.cols && a.offset == b.offset && a.count == b.count;
+    return a.total == b.total && a.full_cols == b.full_cols && a.row0 == b.row0 &&
+           a.col0 == b.col0 && a.rows == b.rows && a.cols == b.cols && a.offset == b.offset &&
+           a.count == b.count;
   };
   EXPECT_TRUE(same(Piece::parse(whole_block.metadata(), Shape({4, 10}), "t"), whole_block));
   EXPECT_TRUE(same(Piece::parse(range.metadata(), Shape({23}), "t"), range));
@@ -124,21 +129,22 @@ TEST(Pieces, CopiesConvertTheDtype) {
 
 TEST(Pieces, BadDescriptionsNameTheTensor) {
   const std::vector<std::pair<std::string, Shape>> bad = {
-      {"block:0,0,4", Shape({2, 2})},                // too few fields
-      {"block:3,0,4,4", Shape({2, 4})},              // rows 3..5 of 4
-      {"block:0,0,4,4,2,4,5", Shape({4})},           // elements 5..9 of an 8-element block
-      {"block:0,0,4,4", Shape({16})},                // a whole block saved 1-D
-      {"90,100", Shape({20})},                       // past the end
-      {"1,x", Shape({2})},                           // not a number
-      {"flat:10,3,4", Shape({5})},                   // elements 10..14 of 12
-      {"flat:0,0,4", Shape({1})},                    // an empty dimension
+      {"block:0,0,4", Shape({2, 2})},       // too few fields
+      {"block:3,0,4,4", Shape({2, 4})},     // rows 3..5 of 4
+      {"block:0,0,4,4,2,4,5", Shape({4})},  // elements 5..9 of an 8-element block
+      {"block:0,0,4,4", Shape({16})},       // a whole block saved 1-D
+      {"90,100", Shape({20})},              // past the end
+      {"1,x", Shape({2})},                  // not a number
+      {"flat:10,3,4", Shape({5})},          // elements 10..14 of 12
+      {"flat:0,0,4", Shape({1})},           // an empty dimension
   };
   for (const auto& [meta, shape] : bad) {
     try {
       (void)Piece::parse(meta, shape, "'f.safetensors', tensor 'w'");
       ADD_FAILURE() << meta << " accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("tensor 'w'"), std::string::npos) << meta << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("tensor 'w'"), std::string::npos)
+          << meta << ": " << e.what();
     }
   }
 }

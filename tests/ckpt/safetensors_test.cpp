@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "moetron/core/error.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
-#include "moetron/core/error.h"
 #include "util/test_util.h"
 
 namespace moetron::ckpt {
@@ -19,8 +19,8 @@ using moetron::StagedDir;
 namespace fs = std::filesystem;
 
 std::string temp_dir(const std::string& name) {
-  const std::string d = (fs::temp_directory_path() / ("moetron_" + name + "_" +
-                                                     std::to_string(::getpid()))).string();
+  const std::string d =
+      (fs::temp_directory_path() / ("moetron_" + name + "_" + std::to_string(::getpid()))).string();
   remove_tree(d);
   fs::create_directories(d);
   return d;
@@ -116,7 +116,8 @@ TEST(StagedDir, PublishesAtomicallyAndNeverOverwrites) {
 
 TEST(Manifest, DetectsCorruptionTruncationAndMissingFiles) {
   const std::string dir = temp_dir("manifest");
-  write_safetensors(dir + "/model.safetensors", {{"w", test::random_tensor({100}, DType::f32, "w")}});
+  write_safetensors(dir + "/model.safetensors",
+                    {{"w", test::random_tensor({100}, DType::f32, "w")}});
   std::ofstream(dir + "/trainer.json") << R"({"step": 3})";
   write_manifest(dir, {"model.safetensors", "trainer.json"}, {{"step", 3}});
   EXPECT_EQ(verify_manifest(dir).at("step"), 3);

@@ -19,7 +19,8 @@ TEST(Mpi, AllreduceSumAvgMaxAcrossDtypes) {
   Tensor f = Tensor::empty({7}, DType::f32);
   for (int i = 0; i < 7; ++i) f.data<float>()[i] = static_cast<float>(r * 10 + i);
   w.allreduce(f, ReduceOp::sum);
-  for (int i = 0; i < 7; ++i) EXPECT_EQ(f.data<float>()[i], static_cast<float>(10 * n * (n - 1) / 2 + n * i));
+  for (int i = 0; i < 7; ++i)
+    EXPECT_EQ(f.data<float>()[i], static_cast<float>(10 * n * (n - 1) / 2 + n * i));
   Tensor l = Tensor::empty({3}, DType::i64);
   for (int i = 0; i < 3; ++i) l.data<int64_t>()[i] = (int64_t{1} << 40) * (r + 1) + i;
   w.allreduce(l, ReduceOp::max);
@@ -49,7 +50,8 @@ TEST(Mpi, AllreduceSumAvgMaxAcrossDtypes) {
     static_cast<uint16_t*>(hs.raw())[i] = f32_to_f16(static_cast<float>(i / 5 + 1) / 3.0f);
   }
   w.reduce_scatter(hs, hmine, ReduceOp::sum);
-  const uint16_t expect_rs = f32_to_f16(f16_to_f32(f32_to_f16(static_cast<float>(r + 1) / 3.0f)) * static_cast<float>(n));
+  const uint16_t expect_rs =
+      f32_to_f16(f16_to_f32(f32_to_f16(static_cast<float>(r + 1) / 3.0f)) * static_cast<float>(n));
   for (int i = 0; i < 5; ++i) EXPECT_EQ(static_cast<const uint16_t*>(hmine.raw())[i], expect_rs);
 }
 
@@ -60,12 +62,14 @@ TEST(Mpi, ReduceScatterAllgatherAlltoall) {
   for (int i = 0; i < n * 3; ++i) src.data<float>()[i] = static_cast<float>(i + r);
   Tensor mine = test::poisoned({3}, DType::f32);
   w.reduce_scatter(src, mine, ReduceOp::sum);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(mine.data<float>()[i], static_cast<float>(n * (r * 3 + i) + n * (n - 1) / 2));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(mine.data<float>()[i], static_cast<float>(n * (r * 3 + i) + n * (n - 1) / 2));
   Tensor all = test::poisoned({n * 3}, DType::f32);
   w.allgather(mine, all);
   for (int q = 0; q < n; ++q)
     for (int i = 0; i < 3; ++i)
-      EXPECT_EQ(all.data<float>()[q * 3 + i], static_cast<float>(n * (q * 3 + i) + n * (n - 1) / 2));
+      EXPECT_EQ(all.data<float>()[q * 3 + i],
+                static_cast<float>(n * (q * 3 + i) + n * (n - 1) / 2));
   // alltoall: chunk q of rank r holds 100 r + q; after it, chunk q holds 100 q + r.
   Tensor s = Tensor::empty({n, 2}, DType::i32), d = test::poisoned({n, 2}, DType::i32);
   for (int q = 0; q < n; ++q) s.data<int32_t>()[2 * q] = s.data<int32_t>()[2 * q + 1] = 100 * r + q;
@@ -84,7 +88,8 @@ TEST(Mpi, AlltoallvWithUnevenRows) {
   }
   const int64_t ns = std::accumulate(send.begin(), send.end(), int64_t{0});
   const int64_t nr = std::accumulate(recv.begin(), recv.end(), int64_t{0});
-  Tensor s = Tensor::empty({std::max<int64_t>(ns, 1), 4}, DType::f32), d = test::poisoned({std::max<int64_t>(nr, 1), 4}, DType::f32);
+  Tensor s = Tensor::empty({std::max<int64_t>(ns, 1), 4}, DType::f32),
+         d = test::poisoned({std::max<int64_t>(nr, 1), 4}, DType::f32);
   int64_t row = 0;
   for (int q = 0; q < n; ++q)
     for (int64_t k = 0; k < send[static_cast<size_t>(q)]; ++k, ++row)
@@ -135,7 +140,8 @@ TEST(Mpi, PollCompletesOutstandingOperations) {
   const uint16_t expect = f32_to_bf16(static_cast<float>(n - 1));
   const auto* bits = static_cast<const uint16_t*>(b.raw());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while ((bits[0] != expect || bits[(1 << 15) - 1] != expect) && std::chrono::steady_clock::now() < deadline) {
+  while ((bits[0] != expect || bits[(1 << 15) - 1] != expect) &&
+         std::chrono::steady_clock::now() < deadline) {
     w.poll();
   }
   EXPECT_EQ(bits[0], expect) << "poll() did not complete the bf16 allreduce within 30 s";

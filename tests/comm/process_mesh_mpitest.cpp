@@ -25,7 +25,8 @@ TEST(ProcessMeshMpi, AxisCommunicatorsHoldTheirGroups) {
     Tensor me = Tensor::empty({1}, DType::i32), all = Tensor::empty({c.size()}, DType::i32);
     me.data<int32_t>()[0] = w.rank();
     c.allgather(me, all);
-    for (int i = 0; i < c.size(); ++i) EXPECT_EQ(all.data<int32_t>()[i], members[static_cast<size_t>(i)]);
+    for (int i = 0; i < c.size(); ++i)
+      EXPECT_EQ(all.data<int32_t>()[i], members[static_cast<size_t>(i)]);
   }
   Communicator& both = mesh.group({Axis::dp, Axis::tp});
   EXPECT_EQ(both.size(), w.size());

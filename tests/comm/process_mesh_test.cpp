@@ -47,7 +47,8 @@ TEST(ProcessMesh, ValidationNamesTheRule) {
     validate_mesh(shape_of(2, 1, 1, 2, 1), 8);
     FAIL() << "accepted 4 != 8";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("must equal the number of ranks, 8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("must equal the number of ranks, 8"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(validate_mesh(shape_of(0, 1, 1, 1, 1), 0), Error);
   EXPECT_NO_THROW(validate_mesh(shape_of(1, 4, 2, 1, 1), 8));

@@ -26,7 +26,7 @@ TEST(DType, F16RoundTripsAndRoundsToNearestEven) {
   // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even -> 1.
   EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
   EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
-  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);  // overflow to inf
+  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);                   // overflow to inf
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // half of the smallest subnormal: even
   EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 ulp rounds to even 2
   EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::numeric_limits<float>::quiet_NaN()))));

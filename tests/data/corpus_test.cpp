@@ -6,12 +6,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "moetron/core/manifest.h"
-#include "moetron/core/staged_dir.h"
 #include "moetron/core/error.h"
+#include "moetron/core/manifest.h"
+#include "moetron/core/rng.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/data/token_dataset.h"
 #include "moetron/data/tokenizer.h"
-#include "moetron/core/rng.h"
 
 namespace moetron::data {
 namespace {
@@ -20,11 +20,13 @@ namespace fs = std::filesystem;
 
 // A small synthetic corpus in fortune format: documents separated by "%" lines.
 std::string make_corpus_dir(const std::string& name) {
-  const std::string dir = (fs::temp_directory_path() / ("moetron_" + name + "_" + std::to_string(::getpid()))).string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("moetron_" + name + "_" + std::to_string(::getpid()))).string();
   remove_tree(dir);
   fs::create_directories(dir + "/text");
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "while", "dogs", "bark", "at",
-                         "night", "and", "stars", "shine", "over", "quiet", "hills", "river"};
+  const char* words[] = {"the",   "cat",   "sat",  "on",    "a",     "mat",
+                         "while", "dogs",  "bark", "at",    "night", "and",
+                         "stars", "shine", "over", "quiet", "hills", "river"};
   std::ofstream f(dir + "/text/quotes");
   PhiloxStream rng(5, "corpus");
   for (int d = 0; d < 400; ++d) {
@@ -82,7 +84,8 @@ TEST(Corpus, PrepareTrainsTokenizerSplitsAndPublishesAtomically) {
   again.tokenizer_model = opts.out_dir + "/tokenizer.model";
   const PrepareReport rep2 = prepare_data(again);
   EXPECT_EQ(rep2.train_tokens, rep.train_tokens);
-  EXPECT_EQ(file_checksum(again.out_dir + "/train.bin"), file_checksum(opts.out_dir + "/train.bin"));
+  EXPECT_EQ(file_checksum(again.out_dir + "/train.bin"),
+            file_checksum(opts.out_dir + "/train.bin"));
   remove_tree(dir);
 }
 

@@ -51,9 +51,10 @@ TEST(AdamW, CpuMatchesReferenceOverSeveralSteps) {
                         {DType::bf16, DType::f64}};
   for (const Case& c : cases) {
     for (int64_t n : {1, 7, 33, 130, 70001}) {
-      SCOPED_TRACE(testing::Message() << "grad " << dtype_name(c.grad_dtype) << " copy "
-                                      << (c.copy_dtype == DType::f64 ? "none" : dtype_name(c.copy_dtype))
-                                      << " n=" << n);
+      SCOPED_TRACE(testing::Message()
+                   << "grad " << dtype_name(c.grad_dtype) << " copy "
+                   << (c.copy_dtype == DType::f64 ? "none" : dtype_name(c.copy_dtype))
+                   << " n=" << n);
       Tensor w = random_tensor({n}, DType::f32, "w");
       Tensor m = Tensor::zeros({n}, DType::f32), v = Tensor::zeros({n}, DType::f32);
       Tensor w_ref = w.clone(), m_ref = m.clone(), v_ref = v.clone();
@@ -70,7 +71,8 @@ TEST(AdamW, CpuMatchesReferenceOverSeveralSteps) {
         EXPECT_TRUE(test::all_close(v, v_ref, kMoment)) << "v, step " << step;
         EXPECT_TRUE(test::all_close(w, w_ref, kMaster)) << "master, step " << step;
         if (has_copy) {
-          EXPECT_TRUE(test::all_close(copy, copy_ref, c.copy_dtype == DType::f32 ? kMaster : kBf16Copy));
+          EXPECT_TRUE(
+              test::all_close(copy, copy_ref, c.copy_dtype == DType::f32 ? kMaster : kBf16Copy));
           // The copy is exactly the CPU's own master, rounded once.
           EXPECT_TRUE(test::all_close(copy, test::to_dtype(w, c.copy_dtype), {0, 0}));
         }
@@ -99,7 +101,8 @@ constexpr test::Tolerance kSameFp32Update{0, 1e-6};
 double max_abs(const Tensor& t) {
   const Tensor f = test::to_dtype(t, DType::f32);
   double m = 0;
-  for (int64_t i = 0; i < f.numel(); ++i) m = std::max(m, static_cast<double>(std::fabs(f.data<float>()[i])));
+  for (int64_t i = 0; i < f.numel(); ++i)
+    m = std::max(m, static_cast<double>(std::fabs(f.data<float>()[i])));
   return m;
 }
 
@@ -114,7 +117,8 @@ TEST(AdamW, Bf16MomentsMatchReferenceAndRoundTheFp32Update) {
       // The same step with fp32 moments: step 1 from zero moments must give
       // the same weights (the update uses the unrounded moments) and moments
       // that round to the bf16 ones (to nearest even).
-      Tensor w32 = w.clone(), m32 = Tensor::zeros({n}, DType::f32), v32 = Tensor::zeros({n}, DType::f32);
+      Tensor w32 = w.clone(), m32 = Tensor::zeros({n}, DType::f32),
+             v32 = Tensor::zeros({n}, DType::f32);
       Tensor copy = poisoned({n}, DType::bf16);
       AdamWArgs args = decaying_scaled_args();
       for (int64_t step = 1; step <= 5; ++step) {
@@ -124,11 +128,13 @@ TEST(AdamW, Bf16MomentsMatchReferenceAndRoundTheFp32Update) {
         adamw_step(ref, w_ref, g, m_ref, v_ref, args, Tensor());
         if (step == 1) {
           adamw_step(cpu, w32, g, m32, v32, args, Tensor());
-          EXPECT_TRUE(test::all_close(w, w32, kSameFp32Update)) << "the update must use the fp32 moments";
+          EXPECT_TRUE(test::all_close(w, w32, kSameFp32Update))
+              << "the update must use the fp32 moments";
           EXPECT_TRUE(test::all_close(m, test::to_dtype(m32, DType::bf16), {0, 0}));
           EXPECT_TRUE(test::all_close(v, test::to_dtype(v32, DType::bf16), {0, 0}));
         }
-        EXPECT_TRUE(test::all_close(m, m_ref, {kBf16MomentRtol, std::ldexp(max_abs(m_ref), -7)})) << "m, step " << step;
+        EXPECT_TRUE(test::all_close(m, m_ref, {kBf16MomentRtol, std::ldexp(max_abs(m_ref), -7)}))
+            << "m, step " << step;
         EXPECT_TRUE(test::all_close(v, v_ref, {kBf16MomentRtol, 1e-9})) << "v, step " << step;
         EXPECT_TRUE(test::all_close(w, w_ref, kMasterBf16Moments)) << "master, step " << step;
         EXPECT_TRUE(test::all_close(copy, test::to_dtype(w, DType::bf16), {0, 0}));
@@ -138,10 +144,12 @@ TEST(AdamW, Bf16MomentsMatchReferenceAndRoundTheFp32Update) {
   // m and v share one dtype.
   Tensor w = Tensor::zeros({8}, DType::f32), g = Tensor::zeros({8}, DType::f32);
   for (Context* ctx : {&cpu, &ref}) {
-    EXPECT_THROW(adamw_step(*ctx, w, g, Tensor::zeros({8}, DType::bf16), Tensor::zeros({8}, DType::f32), {}, Tensor()),
+    EXPECT_THROW(adamw_step(*ctx, w, g, Tensor::zeros({8}, DType::bf16),
+                            Tensor::zeros({8}, DType::f32), {}, Tensor()),
                  Error);
   }
-  EXPECT_THROW(adamw_step(cpu, w, g, Tensor::zeros({8}, DType::f16), Tensor::zeros({8}, DType::f16), {}, Tensor()),
+  EXPECT_THROW(adamw_step(cpu, w, g, Tensor::zeros({8}, DType::f16), Tensor::zeros({8}, DType::f16),
+                          {}, Tensor()),
                Error);
 }
 
@@ -163,9 +171,9 @@ void adamw_every_dtype_matches_reference(Context& ctx) {
     for (DType md : {DType::f32, DType::bf16}) {
       for (DType cd : {DType::f64, DType::f32, DType::bf16}) {  // f64: no param_copy
         for (int64_t n : {1, 7, 33, 130, 70001}) {
-          SCOPED_TRACE(testing::Message() << "grad " << dtype_name(gd) << " moments "
-                                          << dtype_name(md) << " copy " << dtype_name(cd)
-                                          << " n=" << n);
+          SCOPED_TRACE(testing::Message()
+                       << "grad " << dtype_name(gd) << " moments " << dtype_name(md) << " copy "
+                       << dtype_name(cd) << " n=" << n);
           Tensor w_ref = random_tensor({n}, DType::f32, "w");
           Tensor m_ref = Tensor::zeros({n}, md), v_ref = Tensor::zeros({n}, md);
           // Clones: on the CPU, dev() is the tensor itself.

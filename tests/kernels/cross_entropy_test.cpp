@@ -33,7 +33,8 @@ constexpr double kBf16GradTol = 1.5e-2;
 constexpr double kHeadGradTol = 1e-5;
 
 std::string tag(DType dt, int64_t T, int64_t V, int64_t D = -1, int64_t chunk = -1) {
-  std::string s = std::string(dtype_name(dt)) + " T=" + std::to_string(T) + " V=" + std::to_string(V);
+  std::string s =
+      std::string(dtype_name(dt)) + " T=" + std::to_string(T) + " V=" + std::to_string(V);
   if (D >= 0) s += " D=" + std::to_string(D);
   if (chunk >= 0) s += " chunk=" + std::to_string(chunk);
   return s;
@@ -76,7 +77,8 @@ TEST(CrossEntropy, CpuMatchesReference) {
         cross_entropy(cpu, logits, targets, scale, loss, dl);
         cross_entropy(ref, logits, targets, scale, loss_ref, dl_ref);
         EXPECT_TRUE(test::all_close(loss, loss_ref, kLossTol)) << what;
-        EXPECT_TRUE(test::normalized_close(dl, dl_ref, dt == DType::f32 ? kF32GradTol : kBf16GradTol))
+        EXPECT_TRUE(
+            test::normalized_close(dl, dl_ref, dt == DType::f32 ? kF32GradTol : kBf16GradTol))
             << what;
         expect_ignored_rows_zero(targets, loss, dl, what);
 
@@ -114,8 +116,8 @@ TEST(CrossEntropy, CudaMatchesReference) {
         cross_entropy(ref, logits, targets, scale, loss_ref, dl_ref);
         const Tensor loss_h = test::on_host(loss), dl_h = test::on_host(dl);
         EXPECT_TRUE(test::all_close(loss_h, loss_ref, kLossTol)) << what;
-        EXPECT_TRUE(test::normalized_close(dl_h, dl_ref,
-                                           dt == DType::f32 ? kF32GradTol : kBf16GradTol))
+        EXPECT_TRUE(
+            test::normalized_close(dl_h, dl_ref, dt == DType::f32 ? kF32GradTol : kBf16GradTol))
             << what;
         expect_ignored_rows_zero(targets, loss_h, dl_h, what);
 
@@ -217,7 +219,8 @@ TEST(CrossEntropyFused, CpuMatchesReferenceForEveryChunking) {
         for (int64_t t = 0; t < s.T; ++t) {
           if (targets.data<int32_t>()[t] >= 0) continue;
           EXPECT_EQ(got.losses.data<float>()[t], 0.0f) << what;
-          for (int64_t d = 0; d < s.D; ++d) ASSERT_EQ(test::element(got.d_hidden, t * s.D + d), 0.0);
+          for (int64_t d = 0; d < s.D; ++d)
+            ASSERT_EQ(test::element(got.d_hidden, t * s.D + d), 0.0);
         }
       }
     }
@@ -233,7 +236,8 @@ TEST(CrossEntropyFused, MatchesPlainCrossEntropyOnTheLogits) {
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t v = 0; v < V; ++v) {
       float acc = 0;
-      for (int64_t d = 0; d < D; ++d) acc += h.data<float>()[t * D + d] * w.data<float>()[v * D + d];
+      for (int64_t d = 0; d < D; ++d)
+        acc += h.data<float>()[t * D + d] * w.data<float>()[v * D + d];
       logits.data<float>()[t * V + v] = acc;
     }
   }
@@ -293,7 +297,8 @@ TEST(CrossEntropy, ResultsDoNotDependOnTheThreadCount) {
     Tensor loss = poisoned({T}, DType::f32), dl = poisoned({T, V}, DType::bf16);
     cross_entropy(cpu, logits, targets, 0.01f, loss, dl);
     const FusedOut f = run_fused(cpu, h, w, targets, 0.01f, 48);
-    for (const Tensor* t : {&f.losses, &f.d_hidden, &f.d_head_w, static_cast<const Tensor*>(&loss), static_cast<const Tensor*>(&dl)}) {
+    for (const Tensor* t : {&f.losses, &f.d_hidden, &f.d_head_w, static_cast<const Tensor*>(&loss),
+                            static_cast<const Tensor*>(&dl)}) {
       results[threads - 1].push_back(test::to_doubles(*t));
     }
   }
@@ -327,21 +332,42 @@ TEST(CrossEntropy, BadInputIsAnError) {
   big.data<int32_t>()[2] = static_cast<int32_t>(V);
   for (Context* ctx : {&cpu, &ref}) {
     EXPECT_THROW(cross_entropy(*ctx, logits, big, 1.0f, losses, Tensor()), Error);
-    EXPECT_THROW(cross_entropy(*ctx, logits, Tensor::zeros({T + 1}, DType::i32), 1.0f, losses, Tensor()), Error);
-    EXPECT_THROW(cross_entropy(*ctx, logits, Tensor::zeros({T}, DType::i64), 1.0f, losses, Tensor()), Error);
-    EXPECT_THROW(cross_entropy(*ctx, logits, targets, 1.0f, Tensor::zeros({T - 1}, DType::f32), Tensor()), Error);
-    EXPECT_THROW(cross_entropy(*ctx, logits, targets, 1.0f, losses, Tensor::zeros({T, V + 1}, DType::f32)), Error);
-    EXPECT_THROW(cross_entropy(*ctx, logits, targets, 1.0f, losses, Tensor::zeros({T, V}, DType::bf16)), Error);
+    EXPECT_THROW(
+        cross_entropy(*ctx, logits, Tensor::zeros({T + 1}, DType::i32), 1.0f, losses, Tensor()),
+        Error);
+    EXPECT_THROW(
+        cross_entropy(*ctx, logits, Tensor::zeros({T}, DType::i64), 1.0f, losses, Tensor()), Error);
+    EXPECT_THROW(
+        cross_entropy(*ctx, logits, targets, 1.0f, Tensor::zeros({T - 1}, DType::f32), Tensor()),
+        Error);
+    EXPECT_THROW(
+        cross_entropy(*ctx, logits, targets, 1.0f, losses, Tensor::zeros({T, V + 1}, DType::f32)),
+        Error);
+    EXPECT_THROW(
+        cross_entropy(*ctx, logits, targets, 1.0f, losses, Tensor::zeros({T, V}, DType::bf16)),
+        Error);
     EXPECT_THROW(cross_entropy_fused(*ctx, h, w, big, 1.0f, 4, losses, dh, dw), Error);
     EXPECT_THROW(cross_entropy_fused(*ctx, h, w, targets, 1.0f, 0, losses, dh, dw), Error);
-    EXPECT_THROW(cross_entropy_fused(*ctx, h, test::to_dtype(w, DType::bf16), targets, 1.0f, 4, losses, dh, dw), Error);
-    EXPECT_THROW(cross_entropy_fused(*ctx, h, Tensor::zeros({V, D + 1}, DType::f32), targets, 1.0f, 4, losses, dh, dw), Error);
-    EXPECT_THROW(cross_entropy_fused(*ctx, h, w, targets, 1.0f, 4, losses, Tensor::zeros({T, D}, DType::bf16), dw), Error);
-    EXPECT_THROW(cross_entropy_fused(*ctx, h, w, targets, 1.0f, 4, losses, dh, Tensor::zeros({V + 1, D}, DType::f32)), Error);
+    EXPECT_THROW(cross_entropy_fused(*ctx, h, test::to_dtype(w, DType::bf16), targets, 1.0f, 4,
+                                     losses, dh, dw),
+                 Error);
+    EXPECT_THROW(cross_entropy_fused(*ctx, h, Tensor::zeros({V, D + 1}, DType::f32), targets, 1.0f,
+                                     4, losses, dh, dw),
+                 Error);
+    EXPECT_THROW(cross_entropy_fused(*ctx, h, w, targets, 1.0f, 4, losses,
+                                     Tensor::zeros({T, D}, DType::bf16), dw),
+                 Error);
+    EXPECT_THROW(cross_entropy_fused(*ctx, h, w, targets, 1.0f, 4, losses, dh,
+                                     Tensor::zeros({V + 1, D}, DType::f32)),
+                 Error);
   }
   // The CPU backend keeps d_head_w in f32 and does not take f64 inputs.
-  EXPECT_THROW(cross_entropy_fused(cpu, h, w, targets, 1.0f, 4, losses, dh, Tensor::zeros({V, D}, DType::bf16)), Error);
-  EXPECT_THROW(cross_entropy(cpu, test::to_dtype(logits, DType::f64), targets, 1.0f, losses, Tensor()), Error);
+  EXPECT_THROW(cross_entropy_fused(cpu, h, w, targets, 1.0f, 4, losses, dh,
+                                   Tensor::zeros({V, D}, DType::bf16)),
+               Error);
+  EXPECT_THROW(
+      cross_entropy(cpu, test::to_dtype(logits, DType::f64), targets, 1.0f, losses, Tensor()),
+      Error);
   // Nothing was written by the rejected calls.
   for (int64_t t = 0; t < T; ++t) EXPECT_EQ(losses.data<float>()[t], 0.0f);
 }

@@ -35,7 +35,8 @@ TEST(Embedding, CpuMatchesReferenceOnVocabShards) {
     for (int64_t T : test::kAwkwardSizes) {
       for (int64_t V : test::kAwkwardSizes) {
         for (int64_t D : test::kAwkwardSizes) {
-          SCOPED_TRACE(testing::Message() << dtype_name(dt) << " T=" << T << " V=" << V << " D=" << D);
+          SCOPED_TRACE(testing::Message()
+                       << dtype_name(dt) << " T=" << T << " V=" << V << " D=" << D);
           // ids in [0, offset + V + 3): below, inside and above this shard.
           Tensor ids = random_ids(T, offset + V + 3, "ids");
           Tensor table = random_tensor({V, D}, dt, "table");
@@ -139,7 +140,8 @@ TEST(Embedding, ReferenceBackwardMatchesFiniteDifferences) {
   auto loss = [&] {
     embedding_forward(ref, ids, table, out, 1);
     double s = 0;
-    for (int64_t i = 0; i < out.numel(); ++i) s += out.data<double>()[i] * weights.data<double>()[i];
+    for (int64_t i = 0; i < out.numel(); ++i)
+      s += out.data<double>()[i] * weights.data<double>()[i];
     return s;
   };
   Tensor dtable = Tensor::zeros({V, D}, DType::f64);

@@ -52,7 +52,8 @@ TEST(F16Staging, NormRopeInPlaceAndAttention) {
   rope_forward(cpu, a, pos, 10000.0f, a);  // in place through the staging buffer
   rope_forward(ref, b, pos, 10000.0f, b);
   EXPECT_TRUE(test::normalized_close(a, b, kF16Tol));
-  Tensor q = random_tensor({1, 33, 4, 16}, DType::f16, "q"), k = random_tensor({1, 33, 2, 16}, DType::f16, "k");
+  Tensor q = random_tensor({1, 33, 4, 16}, DType::f16, "q"),
+         k = random_tensor({1, 33, 2, 16}, DType::f16, "k");
   Tensor v = random_tensor({1, 33, 2, 16}, DType::f16, "v");
   Tensor o = poisoned({1, 33, 4, 16}, DType::f16), o_ref = poisoned({1, 33, 4, 16}, DType::f16);
   Tensor l = poisoned({1, 4, 33}, DType::f32), l_ref = poisoned({1, 4, 33}, DType::f32);

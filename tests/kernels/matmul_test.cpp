@@ -40,7 +40,7 @@ struct Mnk {
   int64_t m, n, k;
 };
 // Awkward mixes of 1, 7, 33, 130 along each dimension.
-const std::vector<Mnk> kShapes = {{1, 1, 1},   {7, 33, 130}, {130, 7, 33}, {33, 130, 7},
+const std::vector<Mnk> kShapes = {{1, 1, 1},    {7, 33, 130}, {130, 7, 33}, {33, 130, 7},
                                   {1, 130, 33}, {130, 1, 7},  {7, 7, 1},    {33, 33, 33}};
 
 // batch dims of a and c, and whether b carries them too.
@@ -48,8 +48,8 @@ struct BatchCase {
   Shape batch;
   bool b_batched;
 };
-const std::vector<BatchCase> kBatches = {{{}, false}, {{3}, true}, {{3}, false}, {{2, 3}, true},
-                                         {{2, 3}, false}};
+const std::vector<BatchCase> kBatches = {
+    {{}, false}, {{3}, true}, {{3}, false}, {{2, 3}, true}, {{2, 3}, false}};
 
 Shape with_batch(const Shape& batch, int64_t r, int64_t c) {
   Shape s = batch;
@@ -75,13 +75,15 @@ int every_variant_matches_reference(Context& ctx, bool all_batched) {
         args.trans_a = (t & 1) != 0;
         args.trans_b = (t & 2) != 0;
         for (DType in : {DType::f32, DType::bf16}) {
-          const Shape sa = with_batch(bc.batch, args.trans_a ? sh.k : sh.m, args.trans_a ? sh.m : sh.k);
+          const Shape sa =
+              with_batch(bc.batch, args.trans_a ? sh.k : sh.m, args.trans_a ? sh.m : sh.k);
           const Shape sb = with_batch(bc.b_batched ? bc.batch : Shape{}, args.trans_b ? sh.n : sh.k,
                                       args.trans_b ? sh.k : sh.n);
           Tensor a = random_tensor(sa, in, "a"), b = random_tensor(sb, in, "b");
           const Tensor da = test::on_device(ctx, a), db = test::on_device(ctx, b);
           for (DType out : {DType::f32, DType::bf16}) {
-            for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.75f, -1.25f}, std::pair{1.0f, 1.0f}}) {
+            for (auto [alpha, beta] :
+                 {std::pair{1.0f, 0.0f}, std::pair{0.75f, -1.25f}, std::pair{1.0f, 1.0f}}) {
               // Batched: one alpha/beta case per output dtype, poisoned c for bf16.
               if (batched && (beta == 1.0f || (beta == 0.0f) != (out == DType::bf16))) continue;
               args.alpha = alpha;
@@ -95,7 +97,8 @@ int every_variant_matches_reference(Context& ctx, bool all_batched) {
               matmul(ref, a, b, expect, args);
               EXPECT_TRUE(close(test::on_host(dc), expect))
                   << "a " << a.str() << " b " << b.str() << " -> " << c.str() << " trans_a "
-                  << args.trans_a << " trans_b " << args.trans_b << " alpha " << alpha << " beta " << beta;
+                  << args.trans_a << " trans_b " << args.trans_b << " alpha " << alpha << " beta "
+                  << beta;
               ++cases;
             }
           }
@@ -220,7 +223,8 @@ TEST(GroupedMatmul, MatchesReferenceWithEmptyGroupsAndUnusedTail) {
         Tensor w = random_tensor(trans_w ? Shape{groups, n, k} : Shape{groups, k, n}, in, "w");
         for (DType out : {DType::f32, DType::bf16}) {
           for (float beta : {0.0f, 0.5f}) {
-            Tensor y = beta == 0.0f ? poisoned({kRows, n}, out) : random_tensor({kRows, n}, out, "y");
+            Tensor y =
+                beta == 0.0f ? poisoned({kRows, n}, out) : random_tensor({kRows, n}, out, "y");
             Tensor before = y.clone(), expect = y.clone();
             grouped_matmul(cpu, x, w, kOffsets, y, trans_w, beta);
             grouped_matmul(ref, x, w, kOffsets, expect, trans_w, beta);
@@ -320,7 +324,8 @@ TEST(GroupedMatmulReference, ExpertGradientIdentitiesMatchFiniteDifferences) {
   Context ref(Backend::reference);
   const std::vector<int64_t> off = {0, 3, 3, 8};  // middle expert empty; rows 8, 9 unused
   const int64_t t = 10, n = 4, k = 5, groups = 3;
-  Tensor x = random_tensor({t, k}, DType::f64, "x"), w = random_tensor({groups, n, k}, DType::f64, "w");
+  Tensor x = random_tensor({t, k}, DType::f64, "x"),
+         w = random_tensor({groups, n, k}, DType::f64, "w");
   Tensor g = random_tensor({t, n}, DType::f64, "g");
   Tensor y = Tensor::zeros({t, n}, DType::f64);
   auto loss = [&] {
@@ -343,15 +348,17 @@ TEST(Matmul, BadShapesAndDtypesAreErrors) {
     const Tensor a = Tensor::zeros({4, 3}, DType::f32), b = Tensor::zeros({3, 5}, DType::f32);
     const Tensor c = Tensor::zeros({4, 5}, DType::f32);
     EXPECT_NO_THROW(matmul(ctx, a, b, c, {}));
-    EXPECT_THROW(matmul(ctx, a, Tensor::zeros({4, 5}, DType::f32), c, {}), Error);  // K differs
-    EXPECT_THROW(matmul(ctx, a, b, Tensor::zeros({4, 6}, DType::f32), {}), Error);  // c shape
+    EXPECT_THROW(matmul(ctx, a, Tensor::zeros({4, 5}, DType::f32), c, {}), Error);   // K differs
+    EXPECT_THROW(matmul(ctx, a, b, Tensor::zeros({4, 6}, DType::f32), {}), Error);   // c shape
     EXPECT_THROW(matmul(ctx, a, Tensor::zeros({3, 5}, DType::bf16), c, {}), Error);  // a, b dtypes
     EXPECT_THROW(matmul(ctx, Tensor::zeros({3}, DType::f32), b, c, {}), Error);      // rank 1
-    EXPECT_THROW(matmul(ctx, Tensor::zeros({2, 4, 3}, DType::f32), Tensor::zeros({3, 3, 5}, DType::f32),
-                        Tensor::zeros({2, 4, 5}, DType::f32), {}),
-                 Error);  // batch dims differ
-    EXPECT_THROW(matmul(ctx, Tensor::zeros({4, 3}, DType::i32), Tensor::zeros({3, 5}, DType::i32), c, {}),
-                 Error);
+    EXPECT_THROW(
+        matmul(ctx, Tensor::zeros({2, 4, 3}, DType::f32), Tensor::zeros({3, 3, 5}, DType::f32),
+               Tensor::zeros({2, 4, 5}, DType::f32), {}),
+        Error);  // batch dims differ
+    EXPECT_THROW(
+        matmul(ctx, Tensor::zeros({4, 3}, DType::i32), Tensor::zeros({3, 5}, DType::i32), c, {}),
+        Error);
     MatmulArgs tb;
     tb.trans_b = true;
     EXPECT_THROW(matmul(ctx, a, b, c, tb), Error);  // b read as [5, 3]^T: K = 5
@@ -365,17 +372,22 @@ TEST(Matmul, BadShapesAndDtypesAreErrors) {
     EXPECT_THROW(grouped_matmul(ctx, x, w, std::vector<int64_t>{0, 4, 11}, y, true, 0.0f), Error);
     EXPECT_THROW(grouped_matmul(ctx, x, w, std::vector<int64_t>{1, 4, 9}, y, true, 0.0f), Error);
     EXPECT_THROW(grouped_matmul(ctx, x, w, ok, y, false, 0.0f), Error);  // w read as [3, 5]: K = 5
-    EXPECT_THROW(grouped_matmul(ctx, x, w, ok, Tensor::zeros({10, 4}, DType::f32), true, 0.0f), Error);
+    EXPECT_THROW(grouped_matmul(ctx, x, w, ok, Tensor::zeros({10, 4}, DType::f32), true, 0.0f),
+                 Error);
 
     const Tensor dw = Tensor::zeros({2, 5, 3}, DType::f32);
     EXPECT_NO_THROW(grouped_matmul_weight_grad(ctx, y, x, ok, dw, 0.0f));
-    EXPECT_THROW(grouped_matmul_weight_grad(ctx, Tensor::zeros({9, 5}, DType::f32), x, ok, dw, 0.0f),
-                 Error);  // rows differ
-    EXPECT_THROW(grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 4}, DType::f32), 0.0f),
-                 Error);
-    EXPECT_NO_THROW(grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 3}, DType::bf16), 0.0f));
-    EXPECT_THROW(grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 3}, DType::i32), 0.0f),
-                 Error);  // dw must be a float (f16 is staged through f32 on the CPU)
+    EXPECT_THROW(
+        grouped_matmul_weight_grad(ctx, Tensor::zeros({9, 5}, DType::f32), x, ok, dw, 0.0f),
+        Error);  // rows differ
+    EXPECT_THROW(
+        grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 4}, DType::f32), 0.0f),
+        Error);
+    EXPECT_NO_THROW(
+        grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 3}, DType::bf16), 0.0f));
+    EXPECT_THROW(
+        grouped_matmul_weight_grad(ctx, y, x, ok, Tensor::zeros({2, 5, 3}, DType::i32), 0.0f),
+        Error);  // dw must be a float (f16 is staged through f32 on the CPU)
   }
 }
 

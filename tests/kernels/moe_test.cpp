@@ -68,7 +68,8 @@ TEST(Router, CpuMatchesReferenceForwardAndBackward) {
               const std::string what = router_case(T, E, K, score, renorm, with_bias);
               const RouterArgs args{static_cast<int>(K), score, renorm};
               Tensor logits = random_tensor({T, E}, DType::f32, "logits" + what, -3, 3);
-              Tensor bias = with_bias ? random_tensor({E}, DType::f32, "bias", -0.5, 0.5) : Tensor();
+              Tensor bias =
+                  with_bias ? random_tensor({E}, DType::f32, "bias", -0.5, 0.5) : Tensor();
               Tensor s = poisoned({T, E}, DType::f32), s_ref = poisoned({T, E}, DType::f32);
               Tensor idx = poisoned({T, K}, DType::i32), idx_ref = poisoned({T, K}, DType::i32);
               Tensor w = poisoned({T, K}, DType::f32), w_ref = poisoned({T, K}, DType::f32);
@@ -153,7 +154,8 @@ TEST(Router, BiasChangesTheSelectionButNotTheWeightFormula) {
         const float* st = s.data<float>() + t * E;
         const float sum = st[i[0]] + st[i[1]];
         for (int k = 0; k < 2; ++k) {
-          EXPECT_NEAR(w.data<float>()[t * 2 + k], st[i[k]] / sum, 1e-6) << "weights from unbiased scores";
+          EXPECT_NEAR(w.data<float>()[t * 2 + k], st[i[k]] / sum, 1e-6)
+              << "weights from unbiased scores";
         }
       }
       EXPECT_GT(changed, 0);
@@ -322,7 +324,8 @@ TEST(MoeRows, ResultsDoNotDependOnTheThreadCount) {
   Tensor logits = random_tensor({T, E}, DType::f32, "logits", -3, 3);
   const MoePlan plan = moe_plan(random_topk_idx(T, E, K, "det"), E, 0);
   Tensor eo = random_tensor({plan.rows(), D}, DType::bf16, "eo");
-  Tensor w = random_tensor({T, K}, DType::f32, "w"), dout = random_tensor({T, D}, DType::bf16, "do");
+  Tensor w = random_tensor({T, K}, DType::f32, "w"),
+         dout = random_tensor({T, D}, DType::bf16, "do");
   std::vector<std::vector<double>> results[2];
   for (int threads : {1, 2}) {
     Context cpu(Backend::cpu, threads);
@@ -387,33 +390,50 @@ TEST(Moe, BadInputIsAnError) {
   Tensor w = Tensor::zeros({T, 2}, DType::f32);
   const RouterArgs args{2, RouterScore::softmax, true};
   for (Context* ctx : {&cpu, &ref}) {
-    EXPECT_THROW(router_topk(*ctx, logits, Tensor(), {5, RouterScore::softmax, true}, s, idx, w), Error);
-    EXPECT_THROW(router_topk(*ctx, logits, Tensor(), {0, RouterScore::softmax, true}, s, idx, w), Error);
-    EXPECT_THROW(router_topk(*ctx, logits, Tensor::zeros({E + 1}, DType::f32), args, s, idx, w), Error);
-    EXPECT_THROW(router_topk(*ctx, logits, Tensor(), args, s, Tensor::zeros({T, 2}, DType::i64), w), Error);
-    EXPECT_THROW(router_topk(*ctx, logits, Tensor(), args, Tensor::zeros({T, E + 1}, DType::f32), idx, w), Error);
-    EXPECT_THROW(router_topk_backward(*ctx, w, Tensor(), s, idx, w, args, Tensor::zeros({T, 3}, DType::f32)), Error);
-    EXPECT_THROW(router_topk_backward(*ctx, Tensor::zeros({T, 3}, DType::f32), Tensor(), s, idx, w, args, s), Error);
+    EXPECT_THROW(router_topk(*ctx, logits, Tensor(), {5, RouterScore::softmax, true}, s, idx, w),
+                 Error);
+    EXPECT_THROW(router_topk(*ctx, logits, Tensor(), {0, RouterScore::softmax, true}, s, idx, w),
+                 Error);
+    EXPECT_THROW(router_topk(*ctx, logits, Tensor::zeros({E + 1}, DType::f32), args, s, idx, w),
+                 Error);
+    EXPECT_THROW(router_topk(*ctx, logits, Tensor(), args, s, Tensor::zeros({T, 2}, DType::i64), w),
+                 Error);
+    EXPECT_THROW(
+        router_topk(*ctx, logits, Tensor(), args, Tensor::zeros({T, E + 1}, DType::f32), idx, w),
+        Error);
+    EXPECT_THROW(
+        router_topk_backward(*ctx, w, Tensor(), s, idx, w, args, Tensor::zeros({T, 3}, DType::f32)),
+        Error);
+    EXPECT_THROW(
+        router_topk_backward(*ctx, Tensor::zeros({T, 3}, DType::f32), Tensor(), s, idx, w, args, s),
+        Error);
   }
   // The CPU router is f32 only; the reference also takes f64.
-  EXPECT_THROW(router_topk(cpu, test::to_dtype(logits, DType::bf16), Tensor(), args, s, idx, w), Error);
+  EXPECT_THROW(router_topk(cpu, test::to_dtype(logits, DType::bf16), Tensor(), args, s, idx, w),
+               Error);
 
   const MoePlan plan = moe_plan(random_topk_idx(T, E, 2, "bad"), E, 0);
   Tensor x = random_tensor({T, D}, DType::f32, "x");
   for (Context* ctx : {&cpu, &ref}) {
-    EXPECT_THROW(moe_permute(*ctx, x, plan, Tensor::zeros({plan.rows() - 1, D}, DType::f32)), Error);
-    EXPECT_THROW(moe_permute(*ctx, x, plan, Tensor::zeros({plan.rows(), D + 1}, DType::f32)), Error);
+    EXPECT_THROW(moe_permute(*ctx, x, plan, Tensor::zeros({plan.rows() - 1, D}, DType::f32)),
+                 Error);
+    EXPECT_THROW(moe_permute(*ctx, x, plan, Tensor::zeros({plan.rows(), D + 1}, DType::f32)),
+                 Error);
     EXPECT_THROW(moe_permute(*ctx, x, plan, Tensor::zeros({plan.rows(), D}, DType::bf16)), Error);
     EXPECT_THROW(moe_permute(*ctx, Tensor::zeros({T + 1, D}, DType::f32), plan,
-                             Tensor::zeros({plan.rows(), D}, DType::f32)), Error);
+                             Tensor::zeros({plan.rows(), D}, DType::f32)),
+                 Error);
     EXPECT_THROW(moe_unpermute(*ctx, Tensor::zeros({plan.rows(), D}, DType::f32), plan,
-                               Tensor::zeros({T, 3}, DType::f32), x), Error);
+                               Tensor::zeros({T, 3}, DType::f32), x),
+                 Error);
     MoePlan broken = plan;
     broken.row_of_slot.pop_back();
-    EXPECT_THROW(moe_permute_backward(*ctx, Tensor::zeros({plan.rows(), D}, DType::f32), broken, x), Error);
+    EXPECT_THROW(moe_permute_backward(*ctx, Tensor::zeros({plan.rows(), D}, DType::f32), broken, x),
+                 Error);
   }
   EXPECT_THROW(moe_permute(cpu, test::to_dtype(x, DType::f64), plan,
-                           Tensor::zeros({plan.rows(), D}, DType::f64)), Error);
+                           Tensor::zeros({plan.rows(), D}, DType::f64)),
+               Error);
 }
 
 }  // namespace

@@ -50,9 +50,9 @@ constexpr test::Tolerance kBf16{8e-3, 2e-3};
                                 std::fabs(test::element(x, i) * r) * mean_abs);
       const double allowed = tol.atol + tol.rtol * std::fabs(e) + 8 * std::ldexp(terms, -24);
       if (!(std::fabs(a - e) <= allowed)) {
-        return ::testing::AssertionFailure() << "dx[" << t << ", " << j << "] = " << a
-                                             << ", expected " << e << " (allowed " << allowed
-                                             << ")";
+        return ::testing::AssertionFailure()
+               << "dx[" << t << ", " << j << "] = " << a << ", expected " << e << " (allowed "
+               << allowed << ")";
       }
     }
   }

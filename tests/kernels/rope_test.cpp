@@ -33,7 +33,9 @@ Tensor make_positions(int64_t T, int32_t max_pos) {
 // da * |(x_i, x_{i+hd/2})| <= da * sqrt(2) * max|x| (max|x| = 1 here). At
 // max_pos 4096 that is 6.9e-4: the angle, not the arithmetic, sets the
 // fp32 tolerance at large positions. 1e-6 covers sincos and the FMAs.
-double angle_atol(int32_t max_pos) { return std::ldexp(1.0, -23) * max_pos * std::sqrt(2.0) + 1e-6; }
+double angle_atol(int32_t max_pos) {
+  return std::ldexp(1.0, -23) * max_pos * std::sqrt(2.0) + 1e-6;
+}
 // bf16 outputs: both backends round once to 8 significant bits (one ulp
 // apart near ties, 2^-7 relative) on top of the angle error.
 constexpr double kBf16Rtol = 8e-3;

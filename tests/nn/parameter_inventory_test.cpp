@@ -81,12 +81,14 @@ TEST(ParameterInventory, EqualsWhatTheTransformerRegisters) {
     TensorParallel tp{c.tp, c.tp_rank, c.sp, nullptr, nullptr};
     const Transformer model(m, e, c.prec, ExpertParallel{c.ep, c.ep_rank}, tp, c.place);
     const ParamInventory inv = parameter_inventory(m, e, c.prec, {c.ep, c.ep_rank}, tp, c.place);
-    const std::vector<ParamInfo> built = describe_parameters(const_cast<Transformer&>(model).params());
+    const std::vector<ParamInfo> built =
+        describe_parameters(const_cast<Transformer&>(model).params());
     EXPECT_EQ(first_difference(inv.params, built), "");
     ASSERT_EQ(inv.params.size(), built.size());
     // Every byte the model allocated as parameters and gradients is in the buffers.
     int64_t values = 0, grads = 0;
-    for (const auto& [n, dt] : inv.value_buffers) values += n * static_cast<int64_t>(dtype_size(dt));
+    for (const auto& [n, dt] : inv.value_buffers)
+      values += n * static_cast<int64_t>(dtype_size(dt));
     for (const auto& [n, dt] : inv.grad_buffers) grads += n * static_cast<int64_t>(dtype_size(dt));
     int64_t param_bytes = 0, grad_bytes = 0, routers = 0;
     for (const ParamInfo& p : built) {
@@ -108,7 +110,8 @@ TEST(ParameterInventory, NamesTheFirstDifference) {
   std::vector<ParamInfo> a = parameter_inventory(m, e, Precision::fp32(), {}, tp, {}).params;
   std::vector<ParamInfo> b = a;
   b[3].shape = {4, 4};
-  EXPECT_NE(first_difference(a, b).find("'" + a[3].name + "': shape"), std::string::npos) << first_difference(a, b);
+  EXPECT_NE(first_difference(a, b).find("'" + a[3].name + "': shape"), std::string::npos)
+      << first_difference(a, b);
   b = a;
   b[5].grad_partial_over_tp = !b[5].grad_partial_over_tp;
   EXPECT_NE(first_difference(a, b).find("grad_partial_over_tp"), std::string::npos);

@@ -43,10 +43,12 @@ MoeConfig tiny_moe() {
 
 void fill_tokens(const Tensor& t, uint32_t seed, int64_t vocab) {
   PhiloxStream rng(seed, "tokens");
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % vocab);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u32() % vocab);
 }
 
-double total_loss(kernels::Context& ctx, Transformer& model, const Tensor& in, const Tensor& tgt, double scale) {
+double total_loss(kernels::Context& ctx, Transformer& model, const Tensor& in, const Tensor& tgt,
+                  double scale) {
   const LossStats st = model.forward_backward(ctx, in, tgt, scale, 1.0, false);
   return scale * st.ce_sum + st.aux_loss + st.z_loss;
 }
@@ -67,8 +69,8 @@ TEST(Transformer, ReferenceGradientsMatchFiniteDifferences) {
     model.forward_backward(ref, in, tgt, scale, 1.0, true);
     for (const auto& p : model.params().all()) {
       SCOPED_TRACE(p->name + " (" + score + ")");
-      EXPECT_TRUE(test::finite_difference_check([&] { return total_loss(ref, model, in, tgt, scale); },
-                                                p->value, p->grad, 1e-6, 2e-5));
+      EXPECT_TRUE(test::finite_difference_check(
+          [&] { return total_loss(ref, model, in, tgt, scale); }, p->value, p->grad, 1e-6, 2e-5));
     }
   }
 }
@@ -87,8 +89,8 @@ TEST(Transformer, TiedEmbeddingGradientMatchesFiniteDifferences) {
   model.params().zero_grads();
   model.forward_backward(ref, in, tgt, 0.1, 1.0, true);
   Parameter& e = model.params().get("model.embed_tokens.weight");
-  EXPECT_TRUE(test::finite_difference_check([&] { return total_loss(ref, model, in, tgt, 0.1); }, e.value,
-                                            e.grad, 1e-6, 2e-5));
+  EXPECT_TRUE(test::finite_difference_check([&] { return total_loss(ref, model, in, tgt, 0.1); },
+                                            e.value, e.grad, 1e-6, 2e-5));
 }
 
 TEST(Transformer, CpuFp32GradientsMatchReference) {
@@ -160,14 +162,16 @@ TEST(Transformer, CpuFp16GradientsMatchReference) {
   double worst = 0;
   std::string worst_name;
   for (size_t i = 0; i < a.params().all().size(); ++i) {
-    const double err = test::max_normalized_error(b.params().all()[i]->grad, a.params().all()[i]->grad);
+    const double err =
+        test::max_normalized_error(b.params().all()[i]->grad, a.params().all()[i]->grad);
     if (err > worst) {
       worst = err;
       worst_name = a.params().all()[i]->name;
     }
   }
   EXPECT_LT(worst, 1e-2) << worst_name;
-  std::printf("fp16 vs fp64: worst normalised gradient error %.3g (%s)\n", worst, worst_name.c_str());
+  std::printf("fp16 vs fp64: worst normalised gradient error %.3g (%s)\n", worst,
+              worst_name.c_str());
 }
 
 TEST(Transformer, AccumulatedMicroBatchesEqualOneBatch) {
@@ -196,15 +200,17 @@ TEST(Transformer, AccumulatedMicroBatchesEqualOneBatch) {
   one.params().zero_grads();
   double ce_acc = 0;
   for (int j = 0; j < 4; ++j) {
-    const LossStats st = acc.forward_backward(cpu, all_in.slice(2 * j, 2 * j + 2), all_tgt.slice(2 * j, 2 * j + 2),
-                                              1.0 / total, 0.0, true);
+    const LossStats st =
+        acc.forward_backward(cpu, all_in.slice(2 * j, 2 * j + 2), all_tgt.slice(2 * j, 2 * j + 2),
+                             1.0 / total, 0.0, true);
     ce_acc += st.ce_sum;
   }
   const LossStats st = one.forward_backward(cpu, all_in, all_tgt, 1.0 / total, 1.0, true);
   EXPECT_EQ(st.tokens, total);
   EXPECT_NEAR(ce_acc, st.ce_sum, 1e-6 * st.ce_sum);
   for (size_t i = 0; i < acc.params().all().size(); ++i) {
-    EXPECT_TRUE(test::normalized_close(acc.params().all()[i]->grad, one.params().all()[i]->grad, 1e-6))
+    EXPECT_TRUE(
+        test::normalized_close(acc.params().all()[i]->grad, one.params().all()[i]->grad, 1e-6))
         << acc.params().all()[i]->name;
   }
 }
@@ -216,8 +222,10 @@ TEST(Transformer, ParameterNamesFollowHuggingFaceMixtral) {
   EXPECT_NO_THROW(ps.get("model.layers.0.mlp.gate_proj.weight"));
   EXPECT_NO_THROW(ps.get("model.layers.1.self_attn.k_proj.weight"));
   EXPECT_NO_THROW(ps.get("model.layers.1.block_sparse_moe.gate.weight"));
-  EXPECT_EQ(ps.get("model.layers.1.block_sparse_moe.experts.3.w2.weight").value.shape(), Shape({8, 6}));
-  EXPECT_EQ(ps.get("model.layers.1.block_sparse_moe.experts.0.w1.weight").value.shape(), Shape({6, 8}));
+  EXPECT_EQ(ps.get("model.layers.1.block_sparse_moe.experts.3.w2.weight").value.shape(),
+            Shape({8, 6}));
+  EXPECT_EQ(ps.get("model.layers.1.block_sparse_moe.experts.0.w1.weight").value.shape(),
+            Shape({6, 8}));
   EXPECT_EQ(ps.get("model.layers.1.self_attn.k_proj.weight").value.shape(), Shape({4, 8}));
   EXPECT_NO_THROW(ps.get("model.norm.weight"));
   EXPECT_NO_THROW(ps.get("lm_head.weight"));

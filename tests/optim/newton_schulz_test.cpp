@@ -73,12 +73,14 @@ TEST(NewtonSchulz, SingularValuesLandInTheQuinticsBand) {
     Tensor g = test::random_tensor({r, c}, DType::f32, "g");
     // Spread the input's spectrum: scale row i by 2^(i mod 6).
     for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < c; ++j) g.data<float>()[i * c + j] *= static_cast<float>(1 << (i % 6));
+      for (int64_t j = 0; j < c; ++j)
+        g.data<float>()[i * c + j] *= static_cast<float>(1 << (i % 6));
     Tensor o = test::poisoned({r, c}, DType::f32);
     newton_schulz(cpu, g, o, 5);
     const auto sv = singular_values(o);
     const auto in = singular_values(g);
-    EXPECT_GT(*std::max_element(in.begin(), in.end()) / *std::min_element(in.begin(), in.end()), 10.0);
+    EXPECT_GT(*std::max_element(in.begin(), in.end()) / *std::min_element(in.begin(), in.end()),
+              10.0);
     for (double s : sv) {
       EXPECT_GT(s, 0.5) << r << "x" << c;
       EXPECT_LT(s, 1.5) << r << "x" << c;

@@ -15,14 +15,14 @@ namespace {
 
 nn::ParameterSet small_set() {
   nn::ParameterSet ps;
-  ps.add("model.layers.0.self_attn.q_proj.weight", {6, 10}, DType::f32, DType::f32, nn::ParallelKind::column,
-         nn::InitKind::normal, 0.5f, true);
-  ps.add("model.layers.0.self_attn.o_proj.weight", {10, 6}, DType::f32, DType::f32, nn::ParallelKind::row,
-         nn::InitKind::normal, 0.5f, true);
+  ps.add("model.layers.0.self_attn.q_proj.weight", {6, 10}, DType::f32, DType::f32,
+         nn::ParallelKind::column, nn::InitKind::normal, 0.5f, true);
+  ps.add("model.layers.0.self_attn.o_proj.weight", {10, 6}, DType::f32, DType::f32,
+         nn::ParallelKind::row, nn::InitKind::normal, 0.5f, true);
   ps.add("model.embed_tokens.weight", {7, 10}, DType::f32, DType::f32, nn::ParallelKind::vocab,
          nn::InitKind::normal, 0.5f, false);
-  ps.add("model.norm.weight", {10}, DType::f32, DType::f32, nn::ParallelKind::replicated, nn::InitKind::ones, 0,
-         false);
+  ps.add("model.norm.weight", {10}, DType::f32, DType::f32, nn::ParallelKind::replicated,
+         nn::InitKind::ones, 0, false);
   ps.initialize(1);
   for (const auto& p : ps.all()) fill_uniform(p->grad, 2, p->name + ".grad", -1, 1);
   return ps;
@@ -36,7 +36,7 @@ TEST(Optimizer, GroupsByKindAndByNamePattern) {
   Optimizer opt(ps, o);
   EXPECT_TRUE(opt.uses_muon(ps.get("model.layers.0.self_attn.q_proj.weight")));
   EXPECT_FALSE(opt.uses_muon(ps.get("model.layers.0.self_attn.o_proj.weight")));  // by pattern
-  EXPECT_FALSE(opt.uses_muon(ps.get("model.embed_tokens.weight")));              // not a hidden matrix
+  EXPECT_FALSE(opt.uses_muon(ps.get("model.embed_tokens.weight")));  // not a hidden matrix
   EXPECT_FALSE(opt.uses_muon(ps.get("model.norm.weight")));
   EXPECT_EQ(split_patterns("a,,b"), (std::vector<std::string>{"a", "b"}));
 }
@@ -61,7 +61,8 @@ TEST(Optimizer, MuonStepIsMoonlightsUpdateOfNesterovMomentum) {
   newton_schulz(cpu, u, ns, 5);
   opt.step(cpu, 1, 1.0);
   for (int64_t i = 0; i < w0.numel(); ++i) {
-    const double expect = w0.data<float>()[i] * (1 - 0.02 * 0.1) - 0.02 * 0.2 * std::sqrt(10.0) * ns.data<float>()[i];
+    const double expect =
+        w0.data<float>()[i] * (1 - 0.02 * 0.1) - 0.02 * 0.2 * std::sqrt(10.0) * ns.data<float>()[i];
     EXPECT_NEAR(q.value.data<float>()[i], expect, 1e-6) << i;
   }
 }
@@ -124,7 +125,9 @@ TEST(Optimizer, Bf16MomentsRoundTheFp32StateOncePerStep) {
     ASSERT_EQ(s32.size(), s16.size());
     for (size_t i = 0; i < s32.size(); ++i) {
       EXPECT_EQ(s16[i].tensor.dtype(), DType::bf16) << s16[i].name;
-      EXPECT_TRUE(test::all_close(s16[i].tensor, test::to_dtype(s32[i].tensor, DType::bf16), {0, 0})) << s16[i].name;
+      EXPECT_TRUE(
+          test::all_close(s16[i].tensor, test::to_dtype(s32[i].tensor, DType::bf16), {0, 0}))
+          << s16[i].name;
     }
     // (1e-6: the compiler may fuse a * b + c differently per kernel
     // instantiation, ~1 fp32 ulp; a rounded moment would move ~lr 2^-8 = 8e-5.)

@@ -14,15 +14,19 @@ namespace {
 
 nn::ParameterSet make_params() {
   nn::ParameterSet ps;
-  ps.add("embed", {50, 8}, DType::f32, DType::f32, nn::ParallelKind::vocab, nn::InitKind::normal, 0.02f, false);
+  ps.add("embed", {50, 8}, DType::f32, DType::f32, nn::ParallelKind::vocab, nn::InitKind::normal,
+         0.02f, false);
   for (int l = 0; l < 3; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    ps.add(p + "norm", {8}, DType::f32, DType::f32, nn::ParallelKind::replicated, nn::InitKind::ones, 0, false);
-    ps.add(p + "q", {16, 8}, DType::f32, DType::f32, nn::ParallelKind::column, nn::InitKind::normal, 0.02f, true);
-    ps.add(p + "k", {8, 8}, DType::f32, DType::f32, nn::ParallelKind::column, nn::InitKind::normal, 0.02f, true);
+    ps.add(p + "norm", {8}, DType::f32, DType::f32, nn::ParallelKind::replicated,
+           nn::InitKind::ones, 0, false);
+    ps.add(p + "q", {16, 8}, DType::f32, DType::f32, nn::ParallelKind::column, nn::InitKind::normal,
+           0.02f, true);
+    ps.add(p + "k", {8, 8}, DType::f32, DType::f32, nn::ParallelKind::column, nn::InitKind::normal,
+           0.02f, true);
     for (int e = 0; e < 5; ++e) {
-      ps.add(p + "expert" + std::to_string(e), {12, 8}, DType::f32, DType::f32, nn::ParallelKind::expert,
-             nn::InitKind::normal, 0.02f, true);
+      ps.add(p + "expert" + std::to_string(e), {12, 8}, DType::f32, DType::f32,
+             nn::ParallelKind::expert, nn::InitKind::normal, 0.02f, true);
     }
   }
   return ps;
@@ -41,7 +45,8 @@ void expect_covers_once(const nn::ParameterSet& ps, const std::vector<BucketSpec
     for (size_t i = 0; i < b.slots.size(); ++i)
       for (size_t j = i + 1; j < b.slots.size(); ++j) {
         const auto &a = b.slots[i], &c = b.slots[j];
-        EXPECT_TRUE(a.offset + a.numel <= c.offset || c.offset + c.numel <= a.offset) << a.param->name << " " << c.param->name;
+        EXPECT_TRUE(a.offset + a.numel <= c.offset || c.offset + c.numel <= a.offset)
+            << a.param->name << " " << c.param->name;
       }
   }
   EXPECT_EQ(seen.size(), ps.all().size());
@@ -72,7 +77,8 @@ TEST(BucketPlan, OwnerPlanKeepsEachMatrixInsideItsOwnersChunkAndBalancesCost) {
         if (s.owner < 0) continue;
         EXPECT_EQ(s.offset / chunk, s.owner) << s.param->name;
         EXPECT_EQ((s.offset + s.numel - 1) / chunk, s.owner) << s.param->name;
-        cost[static_cast<size_t>(s.owner)] += newton_schulz_cost(s.param->value.dim(0), s.param->value.dim(1));
+        cost[static_cast<size_t>(s.owner)] +=
+            newton_schulz_cost(s.param->value.dim(0), s.param->value.dim(1));
       }
     }
     // Largest-first to the least loaded: no rank exceeds the mean by more than one matrix's cost.

@@ -45,9 +45,11 @@ TEST(GradCompressor, BlockQuantisationErrorIsAtMostHalfAStep) {
       const float qmax = kind == CompressKind::int8 ? 127.0f : 7.0f;
       for (int64_t b = 0; b * o.block < n; ++b) {
         float mx = 0;
-        for (int64_t i = b * o.block; i < std::min(n, (b + 1) * o.block); ++i) mx = std::max(mx, std::fabs(x[static_cast<size_t>(i)]));
+        for (int64_t i = b * o.block; i < std::min(n, (b + 1) * o.block); ++i)
+          mx = std::max(mx, std::fabs(x[static_cast<size_t>(i)]));
         for (int64_t i = b * o.block; i < std::min(n, (b + 1) * o.block); ++i) {
-          EXPECT_LE(std::fabs(x[static_cast<size_t>(i)] - y[static_cast<size_t>(i)]), 0.5f * mx / qmax * 1.0001f + 1e-7f)
+          EXPECT_LE(std::fabs(x[static_cast<size_t>(i)] - y[static_cast<size_t>(i)]),
+                    0.5f * mx / qmax * 1.0001f + 1e-7f)
               << compress_kind_name(kind) << " n " << n << " i " << i;
         }
       }
@@ -69,7 +71,8 @@ TEST(GradCompressor, SignKeepsSignsAndEachBlocksMeanMagnitude) {
         sx += std::fabs(x[static_cast<size_t>(i)]);
         sy += std::fabs(y[static_cast<size_t>(i)]);
         if (x[static_cast<size_t>(i)] != 0) {
-          EXPECT_EQ(std::signbit(x[static_cast<size_t>(i)]), std::signbit(y[static_cast<size_t>(i)]));
+          EXPECT_EQ(std::signbit(x[static_cast<size_t>(i)]),
+                    std::signbit(y[static_cast<size_t>(i)]));
         }
       }
       EXPECT_NEAR(sx, sy, 1e-4 * sx + 1e-6) << "n " << n << " block " << b;
@@ -127,8 +130,11 @@ TEST(GradCompressor, ErrorFeedbackSentPlusResidualEqualsTheTrueSum) {
     }
     double worst = 0, res_norm = 0;
     for (int64_t i = 0; i < n; ++i) {
-      worst = std::max(worst, std::fabs(sent_sum[static_cast<size_t>(i)] + residual[static_cast<size_t>(i)] - true_sum[static_cast<size_t>(i)]));
-      res_norm = std::max(res_norm, std::fabs(static_cast<double>(residual[static_cast<size_t>(i)])));
+      worst = std::max(
+          worst, std::fabs(sent_sum[static_cast<size_t>(i)] + residual[static_cast<size_t>(i)] -
+                           true_sum[static_cast<size_t>(i)]));
+      res_norm =
+          std::max(res_norm, std::fabs(static_cast<double>(residual[static_cast<size_t>(i)])));
     }
     EXPECT_LE(worst, 1e-4) << compress_kind_name(kind);  // float rounding over 40 steps only
     // And feedback keeps the residual bounded instead of letting it grow with T.

@@ -24,7 +24,8 @@ double simulate(const std::string& kind, int64_t pp, int64_t m, int64_t v) {
   for (int64_t r = 0; r < pp; ++r) ops.push_back(pipeline_schedule(kind, pp, r, m, v));
   std::vector<size_t> next(static_cast<size_t>(pp), 0);
   std::vector<double> clock(static_cast<size_t>(pp), 0.0);
-  std::map<std::tuple<bool, int64_t, int64_t>, double> done;  // (forward, mb, virtual stage) -> finish time
+  std::map<std::tuple<bool, int64_t, int64_t>, double>
+      done;  // (forward, mb, virtual stage) -> finish time
   const double f = 1.0 / static_cast<double>(v), b = 2.0 / static_cast<double>(v);
   for (bool progress = true; progress;) {
     progress = false;
@@ -143,13 +144,15 @@ TEST(PipelineSchedule, BalancedStagesMinimiseTheLargestStage) {
     }
     double best = 1e300;
     if (pp == 1) best = cost(0, m.n_layers);
-    for (int64_t a = 1; pp == 2 && a < m.n_layers; ++a) best = std::min(best, std::max(cost(0, a), cost(a, m.n_layers)));
+    for (int64_t a = 1; pp == 2 && a < m.n_layers; ++a)
+      best = std::min(best, std::max(cost(0, a), cost(a, m.n_layers)));
     for (int64_t a = 1; pp == 3 && a < m.n_layers; ++a)
       for (int64_t b = a + 1; b < m.n_layers; ++b)
         best = std::min(best, std::max({cost(0, a), cost(a, b), cost(b, m.n_layers)}));
     EXPECT_DOUBLE_EQ(worst, best) << "pp " << pp;
     if (pp == 2) {
-      EXPECT_GT(st[0].second - st[0].first, st[1].second - st[1].first) << "the head's stage is not lighter";
+      EXPECT_GT(st[0].second - st[0].first, st[1].second - st[1].first)
+          << "the head's stage is not lighter";
     }
   }
   EXPECT_THROW(balanced_stages(m, e, seq, 8), Error);
@@ -174,7 +177,8 @@ TEST(PipelineSchedule, CostBalancedSplitIsOptimalForAnyCosts) {
     double best2 = 1e300, best3 = 1e300;
     for (int64_t a = 1; a < 7; ++a) {
       best2 = std::min(best2, std::max(cost(0, a), cost(a, 7)));
-      for (int64_t b = a + 1; b < 7; ++b) best3 = std::min(best3, std::max({cost(0, a), cost(a, b), cost(b, 7)}));
+      for (int64_t b = a + 1; b < 7; ++b)
+        best3 = std::min(best3, std::max({cost(0, a), cost(a, b), cost(b, 7)}));
     }
     for (int64_t pp : {2, 3}) {
       const auto st = balanced_stages(c, pp);
@@ -192,8 +196,8 @@ TEST(PipelineSchedule, CostBalancedSplitIsOptimalForAnyCosts) {
 }
 
 TEST(PipelineSchedule, RulesNameWhatIsWrong) {
-  EXPECT_THROW(pipeline_schedule("1f1b", 4, 0, 3, 1), Error);   // m < pp
-  EXPECT_THROW(pipeline_schedule("1f1b", 2, 0, 3, 2), Error);   // interleaved: m % pp
+  EXPECT_THROW(pipeline_schedule("1f1b", 4, 0, 3, 1), Error);  // m < pp
+  EXPECT_THROW(pipeline_schedule("1f1b", 2, 0, 3, 2), Error);  // interleaved: m % pp
   EXPECT_THROW(pipeline_schedule("zigzag", 2, 0, 4, 1), Error);
   EXPECT_NO_THROW(pipeline_schedule("gpipe", 4, 3, 1, 1));
 }

@@ -9,8 +9,8 @@
 #include <map>
 
 #include "moetron/core/error.h"
-#include "util/test_util.h"
 #include "moetron/nn/transformer.h"
+#include "util/test_util.h"
 
 namespace moetron::parallel {
 namespace {
@@ -112,12 +112,14 @@ TEST(TrainingPlan, EachGradientHasOneReducerChosenByItsKind) {
         // FlexMuon: Muon's matrices belong wholly to one owner's chunk.
         if (plan.uses_muon(p) && r.carries != GradGroup::expert) {
           EXPECT_GE(sl.owner, 0) << p.name;
-          EXPECT_EQ(sl.offset / (b.numel / r.size), (sl.offset + sl.numel - 1) / (b.numel / r.size)) << p.name;
+          EXPECT_EQ(sl.offset / (b.numel / r.size), (sl.offset + sl.numel - 1) / (b.numel / r.size))
+              << p.name;
         }
       }
     }
   }
-  for (size_t i = 0; i < carried.size(); ++i) EXPECT_EQ(carried[i], 1) << rp.inventory.params[i].name;
+  for (size_t i = 0; i < carried.size(); ++i)
+    EXPECT_EQ(carried[i], 1) << rp.inventory.params[i].name;
 }
 
 TEST(TrainingPlan, BucketsEqualThosePlannedOverTheBuiltModel) {
@@ -131,8 +133,11 @@ TEST(TrainingPlan, BucketsEqualThosePlannedOverTheBuiltModel) {
     std::map<const nn::Parameter*, size_t> index;
     for (size_t i = 0; i < desc.size(); ++i) index[model.params().all()[i].get()] = i;
     for (const ReducerPlan& r : rp.reducers) {
-      const auto carries = [&](const nn::Parameter& p) { return plan.grad_group(desc[index.at(&p)]) == r.carries; };
-      const std::vector<BucketSpec> built = flat_bucket_plan(model.params(), r.size, r.options.bucket_bytes, carries);
+      const auto carries = [&](const nn::Parameter& p) {
+        return plan.grad_group(desc[index.at(&p)]) == r.carries;
+      };
+      const std::vector<BucketSpec> built =
+          flat_bucket_plan(model.params(), r.size, r.options.bucket_bytes, carries);
       const std::vector<BucketSpec> planned = bind_buckets(r.buckets, model.params());
       ASSERT_EQ(built.size(), planned.size()) << "rank " << rank << " " << name_of(r.carries);
       for (size_t b = 0; b < built.size(); ++b) {
@@ -148,12 +153,17 @@ TEST(TrainingPlan, BucketsEqualThosePlannedOverTheBuiltModel) {
 }
 
 TEST(TrainingPlan, LayoutErrorsNameTheKey) {
-  EXPECT_NE(error_of([] { TrainingPlan(tiny(1, 1, 4), 6); }).find("parallel.pp = 4 does not divide the 6 ranks"),
+  EXPECT_NE(error_of([] {
+              TrainingPlan(tiny(1, 1, 4), 6);
+            }).find("parallel.pp = 4 does not divide the 6 ranks"),
             std::string::npos);
-  EXPECT_NE(error_of([] { TrainingPlan(tiny(4, 1, 1), 2); }).find("parallel.tp = 4 does not divide the 2 ranks"),
+  EXPECT_NE(error_of([] {
+              TrainingPlan(tiny(4, 1, 1), 2);
+            }).find("parallel.tp = 4 does not divide the 2 ranks"),
             std::string::npos);
-  EXPECT_NE(error_of([] { TrainingPlan(tiny(1, 4, 1), 6); }).find("parallel.ep = 4 does not divide"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { TrainingPlan(tiny(1, 4, 1), 6); }).find("parallel.ep = 4 does not divide"),
+      std::string::npos);
   PlanSettings g = tiny(1, 1, 1);
   g.global_batch = 6;
   g.micro_batch = 4;
@@ -164,8 +174,11 @@ TEST(TrainingPlan, LayoutErrorsNameTheKey) {
   EXPECT_NE(error_of([&] { TrainingPlan(c, 2); }).find("parallel.cp"), std::string::npos);
   EXPECT_NE(error_of([] { parse_optimizer("sgd"); }).find("'optim.name'"), std::string::npos);
   EXPECT_NE(error_of([] { parse_schedule("zb"); }).find("'parallel.schedule'"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_muon_distribution("all"); }).find("'optim.muon_distribution'"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_storage_dtype("fp16", "optim.moment_dtype"); }).find("'optim.moment_dtype'"),
+  EXPECT_NE(error_of([] { parse_muon_distribution("all"); }).find("'optim.muon_distribution'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_storage_dtype("fp16", "optim.moment_dtype");
+            }).find("'optim.moment_dtype'"),
             std::string::npos);
 }
 

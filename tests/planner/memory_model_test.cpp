@@ -137,8 +137,24 @@ TEST(MemoryModel, PredictsTheAllocatorsPeakWithinTenPercent) {
       {"sqrt bf16 mb3 muon", "sqrt", {}, nn::Precision::bf16(), 3, 1, "muon"},
       {"custom norm+moe_act bf16 mb2", "custom", {"norm", "moe_act"}, nn::Precision::bf16(), 2},
       {"none bf16 grads mb2", "none", {}, bf16_grads(), 2},
-      {"selective bf16 moments mb2", "selective", {}, nn::Precision::bf16(), 2, 1, "adamw", 0, DType::bf16},
-      {"full bf16 grads+moments mb2 accum 2", "full", {}, bf16_grads(), 2, 2, "adamw", 0, DType::bf16},
+      {"selective bf16 moments mb2",
+       "selective",
+       {},
+       nn::Precision::bf16(),
+       2,
+       1,
+       "adamw",
+       0,
+       DType::bf16},
+      {"full bf16 grads+moments mb2 accum 2",
+       "full",
+       {},
+       bf16_grads(),
+       2,
+       2,
+       "adamw",
+       0,
+       DType::bf16},
       {"sqrt bf16 grads+moments mb2 muon", "sqrt", {}, bf16_grads(), 2, 1, "muon", 0, DType::bf16},
   };
   std::printf("%-34s %12s %12s %7s %12s %12s %7s %10s %10s\n", "case", "act pred", "act meas",
@@ -174,7 +190,8 @@ TEST(MemoryModel, ZeroOneSplitsTheOptimizerStateOverDataParallelRanks) {
   // Plain dp replicates everything and adds the reducer's fp32 buckets and
   // the all-reduce's send copies of them: two fp32 copies of every gradient
   // (each bucket padded to a multiple of 4).
-  for (MemTag t : {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::activations, MemTag::workspace}) {
+  for (MemTag t :
+       {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::activations, MemTag::workspace}) {
     EXPECT_EQ(dp.peak_of(t), one.peak_of(t)) << mem_tag_name(t);
   }
   EXPECT_GE(dp.peak_of(MemTag::comm), 8 * one.param_count);
@@ -186,7 +203,8 @@ TEST(MemoryModel, ZeroOneSplitsTheOptimizerStateOverDataParallelRanks) {
   EXPECT_EQ(z.peak_of(MemTag::activations), one.peak_of(MemTag::activations));
   // ZeRO-1: fp32 master + 2 moments for every element, split 4 ways (to the
   // padding and 64-byte rounding of each bucket's chunk).
-  EXPECT_NEAR(static_cast<double>(z.peak_of(MemTag::optimizer)), 12.0 * static_cast<double>(one.param_count) / 4,
+  EXPECT_NEAR(static_cast<double>(z.peak_of(MemTag::optimizer)),
+              12.0 * static_cast<double>(one.param_count) / 4,
               0.01 * 12.0 * static_cast<double>(one.param_count) / 4);
   EXPECT_GT(one.peak_of(MemTag::optimizer), 8 * one.param_count);
   EXPECT_LE(one.peak_of(MemTag::optimizer), 12 * one.param_count + 64 * 3 * 200);

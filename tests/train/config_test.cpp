@@ -14,7 +14,8 @@ namespace {
 using test::error_of;
 
 TEST(Config, ParsesSectionsAndOverrides) {
-  const Config c = parse_config(R"(
+  const Config c =
+      parse_config(R"(
 [model]
 d_model = 256
 n_heads = 4
@@ -26,7 +27,7 @@ aux_loss_coef = 0
 [optim]
 lr = 1e-3
 )",
-                                "test.toml", {"model.n_layers=3", "train.precision=fp32", "optim.lr=0.5"});
+                   "test.toml", {"model.n_layers=3", "train.precision=fp32", "optim.lr=0.5"});
   EXPECT_EQ(c.model.d_model, 256);
   EXPECT_EQ(c.model.resolved_head_dim(), 64);
   EXPECT_EQ(c.model.n_layers, 3);
@@ -43,16 +44,21 @@ TEST(Config, PrecisionMemoryModesAreValidatedByKey) {
   const Config d = parse_config("", "x.toml");
   EXPECT_EQ(d.optim.moment_dtype, "fp32");
   EXPECT_EQ(d.train.grad_dtype, "fp32");
-  const Config c = parse_config("", "x.toml", {"optim.moment_dtype=bf16", "train.precision=bf16", "train.grad_dtype=bf16"});
+  const Config c = parse_config(
+      "", "x.toml", {"optim.moment_dtype=bf16", "train.precision=bf16", "train.grad_dtype=bf16"});
   EXPECT_EQ(c.optim.moment_dtype, "bf16");
   EXPECT_EQ(c.train.grad_dtype, "bf16");
-  EXPECT_NE(msg({"optim.moment_dtype=fp16"}).find("'optim.moment_dtype': must be fp32 or bf16, got \"fp16\""),
+  EXPECT_NE(msg({"optim.moment_dtype=fp16"})
+                .find("'optim.moment_dtype': must be fp32 or bf16, got \"fp16\""),
             std::string::npos);
-  EXPECT_NE(msg({"train.grad_dtype=f32"}).find("'train.grad_dtype': must be fp32 or bf16"), std::string::npos);
-  // bf16 gradients need bf16 compute, named explicitly ("auto" is fp32 on CPUs without AVX512-BF16).
+  EXPECT_NE(msg({"train.grad_dtype=f32"}).find("'train.grad_dtype': must be fp32 or bf16"),
+            std::string::npos);
+  // bf16 gradients need bf16 compute, named explicitly ("auto" is fp32 on CPUs without
+  // AVX512-BF16).
   for (const char* p : {"train.precision=fp32", "train.precision=auto", "train.precision=fp16"}) {
     const std::string e = msg({"train.grad_dtype=bf16", p});
-    EXPECT_NE(e.find("'train.grad_dtype': = bf16 needs train.precision = bf16"), std::string::npos) << p << ": " << e;
+    EXPECT_NE(e.find("'train.grad_dtype': = bf16 needs train.precision = bf16"), std::string::npos)
+        << p << ": " << e;
   }
 }
 
@@ -69,38 +75,52 @@ TEST(Config, InvalidValuesNameTheKeyAndTheRule) {
   const auto msg = [](const std::string& set) {
     return error_of([&] { parse_config("", "x.toml", {set}); });
   };
-  EXPECT_NE(msg("moe.top_k=9").find("'moe.top_k': must be in [1, moe.num_experts = 8]"), std::string::npos);
-  EXPECT_NE(msg("model.n_heads=7").find("'model.n_heads': must divide model.d_model"), std::string::npos);
+  EXPECT_NE(msg("moe.top_k=9").find("'moe.top_k': must be in [1, moe.num_experts = 8]"),
+            std::string::npos);
+  EXPECT_NE(msg("model.n_heads=7").find("'model.n_heads': must divide model.d_model"),
+            std::string::npos);
   EXPECT_NE(msg("model.n_kv_heads=3").find("'model.n_kv_heads': must divide model.n_heads"),
             std::string::npos);
   EXPECT_NE(msg("optim.lr=-1").find("'optim.lr': must be positive"), std::string::npos);
   EXPECT_NE(msg("train.precision=fp8").find("'train.precision'"), std::string::npos);
-  EXPECT_NE(msg("model.d_model=\"big\"").find("'model.d_model' needs an integer"), std::string::npos);
+  EXPECT_NE(msg("model.d_model=\"big\"").find("'model.d_model' needs an integer"),
+            std::string::npos);
   EXPECT_NE(msg("model.d_model").find("key=value"), std::string::npos);
 }
 
 TEST(Config, RecomputeModulesTakeAnArrayOrAList) {
-  const Config c = parse_config("[recompute]\npolicy = \"custom\"\nmodules = [\"norm\", \"moe_act\"]\n", "r.toml");
+  const Config c = parse_config(
+      "[recompute]\npolicy = \"custom\"\nmodules = [\"norm\", \"moe_act\"]\n", "r.toml");
   EXPECT_EQ(c.recompute.modules, "norm,moe_act");
   const nn::RecomputePolicy p = recompute_policy(c);
   EXPECT_TRUE(p.drops(nn::Recompute::norm) && p.drops(nn::Recompute::moe_act));
   EXPECT_FALSE(p.drops(nn::Recompute::attn_core) || p.drops(nn::Recompute::moe_dispatch));
-  const Config d = parse_config("", "r.toml", {"recompute.policy=custom", "recompute.modules=attn_core, moe_dispatch"});
+  const Config d = parse_config(
+      "", "r.toml", {"recompute.policy=custom", "recompute.modules=attn_core, moe_dispatch"});
   EXPECT_EQ(recompute_policy(d).modules, 9u);
-  EXPECT_EQ(recompute_policy(parse_config("", "r.toml", {"recompute.policy=sqrt", "model.n_layers=9"})).segment, 3);
-  EXPECT_NE(error_of([] { parse_config("[recompute]\npolicy = \"custom\"\nmodules = [\"mlp\"]\n", "r.toml"); })
-                .find("'recompute.modules': unknown module \"mlp\""),
+  EXPECT_EQ(
+      recompute_policy(parse_config("", "r.toml", {"recompute.policy=sqrt", "model.n_layers=9"}))
+          .segment,
+      3);
+  EXPECT_NE(error_of([] {
+              parse_config("[recompute]\npolicy = \"custom\"\nmodules = [\"mlp\"]\n", "r.toml");
+            }).find("'recompute.modules': unknown module \"mlp\""),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_config("[recompute]\nmodules = [1]\n", "r.toml"); }).find("array of strings"),
+  EXPECT_NE(error_of([] {
+              parse_config("[recompute]\nmodules = [1]\n", "r.toml");
+            }).find("array of strings"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_config("", "r.toml", {"recompute.policy=half"}); }).find("'recompute.policy'"),
+  EXPECT_NE(error_of([] {
+              parse_config("", "r.toml", {"recompute.policy=half"});
+            }).find("'recompute.policy'"),
             std::string::npos);
   // A list written by to_toml reads back the same.
   EXPECT_EQ(parse_config(to_toml(c), "saved.toml").recompute.modules, "norm,moe_act");
 }
 
 TEST(Config, RoundTripsThroughToml) {
-  Config c = parse_config("", "x", {"model.d_model=128", "moe.capacity_factor=1.25", "data.path=some dir"});
+  Config c = parse_config("", "x",
+                          {"model.d_model=128", "moe.capacity_factor=1.25", "data.path=some dir"});
   const Config d = parse_config(to_toml(c), "roundtrip");
   EXPECT_EQ(to_toml(c), to_toml(d));
   EXPECT_EQ(d.moe.capacity_factor, 1.25);
@@ -110,7 +130,8 @@ TEST(Config, RoundTripsThroughToml) {
 TEST(Config, MissingFileAndSyntaxErrorsNameTheFile) {
   const std::string e1 = error_of([] { load_config("/nonexistent/cfg.toml"); });
   EXPECT_NE(e1.find("/nonexistent/cfg.toml"), std::string::npos) << e1;
-  const std::string path = (std::filesystem::temp_directory_path() / "moetron_bad_cfg.toml").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "moetron_bad_cfg.toml").string();
   std::ofstream(path) << "[model]\nd_model = = 3\n";
   const std::string e2 = error_of([&] { load_config(path); });
   EXPECT_NE(e2.find(path + ":2"), std::string::npos) << e2;

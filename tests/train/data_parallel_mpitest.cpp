@@ -21,17 +21,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
-comm::Communicator& world() { return test::mpi_world(); }
+comm::Communicator& world() {
+  return test::mpi_world();
+}
 
 // One prepared corpus for the whole job (tests/util/layout_runs.h).
-const std::string& job_dir() { return test::layout_job_dir("moetron_dp_"); }
+const std::string& job_dir() {
+  return test::layout_job_dir("moetron_dp_");
+}
 
 // The tiny config with every balancing feature on; `rows` sequences per
 // micro-batch on each rank, two micro-batches per step.
 Config dp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> sets = {"data.path=" + job_dir() + "/prepared", "train.steps=10",
-                                   "train.micro_batch=" + std::to_string(rows), "train.grad_accum=2",
-                                   "moe.bias_update_rate=0.001", "parallel.bucket_mb=0.02",
+  std::vector<std::string> sets = {"data.path=" + job_dir() + "/prepared",
+                                   "train.steps=10",
+                                   "train.micro_batch=" + std::to_string(rows),
+                                   "train.grad_accum=2",
+                                   "moe.bias_update_rate=0.001",
+                                   "parallel.bucket_mb=0.02",
                                    "train.threads=1"};
   sets.insert(sets.end(), extra.begin(), extra.end());
   return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
@@ -39,24 +46,31 @@ Config dp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
 
 constexpr int64_t kGlobalRows = 4;  // per micro-batch, over all ranks
 
-int64_t dp() { return world().size(); }
+int64_t dp() {
+  return world().size();
+}
 using test::shared_world;
 
 // A fresh run directory shared by the ranks (each rank-local one when `local`).
 std::string run_dir(const std::string& name, bool local = false) {
-  const std::string d = job_dir() + "/runs/" + name + (local ? "-rank" + std::to_string(world().rank()) : "");
+  const std::string d =
+      job_dir() + "/runs/" + name + (local ? "-rank" + std::to_string(world().rank()) : "");
   if (local || world().rank() == 0) remove_tree(d);
   world().barrier();
   return d;
 }
 
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+double rel(double a, double b) {
+  return std::fabs(a - b) / std::max(std::fabs(b), 1e-30);
+}
 
-void expect_same_losses(const TrainResult& got, const TrainResult& want, double tol, const char* what) {
+void expect_same_losses(const TrainResult& got, const TrainResult& want, double tol,
+                        const char* what) {
   ASSERT_EQ(got.history.size(), want.history.size()) << what;
   for (size_t i = 0; i < got.history.size(); ++i) {
     EXPECT_LE(rel(got.history[i].loss, want.history[i].loss), tol)
-        << what << " step " << i + 1 << ": " << got.history[i].loss << " vs " << want.history[i].loss;
+        << what << " step " << i + 1 << ": " << got.history[i].loss << " vs "
+        << want.history[i].loss;
   }
 }
 
@@ -79,7 +93,8 @@ const Reference& reference(const std::string& optimizer) {
   auto it = cache.find(optimizer);
   if (it != cache.end()) return it->second;
   Reference ref;
-  Trainer t(dp_config(kGlobalRows, {"optim.name=" + optimizer}), run_dir("ref-" + optimizer, true), false);
+  Trainer t(dp_config(kGlobalRows, {"optim.name=" + optimizer}), run_dir("ref-" + optimizer, true),
+            false);
   t.before_update = [&](int64_t step) {
     if (step == 1) ref.first_grads = grads_of(t);
   };
@@ -90,7 +105,8 @@ const Reference& reference(const std::string& optimizer) {
 TEST(DataParallel, LossesAndGradientsEqualOneRank) {
   for (const std::string opt : {"adamw", "muon"}) {
     const Reference& ref = reference(opt);
-    Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt}), run_dir("dp-" + opt), false, shared_world());
+    Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt}), run_dir("dp-" + opt), false,
+              shared_world());
     std::map<std::string, std::vector<float>> grads;
     t.before_update = [&](int64_t step) {
       if (step == 1) grads = grads_of(t);
@@ -115,10 +131,12 @@ TEST(DataParallel, LossesAndGradientsEqualOneRank) {
 TEST(DataParallel, ZeroOneEqualsPlainDataParallelAndShardsTheOptimizer) {
   for (const std::string variant : {"adamw", "muon-owner", "muon-gather"}) {
     const std::string opt = variant.substr(0, variant.find('-'));
-    const std::string dist = variant.find('-') == std::string::npos ? "owner" : variant.substr(variant.find('-') + 1);
+    const std::string dist =
+        variant.find('-') == std::string::npos ? "owner" : variant.substr(variant.find('-') + 1);
     const Reference& ref = reference(opt);
     const int64_t before = cpu_allocator().current(MemTag::optimizer);
-    Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.zero=true", "optim.muon_distribution=" + dist}),
+    Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.zero=true",
+                                             "optim.muon_distribution=" + dist}),
               run_dir("zero-" + variant), false, shared_world());
     if (variant == "muon-owner") {
       // Every Muon matrix inside its owner's chunk.
@@ -139,7 +157,8 @@ TEST(DataParallel, ZeroOneEqualsPlainDataParallelAndShardsTheOptimizer) {
     for (const auto& b : t.reducer()->buckets()) {
       std::vector<std::pair<int64_t, int64_t>> adamw;
       for (const auto& slot : b.slots) {
-        if (!optim::rule_uses_muon(t.optimizer().options(), *slot.param)) adamw.emplace_back(slot.offset, slot.numel);
+        if (!optim::rule_uses_muon(t.optimizer().options(), *slot.param))
+          adamw.emplace_back(slot.offset, slot.numel);
       }
       v_elements += parallel::max_chunk_share(adamw, b.chunk, dp());
     }
@@ -147,7 +166,8 @@ TEST(DataParallel, ZeroOneEqualsPlainDataParallelAndShardsTheOptimizer) {
       EXPECT_GE(v_elements, padded / dp() - buckets) << "AdamW: v covers (nearly) the whole chunk";
     }
     EXPECT_NEAR(static_cast<double>(optimizer_bytes),
-                2.0 * 4.0 * static_cast<double>(padded) / static_cast<double>(dp()) + 4.0 * static_cast<double>(v_elements),
+                2.0 * 4.0 * static_cast<double>(padded) / static_cast<double>(dp()) +
+                    4.0 * static_cast<double>(v_elements),
                 3.0 * 64.0 * static_cast<double>(buckets))
         << variant;
     const TrainResult r = t.run();
@@ -165,9 +185,10 @@ TEST(DataParallel, Bf16GradientsAreReducedAndTrackOneRank) {
   Trainer one(dp_config(kGlobalRows, bf16), run_dir("bf16-grads-ref", true), false);
   const TrainResult ref = one.run();
   for (const std::string zero : {"false", "true"}) {
-    Trainer t(dp_config(kGlobalRows / dp(), test::with(bf16, {"parallel.zero=" + zero})), run_dir("bf16-grads-" + zero),
-              false, shared_world());
-    EXPECT_EQ(t.model().params().get("model.layers.0.self_attn.q_proj.weight").grad.dtype(), DType::bf16);
+    Trainer t(dp_config(kGlobalRows / dp(), test::with(bf16, {"parallel.zero=" + zero})),
+              run_dir("bf16-grads-" + zero), false, shared_world());
+    EXPECT_EQ(t.model().params().get("model.layers.0.self_attn.q_proj.weight").grad.dtype(),
+              DType::bf16);
     const TrainResult r = t.run();
     expect_same_losses(r, ref, 2e-2, zero == "true" ? "bf16 grads, ZeRO-1" : "bf16 grads, dp");
   }
@@ -178,8 +199,8 @@ TEST(DataParallel, Bf16GradientsAreReducedAndTrackOneRank) {
 TEST(DataParallel, RecomputePoliciesUnderDataParallelEqualOneRank) {
   const Reference& ref = reference("adamw");
   for (const std::string policy : {"full", "sqrt", "selective"}) {
-    Trainer t(dp_config(kGlobalRows / dp(), {"recompute.policy=" + policy}), run_dir("recompute-" + policy), false,
-              shared_world());
+    Trainer t(dp_config(kGlobalRows / dp(), {"recompute.policy=" + policy}),
+              run_dir("recompute-" + policy), false, shared_world());
     expect_same_losses(t.run(), ref.result, 1e-5, policy.c_str());
   }
 }
@@ -187,16 +208,19 @@ TEST(DataParallel, RecomputePoliciesUnderDataParallelEqualOneRank) {
 TEST(DataParallel, OverlapOnEqualsOverlapOff) {
   TrainResult on, off;
   {
-    Trainer t(dp_config(kGlobalRows / dp(), {"parallel.overlap=true"}), run_dir("overlap-on"), false, shared_world());
+    Trainer t(dp_config(kGlobalRows / dp(), {"parallel.overlap=true"}), run_dir("overlap-on"),
+              false, shared_world());
     on = t.run();
   }
   {
-    Trainer t(dp_config(kGlobalRows / dp(), {"parallel.overlap=false"}), run_dir("overlap-off"), false, shared_world());
+    Trainer t(dp_config(kGlobalRows / dp(), {"parallel.overlap=false"}), run_dir("overlap-off"),
+              false, shared_world());
     off = t.run();
   }
   // The same reductions of the same buckets: bit-identical.
   ASSERT_EQ(on.history.size(), off.history.size());
-  for (size_t i = 0; i < on.history.size(); ++i) EXPECT_EQ(on.history[i].loss, off.history[i].loss) << i;
+  for (size_t i = 0; i < on.history.size(); ++i)
+    EXPECT_EQ(on.history[i].loss, off.history[i].loss) << i;
 }
 
 // ZeRO-1's parameter all-gather completed bucket by bucket inside the next
@@ -208,8 +232,9 @@ TEST(DataParallel, ZeroParamGatherOverlapEqualsBlocking) {
     std::vector<TrainResult> runs;
     std::vector<std::vector<float>> weights;
     for (const std::string overlap : {"true", "false"}) {
-      Trainer t(dp_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.zero=true", "parallel.bucket_mb=0.005",
-                                               "parallel.overlap_param_gather=" + overlap}),
+      Trainer t(dp_config(kGlobalRows / dp(),
+                          {"optim.name=" + opt, "parallel.zero=true", "parallel.bucket_mb=0.005",
+                           "parallel.overlap_param_gather=" + overlap}),
                 run_dir("zero-gather-" + overlap), false, shared_world());
       int64_t waited_in_forward = 0;
       auto inner = t.model().before_use;
@@ -243,7 +268,8 @@ TEST(DataParallel, ZeroParamGatherOverlapEqualsBlocking) {
 TEST(DataParallel, GradientBytesPerStepAreTheAnalyticValue) {
   const int64_t n = dp();
   for (const bool zero : {false, true}) {
-    Trainer t(dp_config(kGlobalRows / dp(), {"train.steps=1", std::string("parallel.zero=") + (zero ? "true" : "false")}),
+    Trainer t(dp_config(kGlobalRows / dp(), {"train.steps=1", std::string("parallel.zero=") +
+                                                                  (zero ? "true" : "false")}),
               run_dir(zero ? "bytes-zero" : "bytes"), false, shared_world());
     t.run();
     const comm::CommStats total = t.reducer()->comm().total_stats();
@@ -259,7 +285,8 @@ TEST(DataParallel, GradientBytesPerStepAreTheAnalyticValue) {
 }
 
 TEST(DataParallel, ResumeIsBitExactAndReshardsToHalfTheRanks) {
-  const std::vector<std::string> common = {"parallel.zero=true", "optim.name=muon", "train.steps=6"};
+  const std::vector<std::string> common = {"parallel.zero=true", "optim.name=muon",
+                                           "train.steps=6"};
   TrainResult full;
   {
     Trainer t(dp_config(kGlobalRows / dp(), common), run_dir("resume-full"), false, shared_world());
@@ -280,24 +307,28 @@ TEST(DataParallel, ResumeIsBitExactAndReshardsToHalfTheRanks) {
     Trainer t(dp_config(kGlobalRows / dp(), common), dir, true, shared_world());
     const TrainResult r = t.run();
     ASSERT_EQ(r.history.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r.history[i].loss, full.history[3 + i].loss) << "same dp, step " << 4 + i;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(r.history[i].loss, full.history[3 + i].loss) << "same dp, step " << 4 + i;
   }
   // The step-3 checkpoint again, resumed by the first half of the ranks with
   // the same global batch: the optimizer shards are re-cut.
   const std::string half_dir = run_dir("resume-half");
   if (world().rank() == 0) {
     fs::create_directories(half_dir + "/checkpoints");
-    fs::copy(dir + "/checkpoints/step-3", half_dir + "/checkpoints/step-3", fs::copy_options::recursive);
+    fs::copy(dir + "/checkpoints/step-3", half_dir + "/checkpoints/step-3",
+             fs::copy_options::recursive);
   }
   world().barrier();
   const int64_t half = dp() / 2;
-  std::shared_ptr<comm::Communicator> group = world().split(world().rank() < half ? 0 : 1, world().rank());
+  std::shared_ptr<comm::Communicator> group =
+      world().split(world().rank() < half ? 0 : 1, world().rank());
   if (world().rank() < half) {
     Trainer t(dp_config(kGlobalRows / half, common), half_dir, true, group);
     const TrainResult r = t.run();
     ASSERT_EQ(r.history.size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
-      EXPECT_LE(rel(r.history[i].loss, full.history[3 + i].loss), 1e-5) << "dp " << half << ", step " << 4 + i;
+      EXPECT_LE(rel(r.history[i].loss, full.history[3 + i].loss), 1e-5)
+          << "dp " << half << ", step " << 4 + i;
     }
   }
   world().barrier();
@@ -313,12 +344,13 @@ namespace {
 // resumed run continues bit for bit; the bytes on the wire are the encoded ones.
 TEST(DataParallelCompression, ResumeWithCompressionIsBitExact) {
   for (const std::string mode : {"zero", "allreduce"}) {
-    const std::vector<std::string> common = {std::string("parallel.zero=") + (mode == "zero" ? "true" : "false"),
-                                             "optim.name=muon", "parallel.compression=int4",
-                                             "parallel.compression_warmup=1", "train.steps=6"};
+    const std::vector<std::string> common = {
+        std::string("parallel.zero=") + (mode == "zero" ? "true" : "false"), "optim.name=muon",
+        "parallel.compression=int4", "parallel.compression_warmup=1", "train.steps=6"};
     TrainResult full;
     {
-      Trainer t(dp_config(kGlobalRows / dp(), common), run_dir("ef-full-" + mode), false, shared_world());
+      Trainer t(dp_config(kGlobalRows / dp(), common), run_dir("ef-full-" + mode), false,
+                shared_world());
       full = t.run();
     }
     const std::string dir = run_dir("ef-split-" + mode);
@@ -334,13 +366,15 @@ TEST(DataParallelCompression, ResumeWithCompressionIsBitExact) {
     Trainer t(dp_config(kGlobalRows / dp(), common), dir, true, shared_world());
     const TrainResult r = t.run();
     ASSERT_EQ(r.history.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r.history[i].loss, full.history[3 + i].loss) << mode << " step " << 4 + i;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(r.history[i].loss, full.history[3 + i].loss) << mode << " step " << 4 + i;
   }
 }
 
 TEST(DataParallelCompression, BytesOnTheWireAreTheEncodedSizes) {
   const int64_t n = dp();
-  Trainer t(dp_config(kGlobalRows / dp(), {"train.steps=1", "parallel.compression=topk", "parallel.topk_ratio=0.01"}),
+  Trainer t(dp_config(kGlobalRows / dp(),
+                      {"train.steps=1", "parallel.compression=topk", "parallel.topk_ratio=0.01"}),
             run_dir("ef-bytes"), false, shared_world());
   t.run();
   int64_t want = 0, fp32 = 0;

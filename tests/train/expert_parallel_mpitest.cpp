@@ -22,21 +22,32 @@ namespace {
 
 namespace fs = std::filesystem;
 
-comm::Communicator& world() { return test::mpi_world(); }
-int64_t dp() { return world().size(); }
+comm::Communicator& world() {
+  return test::mpi_world();
+}
+int64_t dp() {
+  return world().size();
+}
 using test::shared_world;
 
-const std::string& job_dir() { return test::layout_job_dir("moetron_ep_"); }
-std::string run_dir(const std::string& name, bool local = false) { return test::layout_run_dir(job_dir(), name, local); }
-std::string copy_step5(const std::string& from, const std::string& name) { return test::copy_step5(job_dir(), from, name); }
-double rel(double a, double b) { return test::rel_diff(a, b); }
+const std::string& job_dir() {
+  return test::layout_job_dir("moetron_ep_");
+}
+std::string run_dir(const std::string& name, bool local = false) {
+  return test::layout_run_dir(job_dir(), name, local);
+}
+std::string copy_step5(const std::string& from, const std::string& name) {
+  return test::copy_step5(job_dir(), from, name);
+}
+double rel(double a, double b) {
+  return test::rel_diff(a, b);
+}
 using test::block_of;
-using test::Reference;
-using test::with;
-using test::grads_of;
 using test::expect_same_losses;
+using test::grads_of;
+using test::Reference;
 using test::rel_norm_diff;
-
+using test::with;
 
 constexpr int64_t kGlobalRows = 8;  // per micro-batch, over all ranks
 
@@ -47,8 +58,9 @@ Config ep_config(int64_t rows, const std::vector<std::string>& extra = {}) {
 
 // One rank holding the whole global batch, run by every rank on its own.
 const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
-  return test::cached_reference(
-      key, [&] { return test::run_reference(ep_config(kGlobalRows, extra), run_dir("ref-" + key, true)); });
+  return test::cached_reference(key, [&] {
+    return test::run_reference(ep_config(kGlobalRows, extra), run_dir("ref-" + key, true));
+  });
 }
 
 std::vector<int64_t> ep_sizes() {
@@ -64,8 +76,9 @@ TEST(ExpertParallel, LossesAndGradientsEqualOneRank) {
     const Reference& ref = reference(opt, {"optim.name=" + opt});
     for (int64_t ep : ep_sizes()) {
       const std::string what = opt + " ep " + std::to_string(ep) + " dp " + std::to_string(dp());
-      Trainer t(ep_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.ep=" + std::to_string(ep)}),
-                run_dir("ep-" + opt + std::to_string(ep)), false, shared_world());
+      Trainer t(
+          ep_config(kGlobalRows / dp(), {"optim.name=" + opt, "parallel.ep=" + std::to_string(ep)}),
+          run_dir("ep-" + opt + std::to_string(ep)), false, shared_world());
       // Each rank holds 1/ep of every MoE layer's experts.
       int64_t experts = 0;
       for (const auto& p : t.model().params().all()) experts += p->kind == nn::ParallelKind::expert;
@@ -90,9 +103,10 @@ TEST(ExpertParallel, RecomputePoliciesUnderExpertParallelEqualOneRank) {
   const Reference& ref = reference("adamw", {"optim.name=adamw"});
   const int64_t ep = ep_sizes().back();
   for (const std::string policy : {"selective", "full", "sqrt"}) {
-    Trainer t(ep_config(kGlobalRows / dp(), {"optim.name=adamw", "parallel.ep=" + std::to_string(ep),
-                                             "recompute.policy=" + policy}),
-              run_dir("ep-recompute-" + policy), false, shared_world());
+    Trainer t(
+        ep_config(kGlobalRows / dp(), {"optim.name=adamw", "parallel.ep=" + std::to_string(ep),
+                                       "recompute.policy=" + policy}),
+        run_dir("ep-recompute-" + policy), false, shared_world());
     expect_same_losses(t.run(), ref.result, 0, 1e-5, policy + " ep " + std::to_string(ep));
   }
 }
@@ -135,15 +149,18 @@ TEST(ExpertParallel, CheckpointsResumeInAnotherLayout) {
   if (world().rank() == 0) {
     // One model file per rank of the first ep group, each with its experts.
     for (int64_t r = 1; r < ep; ++r) {
-      EXPECT_TRUE(fs::exists(saved + "/checkpoints/step-5/model-rank-" + std::to_string(r) + ".safetensors"));
+      EXPECT_TRUE(fs::exists(saved + "/checkpoints/step-5/model-rank-" + std::to_string(r) +
+                             ".safetensors"));
     }
-    EXPECT_FALSE(fs::exists(saved + "/checkpoints/step-5/model-rank-" + std::to_string(ep) + ".safetensors"));
+    EXPECT_FALSE(fs::exists(saved + "/checkpoints/step-5/model-rank-" + std::to_string(ep) +
+                            ".safetensors"));
     // `moetron export` of the ep checkpoint: one file with every tensor of
     // the one-rank model, the same shapes, values equal to the shards'.
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
     EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
               ckpt::export_hf(one, saved + "/export-one"));
-    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"), want(saved + "/export-one/model.safetensors");
+    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"),
+        want(saved + "/export-one/model.safetensors");
     EXPECT_EQ(got.names().size(), want.names().size());
     for (const std::string& name : want.names()) {
       ASSERT_TRUE(got.contains(name)) << name;
@@ -157,13 +174,15 @@ TEST(ExpertParallel, CheckpointsResumeInAnotherLayout) {
     EXPECT_THROW(ckpt::export_hf(one, saved + "/export"), Error);  // never overwrites
   }
   {
-    Trainer t(ep_config(kGlobalRows / dp(), common), copy_step5(saved, "ckpt-ep-to-dp"), true, shared_world());
+    Trainer t(ep_config(kGlobalRows / dp(), common), copy_step5(saved, "ckpt-ep-to-dp"), true,
+              shared_world());
     expect_same_losses(t.run(), ref.result, 5, 1e-5, "ep " + std::to_string(ep) + " -> ep 1");
   }
   {
     // The one-rank reference's step-5 checkpoint, resumed at ep.
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0";
-    Trainer t(ep_config(kGlobalRows / dp(), with_ep), copy_step5(one, "ckpt-one-to-ep"), true, shared_world());
+    Trainer t(ep_config(kGlobalRows / dp(), with_ep), copy_step5(one, "ckpt-one-to-ep"), true,
+              shared_world());
     expect_same_losses(t.run(), ref.result, 5, 1e-5, "one rank -> ep " + std::to_string(ep));
   }
 }
@@ -179,19 +198,21 @@ TEST(ExpertParallel, ZeroOneWithExpertParallelEqualsOneRank) {
     const Reference& ref = reference("zero-" + opt, common);
     std::vector<std::string> sets = common;
     sets.insert(sets.end(), {"parallel.zero=true", "parallel.ep=" + std::to_string(ep)});
-    const std::string what = opt + " ZeRO-1 ep " + std::to_string(ep) + " dp " + std::to_string(dp());
+    const std::string what =
+        opt + " ZeRO-1 ep " + std::to_string(ep) + " dp " + std::to_string(dp());
     const std::string saved = run_dir("zero-ep-" + opt);
     {
       Trainer t(ep_config(kGlobalRows / dp(), sets), saved, false, shared_world());
       expect_same_losses(t.run(), ref.result, 0, 1e-5, what);
     }
     {
-      Trainer t(ep_config(kGlobalRows / dp(), sets), copy_step5(saved, "zero-ep-resume-" + opt), true, shared_world());
+      Trainer t(ep_config(kGlobalRows / dp(), sets), copy_step5(saved, "zero-ep-resume-" + opt),
+                true, shared_world());
       expect_same_losses(t.run(), ref.result, 5, 1e-5, what + " resumed");
     }
     {
-      Trainer t(ep_config(kGlobalRows / dp(), common), copy_step5(saved, "zero-ep-to-dp-" + opt), true,
-                shared_world());
+      Trainer t(ep_config(kGlobalRows / dp(), common), copy_step5(saved, "zero-ep-to-dp-" + opt),
+                true, shared_world());
       expect_same_losses(t.run(), ref.result, 5, 1e-5, what + " -> plain dp");
     }
   }
@@ -201,8 +222,8 @@ TEST(ExpertParallel, LayoutErrorsNameTheKey) {
   // 2 ranks: ep 4 does not divide the world; 4 or 8 ranks: ep 8 does not divide the 4 experts.
   const int64_t bad = dp() == 2 ? 4 : 8;
   try {
-    Trainer t(ep_config(kGlobalRows / dp(), {"parallel.ep=" + std::to_string(bad)}), run_dir("ep-bad"), false,
-              shared_world());
+    Trainer t(ep_config(kGlobalRows / dp(), {"parallel.ep=" + std::to_string(bad)}),
+              run_dir("ep-bad"), false, shared_world());
     ADD_FAILURE() << "parallel.ep = " << bad << " accepted on " << dp() << " ranks";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.ep"), std::string::npos) << e.what();

@@ -171,8 +171,8 @@ TEST(Launch, TwoRanksTrainWithLogsPerRankThenResume) {
   }
   EXPECT_TRUE(fs::exists(out + "/checkpoints/step-3"));
   // A second launch into the same run appends to the logs.
-  r = run("MOETRON_INJECT_FAILURE=rank=1,step=0 " + std::string(MOETRON_BINARY) + " launch -n 2 -- " +
-          train_args(out, 3) + " --resume");
+  r = run("MOETRON_INJECT_FAILURE=rank=1,step=0 " + std::string(MOETRON_BINARY) +
+          " launch -n 2 -- " + train_args(out, 3) + " --resume");
   EXPECT_NE(r.code, 0);
   const std::string log0 = slurp(out + "/logs/rank-0.log");
   EXPECT_NE(log0.find("trained 3 steps"), std::string::npos) << log0;

@@ -23,24 +23,33 @@ namespace {
 
 namespace fs = std::filesystem;
 
-comm::Communicator& world() { return test::mpi_world(); }
+comm::Communicator& world() {
+  return test::mpi_world();
+}
 using test::shared_world;
 
-const std::string& job_dir() { return test::layout_job_dir("moetron_pp_"); }
-std::string run_dir(const std::string& name, bool local = false) { return test::layout_run_dir(job_dir(), name, local); }
-std::string copy_step5(const std::string& from, const std::string& name) { return test::copy_step5(job_dir(), from, name); }
-double rel(double a, double b) { return test::rel_diff(a, b); }
+const std::string& job_dir() {
+  return test::layout_job_dir("moetron_pp_");
+}
+std::string run_dir(const std::string& name, bool local = false) {
+  return test::layout_run_dir(job_dir(), name, local);
+}
+std::string copy_step5(const std::string& from, const std::string& name) {
+  return test::copy_step5(job_dir(), from, name);
+}
+double rel(double a, double b) {
+  return test::rel_diff(a, b);
+}
 using test::block_of;
-using test::Reference;
-using test::with;
 using test::grads_of;
+using test::Reference;
 using test::rel_norm_diff;
+using test::with;
 // Losses and the balancing loss (summed over the stages) equal one rank's.
 void expect_same_losses(const TrainResult& got, const TrainResult& want, size_t from, double tol,
                         const std::string& what) {
   test::expect_same_losses(got, want, from, tol, what, true);
 }
-
 
 constexpr int64_t kRows = 4;          // per micro-batch, over the dp ranks of a stage
 constexpr int64_t kMicrobatches = 4;  // per step: >= pp for 1F1B at pp 4
@@ -52,8 +61,9 @@ Config pp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
 
 // One rank holding the whole global batch, run by every rank on its own.
 const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
-  return test::cached_reference(
-      key, [&] { return test::run_reference(pp_config(kRows, extra), run_dir("ref-" + key, true)); });
+  return test::cached_reference(key, [&] {
+    return test::run_reference(pp_config(kRows, extra), run_dir("ref-" + key, true));
+  });
 }
 
 struct Layout {
@@ -65,12 +75,14 @@ struct Layout {
 std::vector<Layout> layouts() {
   const int64_t n = world().size();
   std::vector<Layout> out;
-  const auto add = [&](int64_t pp, int64_t v, const std::string& schedule, int64_t tp, int64_t ep, bool sp) {
-    std::string name = "pp" + std::to_string(pp) + (v > 1 ? "-vpp" + std::to_string(v) : "") + "-" + schedule +
-                       "-dp" + std::to_string(n / pp / tp);
-    std::vector<std::string> sets = {"parallel.pp=" + std::to_string(pp), "parallel.vpp=" + std::to_string(v),
-                                     "parallel.schedule=" + schedule, "parallel.tp=" + std::to_string(tp),
-                                     "parallel.ep=" + std::to_string(ep)};
+  const auto add = [&](int64_t pp, int64_t v, const std::string& schedule, int64_t tp, int64_t ep,
+                       bool sp) {
+    std::string name = "pp" + std::to_string(pp) + (v > 1 ? "-vpp" + std::to_string(v) : "") + "-" +
+                       schedule + "-dp" + std::to_string(n / pp / tp);
+    std::vector<std::string> sets = {
+        "parallel.pp=" + std::to_string(pp), "parallel.vpp=" + std::to_string(v),
+        "parallel.schedule=" + schedule, "parallel.tp=" + std::to_string(tp),
+        "parallel.ep=" + std::to_string(ep)};
     if (tp > 1) name += "-tp" + std::to_string(tp);
     if (ep > 1) name += "-ep" + std::to_string(ep);
     if (sp) {
@@ -124,8 +136,8 @@ TEST(PipelineParallel, LossesAndGradientsEqualOneRank) {
     const Reference& ref = reference(opt, {"optim.name=" + opt});
     for (const Layout& l : layouts()) {
       const std::string what = opt + " " + l.name;
-      Trainer t(pp_config(kRows / l.dp, with({"optim.name=" + opt}, l.sets)), run_dir("pp-" + opt + l.name), false,
-                shared_world());
+      Trainer t(pp_config(kRows / l.dp, with({"optim.name=" + opt}, l.sets)),
+                run_dir("pp-" + opt + l.name), false, shared_world());
       const TrainResult r = run_matching_one_rank(t, ref, what);
       EXPECT_LE(rel(r.val_loss, ref.result.val_loss), 1e-5) << what;
       // Every step waited on the other stages at least a little (the bubble).
@@ -153,23 +165,27 @@ TEST(PipelineParallel, CheckpointsResumeInAnotherLayout) {
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
     EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
               ckpt::export_hf(one, saved + "/export-one"));
-    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"), want(saved + "/export-one/model.safetensors");
+    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"),
+        want(saved + "/export-one/model.safetensors");
     EXPECT_EQ(got.names(), want.names());
   }
   {
     // Without pp: experts over ep ranks, dp over every rank (with tp 2 where
     // the ranks outnumber the rows): e.g. saved at dp2 tp2 pp2, resumed at ep4 dp4 tp2.
-    const int64_t dp = std::min(world().size(), static_cast<int>(kRows)), ep = std::min(world().size(), 4);
-    Trainer t(pp_config(kRows / dp, with(common, {"parallel.tp=" + std::to_string(world().size() / dp),
-                                                  "parallel.ep=" + std::to_string(ep)})),
-              copy_step5(saved, "ckpt-pp-to-dp"), true, shared_world());
-    expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> ep " + std::to_string(ep) + " dp " + std::to_string(dp));
+    const int64_t dp = std::min(world().size(), static_cast<int>(kRows)),
+                  ep = std::min(world().size(), 4);
+    Trainer t(
+        pp_config(kRows / dp, with(common, {"parallel.tp=" + std::to_string(world().size() / dp),
+                                            "parallel.ep=" + std::to_string(ep)})),
+        copy_step5(saved, "ckpt-pp-to-dp"), true, shared_world());
+    expect_same_losses(t.run(), ref.result, 5, 1e-5,
+                       l.name + " -> ep " + std::to_string(ep) + " dp " + std::to_string(dp));
   }
   {
     const Layout other = layouts().back();
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0";
-    Trainer t(pp_config(kRows / other.dp, with(common, other.sets)), copy_step5(one, "ckpt-one-to-pp"), true,
-              shared_world());
+    Trainer t(pp_config(kRows / other.dp, with(common, other.sets)),
+              copy_step5(one, "ckpt-one-to-pp"), true, shared_world());
     expect_same_losses(t.run(), ref.result, 5, 1e-5, "one rank -> " + other.name);
   }
 }
@@ -186,19 +202,22 @@ TEST(PipelineParallel, SegmentRecomputeEqualsOneRank) {
   };
   std::vector<Run> runs;
   if (n == 2) {
-    runs = {{"full", {"parallel.pp=2"}, 1}, {"sqrt", {"parallel.pp=2", "parallel.schedule=gpipe"}, 1},
+    runs = {{"full", {"parallel.pp=2"}, 1},
+            {"sqrt", {"parallel.pp=2", "parallel.schedule=gpipe"}, 1},
             {"full", {"parallel.pp=2", "parallel.vpp=2"}, 1}};
   } else if (n == 4) {
     runs = {{"full", {"parallel.pp=2", "parallel.ep=2"}, 2}, {"sqrt", {"parallel.pp=4"}, 1}};
   } else {
-    runs = {{"full", {"parallel.pp=2", "parallel.tp=2", "parallel.ep=2", "parallel.sequence_parallel=true"}, 2}};
+    runs = {{"full",
+             {"parallel.pp=2", "parallel.tp=2", "parallel.ep=2", "parallel.sequence_parallel=true"},
+             2}};
   }
   for (const Run& run : runs) {
     const std::vector<std::string> policy = {"recompute.policy=" + run.policy};
     const Reference& ref = reference("segments-" + run.policy, policy);
     const std::string what = run.policy + " " + run.sets.back();
-    Trainer t(pp_config(kRows / run.dp, with(policy, run.sets)), run_dir("pp-seg-" + run.policy), false,
-              shared_world());
+    Trainer t(pp_config(kRows / run.dp, with(policy, run.sets)), run_dir("pp-seg-" + run.policy),
+              false, shared_world());
     run_matching_one_rank(t, ref, what);
   }
 }
@@ -208,8 +227,8 @@ TEST(PipelineParallel, SegmentRecomputeEqualsOneRank) {
 // fail the sends), and the run still equals one rank.
 TEST(PipelineParallel, MeasuredStageBalanceEqualsOneRank) {
   const int64_t pp = std::min(world().size(), 4);
-  const std::vector<std::string> sets = {"parallel.pp=" + std::to_string(pp), "parallel.stage_balance=measured",
-                                         "optim.name=adamw"};
+  const std::vector<std::string> sets = {"parallel.pp=" + std::to_string(pp),
+                                         "parallel.stage_balance=measured", "optim.name=adamw"};
   const Reference& ref = reference("adamw", {"optim.name=adamw"});
   const int64_t dp = world().size() / pp;
   Trainer t(pp_config(kRows / dp, sets), run_dir("pp-measured"), false, shared_world());
@@ -219,7 +238,7 @@ TEST(PipelineParallel, MeasuredStageBalanceEqualsOneRank) {
 TEST(PipelineParallel, LayoutErrorsNameTheRule) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"parallel.pp=2", "parallel.vpp=4"}, "parallel.vpp"},  // 8 virtual stages over 4 layers
-      {{"parallel.pp=8"}, "parallel.pp"},                    // more stages than layers
+      {{"parallel.pp=8"}, "parallel.pp"},                     // more stages than layers
       {{"parallel.cp=2"}, "parallel.cp"},
       {{"parallel.pp=2", "train.grad_accum=1"}, "1F1B needs at least as many micro-batches"},
       {{"parallel.pp=2", "parallel.schedule=zigzag"}, "parallel.schedule"},
@@ -227,7 +246,8 @@ TEST(PipelineParallel, LayoutErrorsNameTheRule) {
   };
   for (const auto& [sets, want] : bad) {
     try {
-      Trainer t(pp_config(kRows / (world().size() / 2), sets), run_dir("pp-bad"), false, shared_world());
+      Trainer t(pp_config(kRows / (world().size() / 2), sets), run_dir("pp-bad"), false,
+                shared_world());
       t.run();
       ADD_FAILURE() << sets.back() << " accepted";
     } catch (const Error& e) {

@@ -23,7 +23,8 @@ TEST(StageCosts, EachLayerCostsWhatItsKindMeasured) {
   EXPECT_GT(m.dense_layer, 0.0);  // tiny keeps its first layer dense
   EXPECT_GT(m.moe_layer, 0.0);
   for (int64_t i = 0; i < 6; ++i) {
-    EXPECT_EQ(m.costs.layers[static_cast<size_t>(i)], nn::layer_is_moe(cfg.moe, i) ? m.moe_layer : m.dense_layer);
+    EXPECT_EQ(m.costs.layers[static_cast<size_t>(i)],
+              nn::layer_is_moe(cfg.moe, i) ? m.moe_layer : m.dense_layer);
   }
   // (The embedding's and head's costs are differences clamped at 0: the
   // next test checks the head's is where it must be large.)
@@ -40,7 +41,8 @@ TEST(StageCosts, AHeavyHeadLeavesItsStageFewerLayers) {
   auto world = comm::make_local_communicator();
   const MeasuredStageCosts m = measure_stage_costs(cfg, nn::Precision::fp32(), *world, 1);
   EXPECT_GT(m.costs.head, 2.0 * std::max(m.dense_layer, m.moe_layer))
-      << "head " << m.costs.head << " s, dense layer " << m.dense_layer << " s, MoE layer " << m.moe_layer << " s";
+      << "head " << m.costs.head << " s, dense layer " << m.dense_layer << " s, MoE layer "
+      << m.moe_layer << " s";
   const auto stages = parallel::balanced_stages(m.costs, 2);
   EXPECT_EQ(stages.back(), std::make_pair(int64_t{3}, int64_t{4}));
 }

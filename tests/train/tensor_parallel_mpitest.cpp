@@ -23,21 +23,29 @@
 namespace moetron::train {
 namespace {
 
-
-comm::Communicator& world() { return test::mpi_world(); }
+comm::Communicator& world() {
+  return test::mpi_world();
+}
 using test::shared_world;
 
-const std::string& job_dir() { return test::layout_job_dir("moetron_tp_"); }
-std::string run_dir(const std::string& name, bool local = false) { return test::layout_run_dir(job_dir(), name, local); }
-std::string copy_step5(const std::string& from, const std::string& name) { return test::copy_step5(job_dir(), from, name); }
-double rel(double a, double b) { return test::rel_diff(a, b); }
+const std::string& job_dir() {
+  return test::layout_job_dir("moetron_tp_");
+}
+std::string run_dir(const std::string& name, bool local = false) {
+  return test::layout_run_dir(job_dir(), name, local);
+}
+std::string copy_step5(const std::string& from, const std::string& name) {
+  return test::copy_step5(job_dir(), from, name);
+}
+double rel(double a, double b) {
+  return test::rel_diff(a, b);
+}
 using test::block_of;
-using test::Reference;
-using test::with;
-using test::grads_of;
 using test::expect_same_losses;
+using test::grads_of;
+using test::Reference;
 using test::rel_norm_diff;
-
+using test::with;
 
 constexpr int64_t kGlobalRows = 8;  // per micro-batch, over all ranks
 
@@ -48,8 +56,9 @@ Config tp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
 
 // One rank holding the whole global batch, run by every rank on its own.
 const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
-  return test::cached_reference(
-      key, [&] { return test::run_reference(tp_config(kGlobalRows, extra), run_dir("ref-" + key, true)); });
+  return test::cached_reference(key, [&] {
+    return test::run_reference(tp_config(kGlobalRows, extra), run_dir("ref-" + key, true));
+  });
 }
 
 // Layouts of this world size: (name, settings, dp).
@@ -107,8 +116,8 @@ TEST(TensorParallel, LossesAndGradientsEqualOneRank) {
     const Reference& ref = reference(opt, {"optim.name=" + opt});
     for (const Layout& l : layouts()) {
       const std::string what = opt + " " + l.name;
-      Trainer t(tp_config(kGlobalRows / l.dp, with({"optim.name=" + opt}, l.sets)), run_dir("tp-" + opt + l.name),
-                false, shared_world());
+      Trainer t(tp_config(kGlobalRows / l.dp, with({"optim.name=" + opt}, l.sets)),
+                run_dir("tp-" + opt + l.name), false, shared_world());
       std::map<std::string, std::vector<float>> grads;
       t.before_update = [&](int64_t step) {
         if (step == 1) grads = grads_of(t);
@@ -132,8 +141,10 @@ TEST(TensorParallel, EachRankHoldsItsShare) {
     const nn::Parameter& full = one.model().params().get(p->name);
     const bool attention_or_dense = p->name.find("self_attn.") != std::string::npos ||
                                     p->name.find(".mlp.") != std::string::npos;
-    const bool vocab = p->name.find("embed_tokens") != std::string::npos || p->name.find("lm_head") != std::string::npos;
-    const bool replicated_kv = p->name.find("k_proj") != std::string::npos || p->name.find("v_proj") != std::string::npos;
+    const bool vocab = p->name.find("embed_tokens") != std::string::npos ||
+                       p->name.find("lm_head") != std::string::npos;
+    const bool replicated_kv =
+        p->name.find("k_proj") != std::string::npos || p->name.find("v_proj") != std::string::npos;
     if ((attention_or_dense && !(replicated_kv && tp > 2)) || vocab) {
       EXPECT_EQ(p->value.numel() * tp, full.value.numel()) << p->name;
       EXPECT_TRUE(p->sharded()) << p->name;
@@ -151,7 +162,8 @@ TEST(TensorParallel, RecomputePoliciesUnderTensorParallelEqualOneRank) {
   const Reference& ref = reference("adamw", {"optim.name=adamw"});
   const Layout l = layouts()[1];
   for (const std::string policy : {"selective", "full"}) {
-    Trainer t(tp_config(kGlobalRows / l.dp, with({"optim.name=adamw", "recompute.policy=" + policy}, l.sets)),
+    Trainer t(tp_config(kGlobalRows / l.dp,
+                        with({"optim.name=adamw", "recompute.policy=" + policy}, l.sets)),
               run_dir("tp-recompute-" + policy), false, shared_world());
     expect_same_losses(t.run(), ref.result, 0, 1e-5, policy + " " + l.name);
   }
@@ -176,7 +188,8 @@ TEST(TensorParallel, CheckpointsResumeInAnotherLayout) {
     // Per-rank pieces: rank 0's file holds its block of q_proj (and the
     // metadata placing it), the other tp ranks of the first dp replica theirs.
     const std::string step5 = saved + "/checkpoints/step-5";
-    const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(step5 + "/manifest.json")).at("state");
+    const nlohmann::json manifest =
+        nlohmann::json::parse(std::ifstream(step5 + "/manifest.json")).at("state");
     EXPECT_EQ(manifest.at("layout").at("tp").get<int64_t>(), world().size() / l.dp);
     const int64_t tp = world().size() / l.dp;
     EXPECT_GE(manifest.at("model_files").size(), static_cast<size_t>(tp));
@@ -185,17 +198,20 @@ TEST(TensorParallel, CheckpointsResumeInAnotherLayout) {
     const Config cfg = tp_config(1);
     const int64_t q_rows = cfg.model.n_heads * cfg.model.resolved_head_dim();
     EXPECT_EQ(rank0.shape(q), Shape({q_rows / tp, cfg.model.d_model}));
-    EXPECT_EQ(rank0.metadata().at(q), "block:0,0," + std::to_string(q_rows) + "," + std::to_string(cfg.model.d_model));
+    EXPECT_EQ(rank0.metadata().at(q),
+              "block:0,0," + std::to_string(q_rows) + "," + std::to_string(cfg.model.d_model));
     ckpt::SafetensorsReader rank1(step5 + "/model-rank-1.safetensors");
-    EXPECT_EQ(rank1.metadata().at(q),
-              "block:" + std::to_string(q_rows / tp) + ",0," + std::to_string(q_rows) + "," + std::to_string(cfg.model.d_model));
+    EXPECT_EQ(rank1.metadata().at(q), "block:" + std::to_string(q_rows / tp) + ",0," +
+                                          std::to_string(q_rows) + "," +
+                                          std::to_string(cfg.model.d_model));
     // Whole tensors assembled from the pieces: the export holds every tensor of
     // the one-rank export, same shapes, values within the runs' rounding.
     // (No ASSERT here: rank 0 leaving early would strand the other ranks.)
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
     EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
               ckpt::export_hf(one, saved + "/export-one"));
-    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"), want(saved + "/export-one/model.safetensors");
+    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"),
+        want(saved + "/export-one/model.safetensors");
     EXPECT_EQ(got.names().size(), want.names().size());
     for (const std::string& name : want.names()) {
       if (!got.contains(name)) {
@@ -215,22 +231,23 @@ TEST(TensorParallel, CheckpointsResumeInAnotherLayout) {
     }
   }
   {
-    Trainer t(tp_config(kGlobalRows / world().size(), common), copy_step5(saved, "ckpt-tp-to-dp"), true,
-              shared_world());
-    expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> dp " + std::to_string(world().size()));
+    Trainer t(tp_config(kGlobalRows / world().size(), common), copy_step5(saved, "ckpt-tp-to-dp"),
+              true, shared_world());
+    expect_same_losses(t.run(), ref.result, 5, 1e-5,
+                       l.name + " -> dp " + std::to_string(world().size()));
   }
   for (const Layout& other : layouts()) {  // saved at one tp, resumed at another
     if (other.dp == l.dp) continue;
-    Trainer t(tp_config(kGlobalRows / other.dp, with(common, other.sets)), copy_step5(saved, "ckpt-tp-to-" + other.name),
-              true, shared_world());
+    Trainer t(tp_config(kGlobalRows / other.dp, with(common, other.sets)),
+              copy_step5(saved, "ckpt-tp-to-" + other.name), true, shared_world());
     expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> " + other.name);
     break;  // one other tp is enough
   }
   {
     const Layout other = layouts().back();
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0";
-    Trainer t(tp_config(kGlobalRows / other.dp, with(common, other.sets)), copy_step5(one, "ckpt-one-to-tp"), true,
-              shared_world());
+    Trainer t(tp_config(kGlobalRows / other.dp, with(common, other.sets)),
+              copy_step5(one, "ckpt-one-to-tp"), true, shared_world());
     expect_same_losses(t.run(), ref.result, 5, 1e-5, "one rank -> " + other.name);
   }
 }
@@ -240,7 +257,8 @@ TEST(TensorParallel, LayoutErrorsNameTheKey) {
   for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
            {"parallel.tp=3"}, {"parallel.tp=8"}, {"parallel.sequence_parallel=true"}}) {
     try {
-      Trainer t(tp_config(kGlobalRows / world().size(), sets), run_dir("tp-bad"), false, shared_world());
+      Trainer t(tp_config(kGlobalRows / world().size(), sets), run_dir("tp-bad"), false,
+                shared_world());
       ADD_FAILURE() << sets.front() << " accepted on " << world().size() << " ranks";
     } catch (const Error& e) {
       const std::string key = sets.back().substr(0, sets.back().find('='));

@@ -31,17 +31,21 @@ namespace fs = std::filesystem;
 
 const std::string& corpus_dir() {
   static const std::string dir = [] {
-    const std::string root = (fs::temp_directory_path() / ("moetron_trainer_" + std::to_string(::getpid()))).string();
+    const std::string root =
+        (fs::temp_directory_path() / ("moetron_trainer_" + std::to_string(::getpid()))).string();
     remove_tree(root);
     fs::create_directories(root + "/text");
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "while", "dogs", "bark", "at",
-                           "night", "and", "stars", "shine", "over", "quiet", "hills", "river"};
+    const char* words[] = {"the",   "cat",   "sat",  "on",    "a",     "mat",
+                           "while", "dogs",  "bark", "at",    "night", "and",
+                           "stars", "shine", "over", "quiet", "hills", "river"};
     std::ofstream f(root + "/text/quotes");
     PhiloxStream rng(5, "corpus");
     for (int d = 0; d < 600; ++d) {
       // A learnable structure: each document repeats a short pattern.
-      const int a = static_cast<int>(rng.next_u32() % 18), b = static_cast<int>(rng.next_u32() % 18);
-      for (int l = 0; l < 3; ++l) f << words[a] << " " << words[b] << " " << words[(a + b) % 18] << ".\n";
+      const int a = static_cast<int>(rng.next_u32() % 18),
+                b = static_cast<int>(rng.next_u32() % 18);
+      for (int l = 0; l < 3; ++l)
+        f << words[a] << " " << words[b] << " " << words[(a + b) % 18] << ".\n";
       f << "%\n";
     }
     f.close();
@@ -85,7 +89,8 @@ TEST(Trainer, MetricsAndCheckpointFilesAreWritten) {
   int lines = 0;
   while (std::getline(m, line)) {
     const auto j = nlohmann::json::parse(line);
-    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "expert_load", "dropped_slots"}) {
+    for (const char* k :
+         {"step", "loss", "lr", "grad_norm", "tokens_per_s", "expert_load", "dropped_slots"}) {
       EXPECT_TRUE(j.contains(k)) << k;
     }
     EXPECT_EQ(j.at("expert_load").size(), 3u);  // 4 layers, the first dense
@@ -109,16 +114,20 @@ std::string expect_bit_exact_resume(const Config& cfg, const std::string& name) 
   Trainer tb(cfg, b, true);
   const TrainResult rb = tb.run();
   EXPECT_EQ(rb.steps_done, 6);
-  for (size_t i = 0; i < 6 && i < rb.history.size(); ++i) EXPECT_EQ(rb.history[i].loss, ra.history[6 + i].loss) << i;
-  for (const char* file : {"/model.safetensors", "/state.safetensors", "/optimizer-rank-0.safetensors"}) {
-    EXPECT_EQ(file_checksum(ckpt::checkpoint_dir(a, 12) + file), file_checksum(ckpt::checkpoint_dir(b, 12) + file))
+  for (size_t i = 0; i < 6 && i < rb.history.size(); ++i)
+    EXPECT_EQ(rb.history[i].loss, ra.history[6 + i].loss) << i;
+  for (const char* file :
+       {"/model.safetensors", "/state.safetensors", "/optimizer-rank-0.safetensors"}) {
+    EXPECT_EQ(file_checksum(ckpt::checkpoint_dir(a, 12) + file),
+              file_checksum(ckpt::checkpoint_dir(b, 12) + file))
         << file;
   }
   return a;
 }
 
 TEST(Trainer, ResumeIsBitExact) {
-  expect_bit_exact_resume(tiny_config({"train.steps=12", "checkpoint.every=6", "optim.name=muon"}), "resume");
+  expect_bit_exact_resume(tiny_config({"train.steps=12", "checkpoint.every=6", "optim.name=muon"}),
+                          "resume");
 }
 
 TEST(Trainer, CorruptCheckpointFallsBackToThePreviousOne) {
@@ -126,7 +135,8 @@ TEST(Trainer, CorruptCheckpointFallsBackToThePreviousOne) {
   Trainer t(tiny_config({"train.steps=4", "checkpoint.every=2"}), dir, false);
   t.run();
   {  // flip a byte of the newest checkpoint's weights
-    std::fstream f(ckpt::checkpoint_dir(dir, 4) + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(ckpt::checkpoint_dir(dir, 4) + "/model.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-3, std::ios::end);
     f.put('\x55');
   }
@@ -227,8 +237,8 @@ TEST(Trainer, Fp16WithDynamicLossScalingLearnsAndSkipsOverflows) {
 
 TEST(Trainer, Fp16ResumeIsBitExactIncludingTheLossScale) {
   const std::string a = run_dir("fp16_straight"), b = run_dir("fp16_resumed");
-  const Config cfg = tiny_config({"train.precision=fp16", "train.steps=8", "checkpoint.every=4",
-                                  "train.loss_scale_window=3"});
+  const Config cfg = tiny_config(
+      {"train.precision=fp16", "train.steps=8", "checkpoint.every=4", "train.loss_scale_window=3"});
   Trainer ta(cfg, a, false);
   const TrainResult ra = ta.run();
   fs::create_directories(b + "/checkpoints");
@@ -237,8 +247,11 @@ TEST(Trainer, Fp16ResumeIsBitExactIncludingTheLossScale) {
   const TrainResult rb = tb.run();
   ASSERT_EQ(rb.steps_done, 4);
   for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(rb.history[static_cast<size_t>(i)].loss, ra.history[static_cast<size_t>(4 + i)].loss) << i;
-    EXPECT_EQ(rb.history[static_cast<size_t>(i)].loss_scale, ra.history[static_cast<size_t>(4 + i)].loss_scale) << i;
+    EXPECT_EQ(rb.history[static_cast<size_t>(i)].loss, ra.history[static_cast<size_t>(4 + i)].loss)
+        << i;
+    EXPECT_EQ(rb.history[static_cast<size_t>(i)].loss_scale,
+              ra.history[static_cast<size_t>(4 + i)].loss_scale)
+        << i;
   }
   EXPECT_EQ(file_checksum(ckpt::checkpoint_dir(a, 8) + "/model.safetensors"),
             file_checksum(ckpt::checkpoint_dir(b, 8) + "/model.safetensors"));
@@ -271,15 +284,18 @@ TEST(Trainer, MissingTokenizerAndCheckpointNameThePath) {
     }
     return std::string();
   };
-  EXPECT_NE(message([] { data::Tokenizer t("/nonexistent/tok.model"); }).find("/nonexistent/tok.model"),
+  EXPECT_NE(
+      message([] { data::Tokenizer t("/nonexistent/tok.model"); }).find("/nonexistent/tok.model"),
+      std::string::npos);
+  EXPECT_NE(message([] { load_model("/nonexistent/step-5"); }).find("/nonexistent/step-5"),
             std::string::npos);
-  EXPECT_NE(message([] { load_model("/nonexistent/step-5"); }).find("/nonexistent/step-5"), std::string::npos);
 }
 
 TEST(Trainer, AuxLossFreeBiasesMoveTowardBalance) {
   // With only the bias mechanism balancing (aux and z losses off), an
   // overloaded expert's bias goes down and an underloaded one's goes up.
-  Trainer t(tiny_config({"train.steps=3", "moe.aux_loss_coef=0", "moe.z_loss_coef=0", "moe.bias_update_rate=0.01"}),
+  Trainer t(tiny_config({"train.steps=3", "moe.aux_loss_coef=0", "moe.z_loss_coef=0",
+                         "moe.bias_update_rate=0.01"}),
             run_dir("bias"), false);
   std::vector<std::vector<int64_t>> loads;
   t.before_update = [&](int64_t) { loads.push_back(t.model().moe_layers()[0]->expert_load()); };
@@ -291,9 +307,13 @@ TEST(Trainer, AuxLossFreeBiasesMoveTowardBalance) {
   for (const auto& l : loads) {
     double mean = 0;
     for (int64_t c : l) mean += static_cast<double>(c) / 4.0;
-    for (size_t j = 0; j < 4; ++j) expect[j] += static_cast<double>(l[j]) > mean ? -0.01 : (static_cast<double>(l[j]) < mean ? 0.01 : 0.0);
+    for (size_t j = 0; j < 4; ++j)
+      expect[j] += static_cast<double>(l[j]) > mean
+                       ? -0.01
+                       : (static_cast<double>(l[j]) < mean ? 0.01 : 0.0);
   }
-  for (int j = 0; j < 4; ++j) EXPECT_NEAR(bias.data<float>()[j], expect[static_cast<size_t>(j)], 1e-6) << j;
+  for (int j = 0; j < 4; ++j)
+    EXPECT_NEAR(bias.data<float>()[j], expect[static_cast<size_t>(j)], 1e-6) << j;
 }
 
 // Precision memory modes ---------------------------------------------------
@@ -303,7 +323,8 @@ struct TagBytes {
   int64_t grads = 0, optimizer = 0;
 };
 
-TagBytes bytes_of_building(const Config& cfg, const std::string& dir, std::unique_ptr<Trainer>* keep) {
+TagBytes bytes_of_building(const Config& cfg, const std::string& dir,
+                           std::unique_ptr<Trainer>* keep) {
   Allocator& a = cpu_allocator();
   const int64_t g0 = a.current(MemTag::grads), o0 = a.current(MemTag::optimizer);
   *keep = std::make_unique<Trainer>(cfg, dir, false);
@@ -311,11 +332,12 @@ TagBytes bytes_of_building(const Config& cfg, const std::string& dir, std::uniqu
 }
 
 // The first `steps` steps' losses of b within rel of a's.
-void expect_close_losses(const TrainResult& a, const TrainResult& b, double rel, const std::string& what,
-                         size_t steps = SIZE_MAX) {
+void expect_close_losses(const TrainResult& a, const TrainResult& b, double rel,
+                         const std::string& what, size_t steps = SIZE_MAX) {
   ASSERT_EQ(a.history.size(), b.history.size()) << what;
   for (size_t i = 0; i < std::min(steps, a.history.size()); ++i) {
-    EXPECT_NEAR(b.history[i].loss, a.history[i].loss, rel * a.history[i].loss) << what << ", step " << i + 1;
+    EXPECT_NEAR(b.history[i].loss, a.history[i].loss, rel * a.history[i].loss)
+        << what << ", step " << i + 1;
   }
 }
 
@@ -326,7 +348,8 @@ void expect_close_losses(const TrainResult& a, const TrainResult& b, double rel,
 // within 0.3%).
 void expect_tracks_fp32(const TrainResult& fp32, const TrainResult& run, const std::string& what) {
   expect_close_losses(fp32, run, 2e-3, what, 10);
-  EXPECT_NEAR(run.val_loss, fp32.val_loss, 0.01 * fp32.val_loss) << what << ", final validation loss";
+  EXPECT_NEAR(run.val_loss, fp32.val_loss, 0.01 * fp32.val_loss)
+      << what << ", final validation loss";
 }
 
 TEST(Trainer, Bf16MomentsHalveTheMomentBytesAndTrackTheFp32Run) {
@@ -335,23 +358,28 @@ TEST(Trainer, Bf16MomentsHalveTheMomentBytesAndTrackTheFp32Run) {
   const std::vector<std::string> base = {"train.steps=25"};
   std::unique_ptr<Trainer> t32, t16;
   const TagBytes b32 = bytes_of_building(tiny_config(base), run_dir("moments32"), &t32);
-  const TagBytes b16 = bytes_of_building(tiny_config(test::with(base, {"optim.moment_dtype=bf16"})), run_dir("moments16"), &t16);
+  const TagBytes b16 = bytes_of_building(tiny_config(test::with(base, {"optim.moment_dtype=bf16"})),
+                                         run_dir("moments16"), &t16);
   int64_t want32 = 0, want16 = 0;
   for (const auto& p : t32->model().params().all()) {
-    want32 += 2 * static_cast<int64_t>(Allocator::rounded(static_cast<size_t>(p->value.numel()) * 4));
-    want16 += 2 * static_cast<int64_t>(Allocator::rounded(static_cast<size_t>(p->value.numel()) * 2));
+    want32 +=
+        2 * static_cast<int64_t>(Allocator::rounded(static_cast<size_t>(p->value.numel()) * 4));
+    want16 +=
+        2 * static_cast<int64_t>(Allocator::rounded(static_cast<size_t>(p->value.numel()) * 2));
   }
   EXPECT_EQ(b32.optimizer, want32);
   EXPECT_EQ(b16.optimizer, want16);
   EXPECT_EQ(b16.grads, b32.grads);
-  std::cout << "optimizer tag: fp32 moments " << b32.optimizer << " B, bf16 moments " << b16.optimizer << " B\n";
+  std::cout << "optimizer tag: fp32 moments " << b32.optimizer << " B, bf16 moments "
+            << b16.optimizer << " B\n";
   const TrainResult r32 = t32->run(), r16 = t16->run();
   expect_tracks_fp32(r32, r16, "bf16 moments vs fp32");
   EXPECT_LT(r16.last_loss, r16.first_loss - 1.0);
   // ZeRO-1 (one rank) keeps its chunk's moments in bf16 too and computes the same steps.
   std::unique_ptr<Trainer> z16;
   const TagBytes bz = bytes_of_building(
-      tiny_config(test::with(base, {"optim.moment_dtype=bf16", "parallel.zero=true"})), run_dir("moments16_zero"), &z16);
+      tiny_config(test::with(base, {"optim.moment_dtype=bf16", "parallel.zero=true"})),
+      run_dir("moments16_zero"), &z16);
   int64_t numel = 0;
   for (const auto& p : t16->model().params().all()) numel += p->value.numel();
   // fp32 masters (4 B) + bf16 m and v (2 x 2 B) per element, one bucket at this size.
@@ -369,7 +397,8 @@ TEST(Trainer, Bf16GradientsShrinkTheGradTagByTheHiddenMatricesAndTrackFp32Grads)
   const std::vector<std::string> base = {"train.steps=25", "train.precision=bf16"};
   std::unique_ptr<Trainer> t32, t16;
   const TagBytes b32 = bytes_of_building(tiny_config(base), run_dir("grads32"), &t32);
-  const TagBytes b16 = bytes_of_building(tiny_config(test::with(base, {"train.grad_dtype=bf16"})), run_dir("grads16"), &t16);
+  const TagBytes b16 = bytes_of_building(tiny_config(test::with(base, {"train.grad_dtype=bf16"})),
+                                         run_dir("grads16"), &t16);
   int64_t hidden = 0;
   for (const auto& p : t16->model().params().all()) {
     EXPECT_EQ(p->grad.dtype(), p->hidden_matrix ? DType::bf16 : DType::f32) << p->name;
@@ -379,21 +408,23 @@ TEST(Trainer, Bf16GradientsShrinkTheGradTagByTheHiddenMatricesAndTrackFp32Grads)
   // The tiny shapes are multiples of 32 elements: no rounding slack.
   EXPECT_EQ(b32.grads - b16.grads, 2 * hidden);
   EXPECT_EQ(b16.optimizer, b32.optimizer);
-  std::cout << "grads tag: fp32 grads " << b32.grads << " B, bf16 matrix grads " << b16.grads << " B\n";
+  std::cout << "grads tag: fp32 grads " << b32.grads << " B, bf16 matrix grads " << b16.grads
+            << " B\n";
   const TrainResult r32 = t32->run(), r16 = t16->run();
   expect_tracks_fp32(r32, r16, "bf16 grads vs fp32");
   EXPECT_LT(r16.last_loss, r16.first_loss - 1.0);
   // Muon reads the bf16 gradients into its fp32 momentum.
-  Trainer m(tiny_config(test::with(base, {"train.grad_dtype=bf16", "optim.name=muon", "train.steps=10"})),
-            run_dir("grads16_muon"), false);
+  Trainer m(
+      tiny_config(test::with(base, {"train.grad_dtype=bf16", "optim.name=muon", "train.steps=10"})),
+      run_dir("grads16_muon"), false);
   const TrainResult rm = m.run();
   EXPECT_LT(rm.last_loss, rm.first_loss - 0.5) << rm.first_loss << " -> " << rm.last_loss;
 }
 
 TEST(Trainer, Bf16MomentResumeIsBitExact) {
   const std::string a = expect_bit_exact_resume(
-      tiny_config({"train.steps=12", "checkpoint.every=6", "optim.name=muon", "optim.moment_dtype=bf16",
-                   "train.precision=bf16", "train.grad_dtype=bf16"}),
+      tiny_config({"train.steps=12", "checkpoint.every=6", "optim.name=muon",
+                   "optim.moment_dtype=bf16", "train.precision=bf16", "train.grad_dtype=bf16"}),
       "m16");
   ckpt::SafetensorsReader f(ckpt::checkpoint_dir(a, 6) + "/optimizer-rank-0.safetensors");
   EXPECT_EQ(f.dtype("model.layers.0.self_attn.q_proj.weight.momentum"), DType::bf16);
@@ -413,7 +444,8 @@ TEST(Trainer, CheckpointMomentsConvertToTheOtherMomentDtypeOnLoad) {
       fs::create_directories(b + "/checkpoints");
       fs::copy(ck, ckpt::checkpoint_dir(b, 3), fs::copy_options::recursive);
     } else {  // a bf16-moment checkpoint, loaded with fp32 moments
-      Trainer t16(tiny_config({"train.steps=3", "checkpoint.every=3", "optim.moment_dtype=bf16"}), b, false);
+      Trainer t16(tiny_config({"train.steps=3", "checkpoint.every=3", "optim.moment_dtype=bf16"}),
+                  b, false);
       t16.run();
     }
     ckpt::SafetensorsReader file(ckpt::checkpoint_dir(b, 3) + "/optimizer-rank-0.safetensors");
@@ -426,7 +458,8 @@ TEST(Trainer, CheckpointMomentsConvertToTheOtherMomentDtypeOnLoad) {
       ASSERT_NE(stored.dtype(), live) << sl.name;  // a real conversion
       Tensor want = Tensor::empty(stored.shape(), live);
       kernels::convert(ref, stored, want);
-      ASSERT_EQ(std::memcmp(want.raw(), sl.values.raw(), static_cast<size_t>(want.nbytes())), 0) << sl.name;
+      ASSERT_EQ(std::memcmp(want.raw(), sl.values.raw(), static_cast<size_t>(want.nbytes())), 0)
+          << sl.name;
       ++checked;
     }
     EXPECT_GT(checked, 10);

@@ -20,8 +20,12 @@
 namespace moetron::train {
 namespace {
 
-comm::Communicator& world() { return test::mpi_world(); }
-const std::string& job_dir() { return test::layout_job_dir("moetron_plan_"); }
+comm::Communicator& world() {
+  return test::mpi_world();
+}
+const std::string& job_dir() {
+  return test::layout_job_dir("moetron_plan_");
+}
 
 struct Layout {
   std::string name;
@@ -39,11 +43,17 @@ std::vector<Layout> layouts() {
       return {{"tp2-dp2-ep2-zero", 2, {"parallel.tp=2", "parallel.ep=2", "parallel.zero=true"}},
               {"pp2-dp2-ep2", 2, {"parallel.pp=2", "parallel.ep=2"}}};
     default:
-      return {{"pp2-tp2-dp2-ep2-zero-muon", 2,
-               {"parallel.pp=2", "parallel.tp=2", "parallel.ep=2", "parallel.zero=true", "optim.name=muon"}},
-              {"tp2-sp-dp4-ep4", 1, {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=4"}},
-              {"pp2-vpp2-dp4-int8", 1,
-               {"parallel.pp=2", "parallel.vpp=2", "parallel.compression=int8", "parallel.microbatches=2"}}};
+      return {{"pp2-tp2-dp2-ep2-zero-muon",
+               2,
+               {"parallel.pp=2", "parallel.tp=2", "parallel.ep=2", "parallel.zero=true",
+                "optim.name=muon"}},
+              {"tp2-sp-dp4-ep4",
+               1,
+               {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=4"}},
+              {"pp2-vpp2-dp4-int8",
+               1,
+               {"parallel.pp=2", "parallel.vpp=2", "parallel.compression=int8",
+                "parallel.microbatches=2"}}};
   }
 }
 
@@ -62,8 +72,9 @@ nlohmann::json dry_run(const Config& cfg, const std::string& name) {
   if (world().rank() == 0) {
     std::ofstream(base + ".toml") << to_toml(cfg);
     // A clean environment: the dry run is one process, outside the MPI job.
-    const std::string cmd = "env -i OMP_NUM_THREADS=1 " MOETRON_BINARY " plan --config " + base + ".toml -n " +
-                            std::to_string(world().size()) + " --json " + base + ".json > " + base + ".out 2>&1";
+    const std::string cmd = "env -i OMP_NUM_THREADS=1 " MOETRON_BINARY " plan --config " + base +
+                            ".toml -n " + std::to_string(world().size()) + " --json " + base +
+                            ".json > " + base + ".out 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   world().barrier();
@@ -75,7 +86,8 @@ nlohmann::json dry_run(const Config& cfg, const std::string& name) {
 void expect_groups_match(Trainer& t) {
   const parallel::TrainingPlan& plan = t.plan();
   const int me = world().rank();
-  for (parallel::Group g : {parallel::Group::tp, parallel::Group::pp, parallel::Group::stage, parallel::Group::ep}) {
+  for (parallel::Group g :
+       {parallel::Group::tp, parallel::Group::pp, parallel::Group::stage, parallel::Group::ep}) {
     comm::Communicator* c = t.group_comm(g);
     ASSERT_EQ(c != nullptr, plan.has_group(g)) << parallel::name_of(g);
     if (c) {
@@ -109,7 +121,8 @@ void expect_rank_matches(Trainer& t, const nlohmann::json& plan_rank) {
       const nlohmann::json& want = reducers[i]["buckets"][b];
       EXPECT_EQ(want["elements"], got.numel);
       ASSERT_EQ(want["parameters"].size(), got.slots.size());
-      for (size_t k = 0; k < got.slots.size(); ++k) EXPECT_EQ(want["parameters"][k], got.slots[k].param->name);
+      for (size_t k = 0; k < got.slots.size(); ++k)
+        EXPECT_EQ(want["parameters"][k], got.slots[k].param->name);
     }
   }
   // The prediction this rank's report prints (train/memory_report.h) is the dry run's.

@@ -26,12 +26,20 @@
 namespace moetron::train {
 namespace {
 
-comm::Communicator& world() { return test::mpi_world(); }
+comm::Communicator& world() {
+  return test::mpi_world();
+}
 using test::shared_world;
 
-const std::string& job_dir() { return test::layout_job_dir("moetron_zero_"); }
-std::string run_dir(const std::string& name, bool local = false) { return test::layout_run_dir(job_dir(), name, local); }
-std::string copy_step5(const std::string& from, const std::string& name) { return test::copy_step5(job_dir(), from, name); }
+const std::string& job_dir() {
+  return test::layout_job_dir("moetron_zero_");
+}
+std::string run_dir(const std::string& name, bool local = false) {
+  return test::layout_run_dir(job_dir(), name, local);
+}
+std::string copy_step5(const std::string& from, const std::string& name) {
+  return test::copy_step5(job_dir(), from, name);
+}
 using test::Reference;
 using test::with;
 
@@ -49,8 +57,9 @@ Config zero_config(int64_t rows, const std::vector<std::string>& extra = {}) {
 
 // One rank holding the whole global batch, run by every rank on its own.
 const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
-  return test::cached_reference(
-      key, [&] { return test::run_reference(zero_config(kRows, extra), run_dir("ref-" + key, true)); });
+  return test::cached_reference(key, [&] {
+    return test::run_reference(zero_config(kRows, extra), run_dir("ref-" + key, true));
+  });
 }
 
 struct Layout {
@@ -65,14 +74,18 @@ struct Layout {
 std::vector<Layout> zero_layouts() {
   const int64_t n = world().size();
   std::vector<Layout> out;
-  const auto add = [&](int64_t tp, int64_t pp, int64_t ep, int64_t vpp, bool sp, const std::string& opt,
-                       const std::string& muon = "owner") {
+  const auto add = [&](int64_t tp, int64_t pp, int64_t ep, int64_t vpp, bool sp,
+                       const std::string& opt, const std::string& muon = "owner") {
     const int64_t dp = n / tp / pp;
-    std::string name = "zero-" + opt + (opt == "muon" ? "-" + muon : "") + "-tp" + std::to_string(tp) + "-pp" +
-                       std::to_string(pp) + "-dp" + std::to_string(dp);
-    std::vector<std::string> sets = {"parallel.zero=true", "optim.name=" + opt, "optim.muon_distribution=" + muon,
-                                     "parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
-                                     "parallel.ep=" + std::to_string(ep), "parallel.vpp=" + std::to_string(vpp)};
+    std::string name = "zero-" + opt + (opt == "muon" ? "-" + muon : "") + "-tp" +
+                       std::to_string(tp) + "-pp" + std::to_string(pp) + "-dp" + std::to_string(dp);
+    std::vector<std::string> sets = {"parallel.zero=true",
+                                     "optim.name=" + opt,
+                                     "optim.muon_distribution=" + muon,
+                                     "parallel.tp=" + std::to_string(tp),
+                                     "parallel.pp=" + std::to_string(pp),
+                                     "parallel.ep=" + std::to_string(ep),
+                                     "parallel.vpp=" + std::to_string(vpp)};
     if (ep > 1) name += "-ep" + std::to_string(ep);
     if (vpp > 1) name += "-vpp" + std::to_string(vpp);
     if (sp) {
@@ -82,9 +95,9 @@ std::vector<Layout> zero_layouts() {
     out.push_back({name, sets, dp, opt});
   };
   if (n == 2) {
-    add(2, 1, 1, 1, false, "muon");            // tp2: the tp-partial state sharded over the 2 ranks
-    add(1, 2, 1, 1, false, "adamw");           // pp2
-    add(2, 1, 1, 1, true, "muon", "gather");   // tp2 sp, Muon matrices cut by chunks
+    add(2, 1, 1, 1, false, "muon");           // tp2: the tp-partial state sharded over the 2 ranks
+    add(1, 2, 1, 1, false, "adamw");          // pp2
+    add(2, 1, 1, 1, true, "muon", "gather");  // tp2 sp, Muon matrices cut by chunks
   } else if (n == 4) {
     add(2, 1, 1, 1, false, "muon");            // tp2 dp2
     add(4, 1, 1, 1, false, "muon", "gather");  // tp4: kv heads replicated over 2 ranks each
@@ -117,31 +130,37 @@ TEST(ZeroLayouts, LossesEqualOneRank) {
 // tp and pp; replicated it would double.
 TEST(ZeroLayouts, OptimizerStateIsCutNotCopiedOverDp) {
   const Layout l = zero_layouts().front();
-  if (l.dp < 2) GTEST_SKIP() << "every ZeRO-1 layout with tp on " << world().size() << " ranks has dp 1";
+  if (l.dp < 2)
+    GTEST_SKIP() << "every ZeRO-1 layout with tp on " << world().size() << " ranks has dp 1";
   const auto tag = static_cast<size_t>(MemTag::optimizer);
   // Summed over the world's ranks.
-  const auto optimizer_bytes = [&](std::shared_ptr<comm::Communicator> w, int64_t dp, const std::string& dir) {
+  const auto optimizer_bytes = [&](std::shared_ptr<comm::Communicator> w, int64_t dp,
+                                   const std::string& dir) {
     const int64_t before = cpu_allocator().stats().current[tag];
     // Flat buckets (the owner plan pads each chunk to its busiest owner's share).
-    Trainer t(zero_config(kRows / dp, with(l.sets, {"train.steps=1", "optim.muon_distribution=gather"})), dir, false,
-              std::move(w));
+    Trainer t(
+        zero_config(kRows / dp, with(l.sets, {"train.steps=1", "optim.muon_distribution=gather"})),
+        dir, false, std::move(w));
     Tensor bytes = Tensor::empty({1}, DType::f64, MemTag::comm);
     bytes.data<double>()[0] = static_cast<double>(t.run().first_step_memory.peak[tag] - before);
     world().allreduce(bytes, comm::ReduceOp::sum);
     return bytes.data<double>()[0];
   };
-  const std::string all = run_dir("bytes-dp"), half0 = run_dir("bytes-half0"), half1 = run_dir("bytes-half1");
+  const std::string all = run_dir("bytes-dp"), half0 = run_dir("bytes-half0"),
+                    half1 = run_dir("bytes-half1");
   const double at_dp = optimizer_bytes(shared_world(), l.dp, all);
   // Two independent jobs on half the ranks each: the same tp and pp at dp / 2.
   const int half = world().rank() / (world().size() / 2);
-  const double both_halves = optimizer_bytes(world().split(half, world().rank()), l.dp / 2, half ? half1 : half0);
+  const double both_halves =
+      optimizer_bytes(world().split(half, world().rank()), l.dp / 2, half ? half1 : half0);
   // One half job holds what the whole job holds (copied, the whole job would
   // hold twice as much), up to each chunk's padding and the AdamW second
   // moment, which every rank sizes for the chunk holding the most AdamW
   // elements (measured +4.2% at tp2 dp2).
   const double one_half = both_halves / 2.0;
   EXPECT_GE(at_dp, one_half) << l.name;
-  EXPECT_LE(at_dp, 1.1 * one_half) << l.name << " (dp " << l.dp / 2 << ": " << one_half << " bytes)";
+  EXPECT_LE(at_dp, 1.1 * one_half)
+      << l.name << " (dp " << l.dp / 2 << ": " << one_half << " bytes)";
 }
 
 // Saved under ZeRO-1 in the first layout (each rank writing its chunks of
@@ -167,7 +186,8 @@ TEST(ZeroLayouts, CheckpointsResumeInAnotherLayout) {
     for (const std::string& name : rank1.names()) {
       const auto it = rank1.metadata().find(name);
       if (it == rank1.metadata().end() || it->second.rfind("block:", 0) != 0) continue;
-      const size_t fields = static_cast<size_t>(std::count(it->second.begin(), it->second.end(), ',')) + 1;
+      const size_t fields =
+          static_cast<size_t>(std::count(it->second.begin(), it->second.end(), ',')) + 1;
       ++(fields == 7 ? ranges : blocks);
     }
     EXPECT_GT(blocks + ranges, 0) << "no tp block in rank 1's optimizer file";
@@ -178,12 +198,14 @@ TEST(ZeroLayouts, CheckpointsResumeInAnotherLayout) {
     // chunks (ranges of tensors or of tp blocks), and the export assembles
     // the one-rank export's tensors from every rank's pieces.
     const nlohmann::json manifest =
-        nlohmann::json::parse(std::ifstream(saved + "/checkpoints/step-5/manifest.json")).at("state");
+        nlohmann::json::parse(std::ifstream(saved + "/checkpoints/step-5/manifest.json"))
+            .at("state");
     int64_t master_ranges = 0;
     for (const auto& f : manifest.at("model_files")) {
       ckpt::SafetensorsReader file(saved + "/checkpoints/step-5/" + f.get<std::string>());
       for (const auto& [name, meta] : file.metadata()) {
-        master_ranges += meta.rfind("flat:", 0) == 0 || std::count(meta.begin(), meta.end(), ',') == 6;
+        master_ranges +=
+            meta.rfind("flat:", 0) == 0 || std::count(meta.begin(), meta.end(), ',') == 6;
       }
     }
     if (l.dp > 1) {
@@ -192,7 +214,8 @@ TEST(ZeroLayouts, CheckpointsResumeInAnotherLayout) {
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
     EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
               ckpt::export_hf(one, saved + "/export-one"));
-    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"), want(saved + "/export-one/model.safetensors");
+    ckpt::SafetensorsReader got(saved + "/export/model.safetensors"),
+        want(saved + "/export-one/model.safetensors");
     EXPECT_EQ(got.names(), want.names());
     for (const std::string& name : want.names()) {
       if (!got.contains(name) || got.shape(name) != want.shape(name)) {
@@ -219,7 +242,8 @@ TEST(ZeroLayouts, CheckpointsResumeInAnotherLayout) {
   {
     const Layout other = zero_layouts().back();
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0";
-    Trainer t(zero_config(kRows / other.dp, with(with(other.sets, {"optim.muon_distribution=owner"}), common)),
+    Trainer t(zero_config(kRows / other.dp,
+                          with(with(other.sets, {"optim.muon_distribution=owner"}), common)),
               copy_step5(one, "ckpt-one-to-zero"), true, shared_world());
     test::expect_same_losses(t.run(), ref.result, 5, 1e-5, "one rank -> " + other.name);
   }
@@ -242,7 +266,8 @@ TEST(ZeroLayouts, Fp16UnderTensorParallelTracksOneRank) {
   ASSERT_EQ(r.history.size(), ref.result.history.size());
   EXPECT_EQ(r.skipped_steps, ref.result.skipped_steps);
   for (size_t i = 0; i < r.history.size(); ++i) {
-    EXPECT_LE(test::rel_diff(r.history[i].loss, ref.result.history[i].loss), i < 2 ? kFp16FirstSteps : kFp16Tolerance)
+    EXPECT_LE(test::rel_diff(r.history[i].loss, ref.result.history[i].loss),
+              i < 2 ? kFp16FirstSteps : kFp16Tolerance)
         << "fp16 tp step " << r.history[i].step;
   }
   EXPECT_LE(test::rel_diff(r.val_loss, ref.result.val_loss), kFp16Tolerance);

@@ -24,17 +24,20 @@ const std::string& layout_job_dir(const std::string& prefix) {
   Tensor pid = Tensor::empty({1}, DType::i64);
   pid.data<int64_t>()[0] = ::getpid();
   world.broadcast(pid, 0);
-  const std::string root = (fs::temp_directory_path() / (prefix + std::to_string(pid.data<int64_t>()[0]))).string();
+  const std::string root =
+      (fs::temp_directory_path() / (prefix + std::to_string(pid.data<int64_t>()[0]))).string();
   if (world.rank() == 0) {
     remove_tree(root);
     fs::create_directories(root + "/text");
-    const char* words[] = {"blue", "owl", "sings", "under", "quiet", "stars", "near", "the", "old", "river",
-                           "bank", "of", "a", "late", "summer", "night"};
+    const char* words[] = {"blue", "owl",   "sings", "under", "quiet", "stars", "near",   "the",
+                           "old",  "river", "bank",  "of",    "a",     "late",  "summer", "night"};
     std::ofstream f(root + "/text/lines");
     PhiloxStream rng(11, "ep-corpus");
     for (int d = 0; d < 500; ++d) {
-      const int a = static_cast<int>(rng.next_u32() % 16), b = static_cast<int>(rng.next_u32() % 16);
-      for (int l = 0; l < 3; ++l) f << words[a] << " " << words[b] << " " << words[(a * b + 5) % 16] << ".\n";
+      const int a = static_cast<int>(rng.next_u32() % 16),
+                b = static_cast<int>(rng.next_u32() % 16);
+      for (int l = 0; l < 3; ++l)
+        f << words[a] << " " << words[b] << " " << words[(a * b + 5) % 16] << ".\n";
       f << "%\n";
     }
     f.close();
@@ -51,21 +54,25 @@ const std::string& layout_job_dir(const std::string& prefix) {
 
 std::string layout_run_dir(const std::string& job, const std::string& name, bool local) {
   comm::Communicator& world = mpi_world();
-  const std::string d = job + "/runs/" + name + (local ? "-rank" + std::to_string(world.rank()) : "");
+  const std::string d =
+      job + "/runs/" + name + (local ? "-rank" + std::to_string(world.rank()) : "");
   if (local || world.rank() == 0) remove_tree(d);
   world.barrier();
   return d;
 }
 
-double rel_diff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+double rel_diff(double a, double b) {
+  return std::fabs(a - b) / std::max(std::fabs(b), 1e-30);
+}
 
-void expect_same_losses(const train::TrainResult& got, const train::TrainResult& want, size_t from, double tol,
-                        const std::string& what, bool aux) {
+void expect_same_losses(const train::TrainResult& got, const train::TrainResult& want, size_t from,
+                        double tol, const std::string& what, bool aux) {
   ASSERT_EQ(got.history.size() + from, want.history.size()) << what;
   for (size_t i = 0; i < got.history.size(); ++i) {
     const auto& g = got.history[i];
     const auto& w = want.history[from + i];
-    EXPECT_LE(rel_diff(g.loss, w.loss), tol) << what << " step " << from + i + 1 << ": " << g.loss << " vs " << w.loss;
+    EXPECT_LE(rel_diff(g.loss, w.loss), tol)
+        << what << " step " << from + i + 1 << ": " << g.loss << " vs " << w.loss;
     if (aux) {
       EXPECT_LE(std::fabs(g.aux_loss - w.aux_loss), tol * std::fabs(w.aux_loss) + 1e-12)
           << what << " aux loss, step " << from + i + 1;
@@ -94,10 +101,14 @@ Reference run_reference(const train::Config& cfg, const std::string& run_dir) {
 
 train::Config layout_config(const std::string& job, int64_t rows, int64_t microbatches,
                             const std::vector<std::string>& extra) {
-  std::vector<std::string> sets = {"data.path=" + job + "/prepared", "train.steps=10",
+  std::vector<std::string> sets = {"data.path=" + job + "/prepared",
+                                   "train.steps=10",
                                    "train.micro_batch=" + std::to_string(rows),
-                                   "train.grad_accum=" + std::to_string(microbatches), "moe.bias_update_rate=0.001",
-                                   "parallel.bucket_mb=0.02", "train.threads=1", "train.eval_batches=3"};
+                                   "train.grad_accum=" + std::to_string(microbatches),
+                                   "moe.bias_update_rate=0.001",
+                                   "parallel.bucket_mb=0.02",
+                                   "train.threads=1",
+                                   "train.eval_batches=3"};
   sets.insert(sets.end(), extra.begin(), extra.end());
   return train::load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
 }
@@ -134,7 +145,8 @@ std::string copy_step5(const std::string& job, const std::string& from, const st
   const std::string dir = layout_run_dir(job, name);
   if (mpi_world().rank() == 0) {
     fs::create_directories(dir + "/checkpoints");
-    fs::copy(from + "/checkpoints/step-5", dir + "/checkpoints/step-5", fs::copy_options::recursive);
+    fs::copy(from + "/checkpoints/step-5", dir + "/checkpoints/step-5",
+             fs::copy_options::recursive);
   }
   mpi_world().barrier();
   return dir;

@@ -23,8 +23,8 @@ const std::string& layout_job_dir(const std::string& prefix);
 std::string layout_run_dir(const std::string& job, const std::string& name, bool local = false);
 double rel_diff(double a, double b);
 // Losses (and, with aux, the balancing loss) of got equal want's from step `from` on.
-void expect_same_losses(const train::TrainResult& got, const train::TrainResult& want, size_t from, double tol,
-                        const std::string& what, bool aux = false);
+void expect_same_losses(const train::TrainResult& got, const train::TrainResult& want, size_t from,
+                        double tol, const std::string& what, bool aux = false);
 std::map<std::string, std::vector<float>> grads_of(train::Trainer& t);
 // This rank's block of a full tensor's values (the whole tensor if unsharded).
 std::vector<float> block_of(const nn::Parameter& p, const std::vector<float>& full);

@@ -24,8 +24,8 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    std::fprintf(stderr, "rank %d: %s: %s:%d: %s\n", rank_, test_.c_str(), r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.summary());
+    std::fprintf(stderr, "rank %d: %s: %s:%d: %s\n", rank_, test_.c_str(),
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
   }
 
  private:
@@ -35,9 +35,13 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 }  // namespace
 
-comm::Communicator& mpi_world() { return *world_slot(); }
+comm::Communicator& mpi_world() {
+  return *world_slot();
+}
 
-std::shared_ptr<comm::Communicator> shared_world() { return mpi_world().split(0, mpi_world().rank()); }
+std::shared_ptr<comm::Communicator> shared_world() {
+  return mpi_world().split(0, mpi_world().rank());
+}
 
 }  // namespace moetron::test
 

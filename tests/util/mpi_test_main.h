@@ -13,4 +13,4 @@ comm::Communicator& mpi_world();
 // A duplicate of the MPI world for one Trainer to own (a Trainer takes
 // shared ownership of its world; the test's world outlives every test).
 std::shared_ptr<comm::Communicator> shared_world();
-}
+}  // namespace moetron::test

@@ -8,8 +8,7 @@
 
 namespace moetron::test {
 
-Tensor random_tensor(const Shape& shape, DType dtype, const std::string& name, float lo,
-                     float hi) {
+Tensor random_tensor(const Shape& shape, DType dtype, const std::string& name, float lo, float hi) {
   Tensor t = Tensor::empty(shape, dtype, MemTag::workspace);
   fill_uniform(t, 1234, name, lo, hi);
   return t;
@@ -23,13 +22,20 @@ Tensor poisoned(const Shape& shape, DType dtype) {
 
 double element(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::f32: return t.data<float>()[i];
-    case DType::f64: return t.data<double>()[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(t.raw())[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(t.raw())[i]);
-    case DType::i32: return t.data<int32_t>()[i];
-    case DType::i64: return static_cast<double>(t.data<int64_t>()[i]);
-    case DType::u8: return t.data<uint8_t>()[i];
+    case DType::f32:
+      return t.data<float>()[i];
+    case DType::f64:
+      return t.data<double>()[i];
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::i32:
+      return t.data<int32_t>()[i];
+    case DType::i64:
+      return static_cast<double>(t.data<int64_t>()[i]);
+    case DType::u8:
+      return t.data<uint8_t>()[i];
   }
   return 0;
 }
@@ -45,17 +51,27 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   for (int64_t i = 0; i < t.numel(); ++i) {
     const double x = element(t, i);
     switch (dtype) {
-      case DType::f32: out.data<float>()[i] = static_cast<float>(x); break;
-      case DType::f64: out.data<double>()[i] = x; break;
+      case DType::f32:
+        out.data<float>()[i] = static_cast<float>(x);
+        break;
+      case DType::f64:
+        out.data<double>()[i] = x;
+        break;
       case DType::bf16:
         static_cast<uint16_t*>(out.raw())[i] = f32_to_bf16(static_cast<float>(x));
         break;
       case DType::f16:
         static_cast<uint16_t*>(out.raw())[i] = f32_to_f16(static_cast<float>(x));
         break;
-      case DType::i32: out.data<int32_t>()[i] = static_cast<int32_t>(x); break;
-      case DType::i64: out.data<int64_t>()[i] = static_cast<int64_t>(x); break;
-      case DType::u8: out.data<uint8_t>()[i] = static_cast<uint8_t>(x); break;
+      case DType::i32:
+        out.data<int32_t>()[i] = static_cast<int32_t>(x);
+        break;
+      case DType::i64:
+        out.data<int64_t>()[i] = static_cast<int64_t>(x);
+        break;
+      case DType::u8:
+        out.data<uint8_t>()[i] = static_cast<uint8_t>(x);
+        break;
     }
   }
   return out;
@@ -111,8 +127,8 @@ double max_normalized_error(const Tensor& actual, const Tensor& expected) {
   }
   const double err = max_normalized_error(actual, expected);
   if (err <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "normalised error " << err << " exceeds " << tol
-                                       << " for " << actual.str();
+  return ::testing::AssertionFailure()
+         << "normalised error " << err << " exceeds " << tol << " for " << actual.str();
 }
 
 ::testing::AssertionResult finite_difference_check(const std::function<double()>& loss,
@@ -132,7 +148,8 @@ double max_normalized_error(const Tensor& actual, const Tensor& expected) {
     const double down = loss();
     p[i] = saved;
     fd[static_cast<size_t>(i)] = (up - down) / (2 * h);
-    max_abs = std::max({max_abs, std::fabs(fd[static_cast<size_t>(i)]), std::fabs(element(analytic, i))});
+    max_abs =
+        std::max({max_abs, std::fabs(fd[static_cast<size_t>(i)]), std::fabs(element(analytic, i))});
   }
   const double floor = std::max(max_abs, 1e-3);
   for (int64_t i = 0; i < x.numel(); ++i) {

@@ -34,7 +34,8 @@ std::vector<std::pair<int64_t, std::string>> checkpoint_dirs(const std::string& 
     const std::string name = e.path().filename().string();
     if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
     const std::string digits = name.substr(5);
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;  // skips .tmp-*
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+      continue;  // skips .tmp-*
     out.emplace_back(std::stoll(digits), e.path().string());
   }
   std::sort(out.rbegin(), out.rend());
@@ -71,7 +72,9 @@ nlohmann::json hf_config(const nn::ModelConfig& m, const nn::MoeConfig& e) {
 
 namespace {
 
-std::string optimizer_file(int rank) { return "optimizer-rank-" + std::to_string(rank) + ".safetensors"; }
+std::string optimizer_file(int rank) {
+  return "optimizer-rank-" + std::to_string(rank) + ".safetensors";
+}
 std::string model_file(int rank) {
   return rank == 0 ? kModelFile : "model-rank-" + std::to_string(rank) + ".safetensors";
 }
@@ -90,10 +93,12 @@ void broadcast_string(comm::Communicator& world, std::string& s) {
   Tensor len = Tensor::empty({1}, DType::i64, MemTag::comm);
   len.data<int64_t>()[0] = static_cast<int64_t>(s.size());
   world.broadcast(len, 0);
-  Tensor bytes = Tensor::zeros({std::max<int64_t>(len.data<int64_t>()[0], 1)}, DType::u8, MemTag::comm);
+  Tensor bytes =
+      Tensor::zeros({std::max<int64_t>(len.data<int64_t>()[0], 1)}, DType::u8, MemTag::comm);
   std::copy(s.begin(), s.end(), bytes.data<uint8_t>());
   world.broadcast(bytes, 0);
-  s.assign(reinterpret_cast<const char*>(bytes.data<uint8_t>()), static_cast<size_t>(len.data<int64_t>()[0]));
+  s.assign(reinterpret_cast<const char*>(bytes.data<uint8_t>()),
+           static_cast<size_t>(len.data<int64_t>()[0]));
 }
 
 // Where a slice lies in its full state tensor: a tp block (or an element
@@ -113,8 +118,10 @@ void write_optimizer_slices(const std::string& path, std::vector<optim::StateSli
   for (const auto& sl : slices) {
     const Piece piece = piece_of(sl);
     // A whole block is stored in its [rows, cols] shape, so readers see the block.
-    tensors.push_back({sl.name, piece.whole_block() ? sl.values.reshape(sl.block_of->value.shape()) : sl.values});
-    meta[sl.name] = piece.is_block() ? piece.metadata() : std::to_string(sl.offset) + "," + std::to_string(sl.total);
+    tensors.push_back(
+        {sl.name, piece.whole_block() ? sl.values.reshape(sl.block_of->value.shape()) : sl.values});
+    meta[sl.name] = piece.is_block() ? piece.metadata()
+                                     : std::to_string(sl.offset) + "," + std::to_string(sl.total);
   }
   write_safetensors(path, tensors, meta);
 }
@@ -132,18 +139,21 @@ struct Weights {
   std::vector<NamedTensor> tensors;
   std::map<std::string, std::string> meta = {{"format", "pt"}};
 };
-Weights weights_to_write(nn::Transformer& model, optim::ParamOptimizer& opt, const WritesFn& writes) {
+Weights weights_to_write(nn::Transformer& model, optim::ParamOptimizer& opt,
+                         const WritesFn& writes) {
   Weights w;
   for (const auto& m : opt.checkpoint_masters()) {
     const bool own_chunk = opt.sharded() && !m.replicated && !m.duplicate;
     if (!own_chunk && !writes(m.name)) continue;
     const nn::Parameter& p = model.params().get(m.name);
     Piece piece = piece_of(m);
-    if (!piece.is_block()) piece.shape = p.value.shape();  // not tp-sharded: the local shape is the full one
+    if (!piece.is_block())
+      piece.shape = p.value.shape();  // not tp-sharded: the local shape is the full one
     if (piece.metadata().empty()) {
       w.tensors.push_back({m.name, m.values.reshape(p.value.shape())});
     } else {
-      w.tensors.push_back({m.name, piece.whole_block() ? m.values.reshape(p.value.shape()) : m.values});
+      w.tensors.push_back(
+          {m.name, piece.whole_block() ? m.values.reshape(p.value.shape()) : m.values});
       w.meta[m.name] = piece.metadata();
     }
   }
@@ -152,10 +162,12 @@ Weights weights_to_write(nn::Transformer& model, optim::ParamOptimizer& opt, con
 
 // Rank 0's files in the staging directory: model.safetensors, the router
 // biases, the HF config, the trainer state and the run's config.
-void stage_rank0_files(StagedDir& staged, const Weights& w, nn::Transformer& model, const SaveRequest& req) {
+void stage_rank0_files(StagedDir& staged, const Weights& w, nn::Transformer& model,
+                       const SaveRequest& req) {
   write_safetensors(staged.file(kModelFile), w.tensors, w.meta);
   std::vector<NamedTensor> state;
-  for (nn::MoeLayer* layer : model.moe_layers()) state.push_back({bias_name(*layer), layer->bias()});
+  for (nn::MoeLayer* layer : model.moe_layers())
+    state.push_back({bias_name(*layer), layer->bias()});
   write_safetensors(staged.file(kStateFile), state);
   std::ofstream f(staged.file("config.json"));
   f << hf_config(model.config(), model.moe_config()).dump(2) << "\n";
@@ -163,7 +175,8 @@ void stage_rank0_files(StagedDir& staged, const Weights& w, nn::Transformer& mod
   t << req.trainer_state.dump(2) << "\n";
   std::ofstream c(staged.file("moetron.toml"));
   c << req.config_toml;
-  MOETRON_CHECK(f.good() && t.good() && c.good(), "writing checkpoint '", staged.staging_path(), "' failed");
+  MOETRON_CHECK(f.good() && t.good() && c.good(), "writing checkpoint '", staged.staging_path(),
+                "' failed");
 }
 
 // This rank's optimizer slices: a tp block by the rank that writes its
@@ -174,7 +187,8 @@ std::vector<optim::StateSlice> slices_to_write(optim::ParamOptimizer& opt, const
   std::vector<optim::StateSlice> slices;
   for (auto& sl : opt.state_slices()) {
     const bool own_chunk = opt.sharded() && !sl.replicated && !sl.duplicate;
-    if (own_chunk || writes(sl.block_of ? sl.block_of->name : sl.name)) slices.push_back(std::move(sl));
+    if (own_chunk || writes(sl.block_of ? sl.block_of->name : sl.name))
+      slices.push_back(std::move(sl));
   }
   slices.insert(slices.end(), extra.begin(), extra.end());
   return slices;
@@ -195,7 +209,9 @@ void publish(StagedDir& staged, const SaveRequest& req, int world_size, const Te
     if (req.trainer_state.contains(k)) layout[k] = req.trainer_state[k];
   }
   write_manifest(staged.staging_path(), files,
-                 {{"step", req.step}, {"optimizer_ranks", world_size}, {"model_files", model_files},
+                 {{"step", req.step},
+                  {"optimizer_ranks", world_size},
+                  {"model_files", model_files},
                   {"layout", layout}});
   staged.commit();
   const auto dirs = checkpoint_dirs(req.run_dir);
@@ -210,7 +226,9 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
   std::unique_ptr<comm::Communicator> local;
   if (!req.world) local = comm::make_local_communicator();
   comm::Communicator& world = req.world ? *req.world : *local;
-  const WritesFn writes = [&](const std::string& name) { return req.writes ? req.writes(name) : world.rank() == 0; };
+  const WritesFn writes = [&](const std::string& name) {
+    return req.writes ? req.writes(name) : world.rank() == 0;
+  };
   const std::string final_dir = checkpoint_dir(req.run_dir, req.step);
   const Weights weights = weights_to_write(model, opt, writes);
   // Which ranks write a model file: rank 0 always (model.safetensors: at one
@@ -237,7 +255,8 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
     if (world.rank() > 0 && !weights.tensors.empty()) {
       write_safetensors(staging + "/" + model_file(world.rank()), weights.tensors, weights.meta);
     }
-    write_optimizer_slices(staging + "/" + optimizer_file(world.rank()), slices_to_write(opt, writes, req.extra));
+    write_optimizer_slices(staging + "/" + optimizer_file(world.rank()),
+                           slices_to_write(opt, writes, req.extra));
   } catch (const Error& e) {
     error = e.what();
   }
@@ -284,7 +303,8 @@ namespace {
 
 // Fills each of the optimizer's slices from the pieces the checkpoint's ranks
 // wrote, whatever their dp and tp were; every element must be found exactly once.
-void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vector<optim::StateSlice> slices) {
+void load_optimizer_slices(const std::string& dir, int64_t saved_ranks,
+                           std::vector<optim::StateSlice> slices) {
   std::vector<int64_t> filled(slices.size(), 0);
   for (int64_t r = 0; r < saved_ranks; ++r) {
     const std::string path = dir + "/" + optimizer_file(static_cast<int>(r));
@@ -293,12 +313,15 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vec
       const optim::StateSlice& sl = slices[i];
       if (!file.contains(sl.name)) continue;
       const auto it = file.metadata().find(sl.name);
-      MOETRON_CHECK(it != file.metadata().end(), "'", path, "' has no element range for '", sl.name, "'");
+      MOETRON_CHECK(it != file.metadata().end(), "'", path, "' has no element range for '", sl.name,
+                    "'");
       const Tensor saved = file.view(sl.name);
-      const Piece piece = Piece::parse(it->second, saved.shape(), "'" + path + "', tensor '" + sl.name + "'");
+      const Piece piece =
+          Piece::parse(it->second, saved.shape(), "'" + path + "', tensor '" + sl.name + "'");
       const Piece want = piece_of(sl);
-      MOETRON_CHECK(piece.total == want.total, "'", path, "': optimizer tensor '", sl.name, "' has ", piece.total,
-                    " elements, the model expects ", want.total, " (saved from another model?)");
+      MOETRON_CHECK(piece.total == want.total, "'", path, "': optimizer tensor '", sl.name,
+                    "' has ", piece.total, " elements, the model expects ", want.total,
+                    " (saved from another model?)");
       // Saved in the live dtype: copied bit for bit; saved with another
       // optim.moment_dtype: converted (rounded to nearest even, or widened).
       filled[i] += copy_overlap(piece, saved, want, sl.values);
@@ -306,19 +329,21 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks, std::vec
   }
   for (size_t i = 0; i < slices.size(); ++i) {
     if (!slices[i].required && filled[i] == 0) {
-      std::cerr << "notice: checkpoint '" << dir << "' has no '" << slices[i].name << "' for this layout; starting it from zero\n";
+      std::cerr << "notice: checkpoint '" << dir << "' has no '" << slices[i].name
+                << "' for this layout; starting it from zero\n";
       continue;
     }
-    MOETRON_CHECK(filled[i] == slices[i].values.numel(), "checkpoint '", dir, "' holds ", filled[i], " of the ",
-                  slices[i].values.numel(), " elements of optimizer tensor '", slices[i].name,
-                  "' this rank needs (saved with another optimizer?)");
+    MOETRON_CHECK(filled[i] == slices[i].values.numel(), "checkpoint '", dir, "' holds ", filled[i],
+                  " of the ", slices[i].values.numel(), " elements of optimizer tensor '",
+                  slices[i].name, "' this rank needs (saved with another optimizer?)");
   }
 }
 
 }  // namespace
 
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
-                               optim::ParamOptimizer* opt, const std::vector<optim::StateSlice>& extra) {
+                               optim::ParamOptimizer* opt,
+                               const std::vector<optim::StateSlice>& extra) {
   const nlohmann::json manifest = verify_manifest(dir);
   // Parameters by name from whichever model files hold their pieces: a
   // checkpoint of any layout loads into any other.
@@ -328,10 +353,12 @@ nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
   }
   const PieceIndex weights(paths);
   for (const auto& p : model.params().all()) {
-    MOETRON_CHECK(weights.contains(p->name), "checkpoint '", dir, "' has no tensor '", p->name, "'");
+    MOETRON_CHECK(weights.contains(p->name), "checkpoint '", dir, "' has no tensor '", p->name,
+                  "'");
     const Shape full = p->sharded() ? p->shard.full : p->value.shape();
-    const Piece want = p->sharded() ? Piece::block(full, p->shard.row0, p->shard.col0, p->value.shape())
-                                    : Piece::whole(p->value.numel());
+    const Piece want = p->sharded()
+                           ? Piece::block(full, p->shard.row0, p->shard.col0, p->value.shape())
+                           : Piece::whole(p->value.numel());
     Tensor local = Tensor::empty(p->value.shape(), weights.dtype(p->name), MemTag::workspace);
     weights.read(p->name, full, want, local);
     if (opt) {

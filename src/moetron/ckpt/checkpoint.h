@@ -51,9 +51,9 @@ nlohmann::json hf_config(const nn::ModelConfig& model, const nn::MoeConfig& moe)
 struct SaveRequest {
   std::string run_dir;
   int64_t step = 0;
-  nlohmann::json trainer_state;  // trainer.json
-  std::string config_toml;       // config.toml: the run's full configuration
-  int64_t keep = 2;              // complete checkpoints kept
+  nlohmann::json trainer_state;         // trainer.json
+  std::string config_toml;              // config.toml: the run's full configuration
+  int64_t keep = 2;                     // complete checkpoints kept
   comm::Communicator* world = nullptr;  // nullptr: one rank
   // More per-rank state saved beside the optimizer's (error-feedback residuals).
   std::vector<optim::StateSlice> extra;
@@ -87,6 +87,7 @@ std::string quarantine_checkpoint(const std::string& dir);
 // `extra`: more per-rank state saved beside the optimizer's (error-feedback
 // residuals), loaded the same way.
 nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
-                               optim::ParamOptimizer* opt, const std::vector<optim::StateSlice>& extra = {});
+                               optim::ParamOptimizer* opt,
+                               const std::vector<optim::StateSlice>& extra = {});
 
 }  // namespace moetron::ckpt

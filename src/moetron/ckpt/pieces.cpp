@@ -20,14 +20,15 @@ Piece Piece::block(const Shape& full, int64_t row0, int64_t col0, const Shape& l
   return block_range(full, row0, col0, local, 0, local.numel());
 }
 
-Piece Piece::block_range(const Shape& full, int64_t row0, int64_t col0, const Shape& local, int64_t offset,
-                         int64_t n) {
-  MOETRON_CHECK(full.rank() == 2 && local.rank() == 2, "a checkpoint block needs 2-D shapes, got ", full.str(),
-                " and ", local.str());
-  MOETRON_CHECK(row0 >= 0 && col0 >= 0 && row0 + local[0] <= full[0] && col0 + local[1] <= full[1], "block ",
-                local.str(), " at (", row0, ", ", col0, ") lies outside its full tensor ", full.str());
-  MOETRON_CHECK(offset >= 0 && n >= 0 && offset + n <= local.numel(), "elements [", offset, ", ", offset + n,
-                ") lie outside the block ", local.str());
+Piece Piece::block_range(const Shape& full, int64_t row0, int64_t col0, const Shape& local,
+                         int64_t offset, int64_t n) {
+  MOETRON_CHECK(full.rank() == 2 && local.rank() == 2, "a checkpoint block needs 2-D shapes, got ",
+                full.str(), " and ", local.str());
+  MOETRON_CHECK(row0 >= 0 && col0 >= 0 && row0 + local[0] <= full[0] && col0 + local[1] <= full[1],
+                "block ", local.str(), " at (", row0, ", ", col0, ") lies outside its full tensor ",
+                full.str());
+  MOETRON_CHECK(offset >= 0 && n >= 0 && offset + n <= local.numel(), "elements [", offset, ", ",
+                offset + n, ") lie outside the block ", local.str());
   Piece p;
   p.total = full[0] * full[1];
   p.full_cols = full[1];
@@ -42,7 +43,8 @@ Piece Piece::block_range(const Shape& full, int64_t row0, int64_t col0, const Sh
 
 std::string Piece::metadata() const {
   if (is_block()) {
-    const std::string m = str_cat("block:", row0, ",", col0, ",", total / full_cols, ",", full_cols);
+    const std::string m =
+        str_cat("block:", row0, ",", col0, ",", total / full_cols, ",", full_cols);
     return whole_block() ? m : str_cat(m, ",", rows, ",", cols, ",", offset);
   }
   if (offset == 0 && count == total) return "";
@@ -52,7 +54,8 @@ std::string Piece::metadata() const {
   return m;
 }
 
-Piece Piece::parse(const std::optional<std::string>& meta, const Shape& saved, const std::string& what) {
+Piece Piece::parse(const std::optional<std::string>& meta, const Shape& saved,
+                   const std::string& what) {
   const int64_t numel = saved.numel();
   if (!meta || meta->empty()) return whole(numel);
   std::vector<int64_t> v;
@@ -70,8 +73,8 @@ Piece Piece::parse(const std::optional<std::string>& meta, const Shape& saved, c
     MOETRON_FAIL(what, ": cannot read the piece description '", *meta, "'");
   }
   if (is_block) {
-    MOETRON_CHECK((v.size() == 4 || v.size() == 7) && v[2] > 0 && v[3] > 0, what, ": bad block description '",
-                  *meta, "'");
+    MOETRON_CHECK((v.size() == 4 || v.size() == 7) && v[2] > 0 && v[3] > 0, what,
+                  ": bad block description '", *meta, "'");
     try {
       if (v.size() == 4) {  // a whole block, in its own shape
         MOETRON_CHECK(saved.rank() == 2, "a whole block is saved 2-D, this one is ", saved.str());
@@ -88,14 +91,14 @@ Piece Piece::parse(const std::optional<std::string>& meta, const Shape& saved, c
     Shape full(v.begin() + 1, v.end());
     bool dims_ok = true;
     for (int d = 0; d < full.rank(); ++d) dims_ok = dims_ok && full[d] > 0;
-    MOETRON_CHECK(dims_ok && v[0] >= 0 && v[0] + numel <= full.numel(), what, ": bad element range '", *meta,
-                  "' for ", numel, " elements");
+    MOETRON_CHECK(dims_ok && v[0] >= 0 && v[0] + numel <= full.numel(), what,
+                  ": bad element range '", *meta, "' for ", numel, " elements");
     Piece p = flat(v[0], numel, full.numel());
     p.shape = full;
     return p;
   }
-  MOETRON_CHECK(v.size() == 2 && v[0] >= 0 && v[0] + numel <= v[1], what, ": bad element range '", *meta,
-                "' for ", numel, " elements");
+  MOETRON_CHECK(v.size() == 2 && v[0] >= 0 && v[0] + numel <= v[1], what, ": bad element range '",
+                *meta, "' for ", numel, " elements");
   return flat(v[0], numel, v[1]);
 }
 
@@ -112,7 +115,9 @@ struct Runs {
   }
   // Elements [b0, b1) of the block's row-major order in run i.
   int64_t b0(int64_t i) const { return std::max(p.offset, (first_row() + i) * p.cols); }
-  int64_t b1(int64_t i) const { return std::min(p.offset + p.count, (first_row() + i + 1) * p.cols); }
+  int64_t b1(int64_t i) const {
+    return std::min(p.offset + p.count, (first_row() + i + 1) * p.cols);
+  }
   int64_t start(int64_t i) const {
     if (!p.is_block()) return p.offset;
     const int64_t r = first_row() + i;
@@ -125,8 +130,8 @@ struct Runs {
 }  // namespace
 
 int64_t copy_overlap(const Piece& sp, const Tensor& src, const Piece& dp, const Tensor& dst) {
-  MOETRON_CHECK(sp.total == dp.total, "copying between pieces of tensors of ", sp.total, " and ", dp.total,
-                " elements");
+  MOETRON_CHECK(sp.total == dp.total, "copying between pieces of tensors of ", sp.total, " and ",
+                dp.total, " elements");
   const Tensor s = src.reshape({src.numel()}), d = dst.reshape({dst.numel()});
   kernels::Context conv(kernels::Backend::reference);
   const Runs a{sp}, b{dp};
@@ -191,23 +196,26 @@ Shape PieceIndex::full_shape(const std::string& name) const {
   return s.file->shape(name);
 }
 
-void PieceIndex::read(const std::string& name, const Shape& full, const Piece& want, const Tensor& dst) const {
+void PieceIndex::read(const std::string& name, const Shape& full, const Piece& want,
+                      const Tensor& dst) const {
   const auto it = pieces_.find(name);
   MOETRON_CHECK(it != pieces_.end(), "checkpoint has no tensor '", name, "'");
   int64_t filled = 0;
   for (const Saved& s : it->second) {
     const bool whole = !s.piece.is_block() && s.piece.offset == 0 && s.piece.count == s.piece.total;
-    const Shape saved = whole                    ? s.file->shape(name)
-                        : s.piece.is_block()       ? Shape({s.piece.total / s.piece.full_cols, s.piece.full_cols})
+    const Shape saved = whole ? s.file->shape(name)
+                        : s.piece.is_block()
+                            ? Shape({s.piece.total / s.piece.full_cols, s.piece.full_cols})
                         : s.piece.shape.rank() > 0 ? s.piece.shape
                                                    : full;
-    MOETRON_CHECK(s.piece.total == want.total && saved == full, "'", s.file->path(), "': tensor '", name, "' is ",
-                  saved.str(), " (", s.piece.total, " elements), the model expects ", full.str(),
-                  " (saved from another model?)");
+    MOETRON_CHECK(s.piece.total == want.total && saved == full, "'", s.file->path(), "': tensor '",
+                  name, "' is ", saved.str(), " (", s.piece.total, " elements), the model expects ",
+                  full.str(), " (saved from another model?)");
     filled += copy_overlap(s.piece, s.file->view(name), want, dst);
   }
-  MOETRON_CHECK(filled == want.numel(), "checkpoint pieces of tensor '", name, "' cover ", filled, " of the ",
-                want.numel(), " elements this rank needs (overlapping or missing pieces)");
+  MOETRON_CHECK(filled == want.numel(), "checkpoint pieces of tensor '", name, "' cover ", filled,
+                " of the ", want.numel(),
+                " elements this rank needs (overlapping or missing pieces)");
 }
 
 }  // namespace moetron::ckpt

@@ -39,8 +39,8 @@ struct Piece {
   static Piece flat(int64_t offset, int64_t n, int64_t total);
   static Piece block(const Shape& full, int64_t row0, int64_t col0, const Shape& local);
   // Elements [offset, offset + n) of that block.
-  static Piece block_range(const Shape& full, int64_t row0, int64_t col0, const Shape& local, int64_t offset,
-                           int64_t n);
+  static Piece block_range(const Shape& full, int64_t row0, int64_t col0, const Shape& local,
+                           int64_t offset, int64_t n);
   bool is_block() const { return full_cols > 0; }
   bool whole_block() const { return is_block() && offset == 0 && count == rows * cols; }
   int64_t numel() const { return count; }
@@ -48,7 +48,8 @@ struct Piece {
   std::string metadata() const;
   // Reads back the piece a saved tensor of shape `saved` holds; `meta`
   // absent: the whole tensor. Errors name `what`.
-  static Piece parse(const std::optional<std::string>& meta, const Shape& saved, const std::string& what);
+  static Piece parse(const std::optional<std::string>& meta, const Shape& saved,
+                     const std::string& what);
 };
 
 // Copies the elements `src` (laid out as piece `sp`) shares with `dst`

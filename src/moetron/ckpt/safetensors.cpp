@@ -19,31 +19,43 @@ constexpr uint64_t kMaxHeader = 100u << 20;  // the format's own limit is 100 MB
 
 float load_float(const void* p, DType t, size_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f64: return static_cast<float>(static_cast<const double*>(p)[i]);
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default: return 0;
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f64:
+      return static_cast<float>(static_cast<const double*>(p)[i]);
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return 0;
   }
 }
 }  // namespace
 
 std::string safetensors_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::f64: return "F64";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::f64:
+      return "F64";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
   }
   return "?";
 }
 
 DType parse_safetensors_dtype(const std::string& name, const std::string& context) {
-  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i32, DType::i64,
-                  DType::u8}) {
+  for (DType t :
+       {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i32, DType::i64, DType::u8}) {
     if (safetensors_dtype_name(t) == name) return t;
   }
   MOETRON_FAIL(context, ": unsupported safetensors dtype '", name, "'");
@@ -136,8 +148,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         MOETRON_CHECK(b <= en && data_start + en <= size_, ctx, ": data_offsets [", b, ", ", en,
                       ") run past the end of the file: truncated");
         MOETRON_CHECK(en - b == static_cast<uint64_t>(e.shape.numel()) * dtype_size(e.dtype), ctx,
-                      ": ", en - b, " bytes do not match dtype ",
-                      safetensors_dtype_name(e.dtype), " x shape ", e.shape.str());
+                      ": ", en - b, " bytes do not match dtype ", safetensors_dtype_name(e.dtype),
+                      " x shape ", e.shape.str());
         e.begin = data_start + b;
         e.end = data_start + en;
         e.order = order++;
@@ -178,8 +190,12 @@ const SafetensorsReader::Entry& SafetensorsReader::entry(const std::string& name
   return it->second;
 }
 
-DType SafetensorsReader::dtype(const std::string& name) const { return entry(name).dtype; }
-Shape SafetensorsReader::shape(const std::string& name) const { return entry(name).shape; }
+DType SafetensorsReader::dtype(const std::string& name) const {
+  return entry(name).dtype;
+}
+Shape SafetensorsReader::shape(const std::string& name) const {
+  return entry(name).shape;
+}
 
 Tensor SafetensorsReader::view(const std::string& name) const {
   const Entry& e = entry(name);
@@ -201,11 +217,20 @@ void SafetensorsReader::read_into(const std::string& name, const Tensor& dst) co
   for (size_t i = 0; i < n; ++i) {
     const float v = load_float(src, e.dtype, i);
     switch (dst.dtype()) {
-      case DType::f32: static_cast<float*>(dst.raw())[i] = v; break;
-      case DType::f64: static_cast<double*>(dst.raw())[i] = v; break;
-      case DType::bf16: static_cast<uint16_t*>(dst.raw())[i] = f32_to_bf16(v); break;
-      case DType::f16: static_cast<uint16_t*>(dst.raw())[i] = f32_to_f16(v); break;
-      default: break;
+      case DType::f32:
+        static_cast<float*>(dst.raw())[i] = v;
+        break;
+      case DType::f64:
+        static_cast<double*>(dst.raw())[i] = v;
+        break;
+      case DType::bf16:
+        static_cast<uint16_t*>(dst.raw())[i] = f32_to_bf16(v);
+        break;
+      case DType::f16:
+        static_cast<uint16_t*>(dst.raw())[i] = f32_to_f16(v);
+        break;
+      default:
+        break;
     }
   }
 }

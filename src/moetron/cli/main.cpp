@@ -25,8 +25,8 @@ namespace {
 
 using namespace moetron;
 
-int cmd_train(const std::string& config, const std::string& out, const std::vector<std::string>& sets,
-              bool resume) {
+int cmd_train(const std::string& config, const std::string& out,
+              const std::vector<std::string>& sets, bool resume) {
   // Under mpirun / srun every rank joins the MPI world first, so that any
   // later error can abort the whole job.
   std::shared_ptr<comm::Communicator> world;
@@ -37,13 +37,13 @@ int cmd_train(const std::string& config, const std::string& out, const std::vect
   const train::TrainResult r = trainer.run();
   if (world && world->rank() != 0) return 0;  // rank 0 reports for the job
   if (r.steps_done == 0) {
-    std::cout << "nothing to train: the run in " << out << " has already reached train.steps = "
-              << cfg.train.steps << "\n";
+    std::cout << "nothing to train: the run in " << out
+              << " has already reached train.steps = " << cfg.train.steps << "\n";
     return 0;
   }
-  std::cout << "trained " << r.steps_done << " steps: loss " << r.first_loss << " -> " << r.last_loss
-            << ", validation loss " << r.val_loss << " (" << r.skipped_steps << " skipped steps); run in "
-            << out << "\n";
+  std::cout << "trained " << r.steps_done << " steps: loss " << r.first_loss << " -> "
+            << r.last_loss << ", validation loss " << r.val_loss << " (" << r.skipped_steps
+            << " skipped steps); run in " << out << "\n";
   return 0;
 }
 
@@ -52,8 +52,9 @@ std::string tokenizer_for(const train::Config& cfg, const std::string& given) {
   return path;
 }
 
-int cmd_generate(const std::string& ckpt_dir, const std::string& prompt, const std::string& tok_path,
-                 int64_t max_new, double temperature, int64_t top_k, uint64_t seed) {
+int cmd_generate(const std::string& ckpt_dir, const std::string& prompt,
+                 const std::string& tok_path, int64_t max_new, double temperature, int64_t top_k,
+                 uint64_t seed) {
   kernels::Context ctx(kernels::Backend::cpu);
   train::LoadedModel lm = train::load_model(ckpt_dir);
   data::Tokenizer tok(tokenizer_for(lm.cfg, tok_path));
@@ -83,9 +84,9 @@ int cmd_eval(const std::string& ckpt_dir, const std::string& tokens, int64_t bat
 
 int cmd_prepare(const data::PrepareOptions& opts) {
   const data::PrepareReport r = data::prepare_data(opts);
-  std::cout << "prepared " << opts.out_dir << ": " << r.files << " files, " << r.documents << " documents, "
-            << r.bytes << " bytes -> " << r.train_tokens << " train + " << r.val_tokens
-            << " validation tokens, vocabulary " << r.vocab_size << "\n";
+  std::cout << "prepared " << opts.out_dir << ": " << r.files << " files, " << r.documents
+            << " documents, " << r.bytes << " bytes -> " << r.train_tokens << " train + "
+            << r.val_tokens << " validation tokens, vocabulary " << r.vocab_size << "\n";
   return 0;
 }
 
@@ -100,12 +101,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   bool resume = false;
   train->add_option("--config", config, "TOML config file")->required();
-  train->add_option("--out", out, "run directory (metrics, checkpoints); required unless --dry-run");
+  train->add_option("--out", out,
+                    "run directory (metrics, checkpoints); required unless --dry-run");
   train->add_option("--set", sets, "override a config key: key=value (repeatable)");
   train->add_flag("--resume", resume, "continue from the latest complete checkpoint in --out");
   bool dry_run = false;
   int64_t dry_ranks = 1;
-  train->add_flag("--dry-run", dry_run, "print the plan for -n ranks (as `moetron plan`) and train nothing");
+  train->add_flag("--dry-run", dry_run,
+                  "print the plan for -n ranks (as `moetron plan`) and train nothing");
   train->add_option("-n,--ranks", dry_ranks, "ranks planned by --dry-run");
 
   auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
@@ -113,7 +116,8 @@ int main(int argc, char** argv) {
   int64_t max_new = 100, top_k = 40;
   double temperature = 0.8;
   uint64_t seed = 1;
-  gen->add_option("--checkpoint", ckpt_dir, "checkpoint directory (RUN/checkpoints/step-N)")->required();
+  gen->add_option("--checkpoint", ckpt_dir, "checkpoint directory (RUN/checkpoints/step-N)")
+      ->required();
   gen->add_option("--prompt", prompt, "text to continue")->required();
   gen->add_option("--tokenizer", tok_path, "tokenizer .model (default: the run's data.path)");
   gen->add_option("--max-new-tokens", max_new, "tokens to generate");
@@ -132,24 +136,32 @@ int main(int argc, char** argv) {
   data::PrepareOptions popts;
   prep->add_option("--input", popts.input, "text file or folder of text files")->required();
   prep->add_option("--out", popts.out_dir, "output directory (must not exist)")->required();
-  prep->add_option("--tokenizer", popts.tokenizer_model, "existing SentencePiece .model (default: train one)");
+  prep->add_option("--tokenizer", popts.tokenizer_model,
+                   "existing SentencePiece .model (default: train one)");
   prep->add_option("--vocab-size", popts.vocab_size, "vocabulary size of a trained tokenizer");
-  prep->add_option("--val-fraction", popts.val_fraction, "share of documents held out for validation");
+  prep->add_option("--val-fraction", popts.val_fraction,
+                   "share of documents held out for validation");
 
   cli::PlanCommand plan_opts;
   auto* plan = cli::add_plan_command(app, plan_opts);
   cli::MemoryCommand memory_opts;
   auto* memory = cli::add_memory_command(app, memory_opts);
-  auto* launch = app.add_subcommand("launch", "run a moetron command on N ranks of this machine under mpirun");
+  auto* launch =
+      app.add_subcommand("launch", "run a moetron command on N ranks of this machine under mpirun");
   train::LaunchOptions lopts;
   launch->add_option("-n,--ranks", lopts.ranks, "number of ranks")->required();
-  launch->add_option("--threads-per-rank", lopts.threads_per_rank, "OpenMP threads per rank (default: cores / N)");
-  launch->add_option("command", lopts.command, "after `--`: the moetron command, e.g. train --config C --out RUN")
+  launch->add_option("--threads-per-rank", lopts.threads_per_rank,
+                     "OpenMP threads per rank (default: cores / N)");
+  launch
+      ->add_option("command", lopts.command,
+                   "after `--`: the moetron command, e.g. train --config C --out RUN")
       ->required();
 
-  auto* exp = app.add_subcommand("export", "write a checkpoint of any layout as one Hugging Face Mixtral directory");
+  auto* exp = app.add_subcommand(
+      "export", "write a checkpoint of any layout as one Hugging Face Mixtral directory");
   std::string export_out;
-  exp->add_option("--checkpoint", ckpt_dir, "checkpoint directory (RUN/checkpoints/step-N)")->required();
+  exp->add_option("--checkpoint", ckpt_dir, "checkpoint directory (RUN/checkpoints/step-N)")
+      ->required();
   exp->add_option("--out", export_out, "output directory (must not exist)")->required();
 
   CLI11_PARSE(app, argc, argv);

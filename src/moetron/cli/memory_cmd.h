@@ -19,7 +19,7 @@ struct MemoryCommand {
   std::string budget;     // overrides train.memory_budget
   int64_t dp = 1;
   bool zero1 = false;
-  int64_t stage = -1;  // pipeline stage to predict; -1: the stage with the largest peak
+  int64_t stage = -1;   // pipeline stage to predict; -1: the stage with the largest peak
   int64_t threads = 0;  // 0: train.threads, else this machine's OpenMP default
 };
 

@@ -12,13 +12,16 @@
 namespace moetron::cli {
 
 CLI::App* add_plan_command(CLI::App& app, PlanCommand& o) {
-  auto* cmd = app.add_subcommand(
-      "plan", "print the plan of a config on N ranks (coordinates, groups, stages, buckets, memory) without MPI");
+  auto* cmd = app.add_subcommand("plan",
+                                 "print the plan of a config on N ranks (coordinates, groups, "
+                                 "stages, buckets, memory) without MPI");
   cmd->add_option("--config", o.config, "TOML config file")->required();
   cmd->add_option("-n,--ranks", o.ranks, "ranks of the job planned")->required();
   cmd->add_option("--set", o.sets, "override a config key: key=value (repeatable)");
-  cmd->add_option("--json", o.json_path, "also write the plan as JSON to this file ('-': stdout only)");
-  cmd->add_option("--threads", o.threads, "OpenMP threads per rank (kernel scratch in the memory prediction)");
+  cmd->add_option("--json", o.json_path,
+                  "also write the plan as JSON to this file ('-': stdout only)");
+  cmd->add_option("--threads", o.threads,
+                  "OpenMP threads per rank (kernel scratch in the memory prediction)");
   cmd->add_flag("--no-memory", o.no_memory, "skip the per-rank memory prediction");
   return cmd;
 }
@@ -29,7 +32,8 @@ int run_plan_command(const PlanCommand& o) {
   const nn::Precision prec = train::resolve_precision(cfg.train, nullptr);
   const parallel::TrainingPlan plan = train::make_plan(cfg, prec, static_cast<int>(o.ranks));
   train::PlanReportOptions ro;
-  ro.threads = o.threads > 0 ? o.threads : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads());
+  ro.threads = o.threads > 0 ? o.threads
+                             : (cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads());
   ro.memory = !o.no_memory;
   const nlohmann::json j = train::plan_json(cfg, plan, ro);
   if (o.json_path == "-") {
@@ -38,7 +42,8 @@ int run_plan_command(const PlanCommand& o) {
   }
   std::cout << train::plan_table(j, ro);
   if (plan.settings().stage_balance == parallel::StageBalance::measured && plan.settings().pp > 1) {
-    std::cout << "note: parallel.stage_balance = measured: the job times its layers at launch and may split "
+    std::cout << "note: parallel.stage_balance = measured: the job times its layers at launch and "
+                 "may split "
                  "the stages differently from the FLOP split shown\n";
   }
   if (!o.json_path.empty()) {
@@ -50,8 +55,8 @@ int run_plan_command(const PlanCommand& o) {
       f << j.dump(2) << "\n";
       MOETRON_CHECK(f.good(), "cannot write '", tmp, "'");
     }
-    MOETRON_CHECK(std::rename(tmp.c_str(), o.json_path.c_str()) == 0, "cannot rename '", tmp, "' to '",
-                  o.json_path, "'");
+    MOETRON_CHECK(std::rename(tmp.c_str(), o.json_path.c_str()) == 0, "cannot rename '", tmp,
+                  "' to '", o.json_path, "'");
   }
   return 0;
 }

@@ -31,8 +31,8 @@ class DoneWork final : public Work {
 };
 
 void copy_bytes(const Tensor& src, const Tensor& dst, const char* op) {
-  MOETRON_CHECK(src.nbytes() == dst.nbytes() && src.dtype() == dst.dtype(), op, ": ", src.str(), " -> ",
-                dst.str(), " differ in size or dtype");
+  MOETRON_CHECK(src.nbytes() == dst.nbytes() && src.dtype() == dst.dtype(), op, ": ", src.str(),
+                " -> ", dst.str(), " differ in size or dtype");
   if (src.raw() != dst.raw() && src.nbytes()) std::memmove(dst.raw(), src.raw(), src.nbytes());
 }
 
@@ -42,8 +42,11 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "local"; }
-  std::unique_ptr<Work> allreduce_async(const Tensor&, ReduceOp) override { return done("allreduce"); }
-  std::unique_ptr<Work> reduce_scatter_async(const Tensor& src, const Tensor& dst, ReduceOp) override {
+  std::unique_ptr<Work> allreduce_async(const Tensor&, ReduceOp) override {
+    return done("allreduce");
+  }
+  std::unique_ptr<Work> reduce_scatter_async(const Tensor& src, const Tensor& dst,
+                                             ReduceOp) override {
     copy_bytes(src, dst, "reduce_scatter");
     return done("reduce_scatter");
   }
@@ -56,9 +59,11 @@ class LocalCommunicator final : public Communicator {
     return done("alltoall");
   }
   std::unique_ptr<Work> alltoallv_async(const Tensor& src, const std::vector<int64_t>& send_rows,
-                                        const Tensor& dst, const std::vector<int64_t>& recv_rows) override {
+                                        const Tensor& dst,
+                                        const std::vector<int64_t>& recv_rows) override {
     MOETRON_CHECK(send_rows.size() == 1 && recv_rows.size() == 1 && send_rows[0] == recv_rows[0],
-                  "alltoallv on one rank needs one equal count, got ", send_rows.size(), " and ", recv_rows.size());
+                  "alltoallv on one rank needs one equal count, got ", send_rows.size(), " and ",
+                  recv_rows.size());
     copy_bytes(src.slice(0, send_rows[0]), dst.slice(0, recv_rows[0]), "alltoallv");
     return done("alltoallv");
   }
@@ -84,6 +89,8 @@ class LocalCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
+std::unique_ptr<Communicator> make_local_communicator() {
+  return std::make_unique<LocalCommunicator>();
+}
 
 }  // namespace moetron::comm

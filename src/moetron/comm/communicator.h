@@ -43,14 +43,17 @@ class Communicator {
   // reduced in fp32 and rounded once). avg divides by size().
   virtual std::unique_ptr<Work> allreduce_async(const Tensor& buf, ReduceOp op) = 0;
   // src: size() equal chunks along dim 0; dst: one chunk, the reduction of chunk rank().
-  virtual std::unique_ptr<Work> reduce_scatter_async(const Tensor& src, const Tensor& dst, ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> reduce_scatter_async(const Tensor& src, const Tensor& dst,
+                                                     ReduceOp op) = 0;
   // dst: size() chunks, chunk r = src of rank r.
   virtual std::unique_ptr<Work> allgather_async(const Tensor& src, const Tensor& dst) = 0;
   // src, dst: size() equal chunks; chunk r of src goes to rank r, chunk r of dst came from rank r.
   virtual std::unique_ptr<Work> alltoall_async(const Tensor& src, const Tensor& dst) = 0;
   // Counts and displacements in rows of dim 0 of src / dst.
-  virtual std::unique_ptr<Work> alltoallv_async(const Tensor& src, const std::vector<int64_t>& send_rows,
-                                                const Tensor& dst, const std::vector<int64_t>& recv_rows) = 0;
+  virtual std::unique_ptr<Work> alltoallv_async(const Tensor& src,
+                                                const std::vector<int64_t>& send_rows,
+                                                const Tensor& dst,
+                                                const std::vector<int64_t>& recv_rows) = 0;
   virtual std::unique_ptr<Work> broadcast_async(const Tensor& buf, int root) = 0;
   virtual std::unique_ptr<Work> send_async(const Tensor& buf, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> recv_async(const Tensor& buf, int peer, int tag) = 0;
@@ -63,7 +66,9 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
   void allreduce(const Tensor& buf, ReduceOp op) { allreduce_async(buf, op)->wait(); }
-  void reduce_scatter(const Tensor& src, const Tensor& dst, ReduceOp op) { reduce_scatter_async(src, dst, op)->wait(); }
+  void reduce_scatter(const Tensor& src, const Tensor& dst, ReduceOp op) {
+    reduce_scatter_async(src, dst, op)->wait();
+  }
   void allgather(const Tensor& src, const Tensor& dst) { allgather_async(src, dst)->wait(); }
   void alltoall(const Tensor& src, const Tensor& dst) { alltoall_async(src, dst)->wait(); }
   void broadcast(const Tensor& buf, int root) { broadcast_async(buf, root)->wait(); }

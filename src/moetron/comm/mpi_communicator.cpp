@@ -3,9 +3,9 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 #include <functional>
 #include <thread>
 
@@ -41,18 +41,26 @@ void ensure_mpi() {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
     case DType::bf16:
-    case DType::f16: return MPI_UINT16_T;  // moved as raw bits; reduced staged through f32
+    case DType::f16:
+      return MPI_UINT16_T;  // moved as raw bits; reduced staged through f32
   }
   return MPI_BYTE;
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::max ? MPI_MAX : MPI_SUM;
+}
 
 class MpiWork;
 
@@ -76,7 +84,10 @@ struct PendingWorks {
 class MpiWork final : public Work {
  public:
   MpiWork(CommStats& stats, std::shared_ptr<PendingWorks> pending, std::function<void()> on_done)
-      : stats_(stats), pending_(std::move(pending)), on_done_(std::move(on_done)), start_(clock_type::now()) {
+      : stats_(stats),
+        pending_(std::move(pending)),
+        on_done_(std::move(on_done)),
+        start_(clock_type::now()) {
     pending_->works.push_back(this);
   }
   ~MpiWork() override {
@@ -92,7 +103,9 @@ class MpiWork final : public Work {
   void wait() override {
     if (done_) return;
     if (!requests_.empty()) {
-      check_mpi(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), "wait");
+      check_mpi(
+          MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
+          "wait");
     }
     finish();
   }
@@ -100,7 +113,8 @@ class MpiWork final : public Work {
     if (done_) return true;
     int flag = 1;
     if (!requests_.empty()) {
-      check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE),
+      check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                            MPI_STATUSES_IGNORE),
                 "test");
     }
     if (flag) finish();
@@ -125,7 +139,9 @@ class MpiWork final : public Work {
 
 // bf16 and f16 are reduced in fp32 (MPI has no 16-bit float type): widened
 // exactly, summed, rounded to nearest even once.
-bool staged_through_f32(DType t) { return t == DType::bf16 || t == DType::f16; }
+bool staged_through_f32(DType t) {
+  return t == DType::bf16 || t == DType::f16;
+}
 
 Tensor to_f32(const Tensor& t) {
   Tensor f = Tensor::empty(t.shape(), DType::f32, MemTag::comm);
@@ -164,7 +180,8 @@ void divide(const Tensor& t, int n) {
     case DType::i64:
       for (int64_t i = 0; i < c; ++i) t.data<int64_t>()[i] /= n;
       break;
-    default: MOETRON_FAIL("average of ", t.str(), " is not supported");
+    default:
+      MOETRON_FAIL("average of ", t.str(), " is not supported");
   }
 }
 
@@ -204,15 +221,17 @@ class MpiCommunicator final : public Communicator {
       if (stage) from_f32(recv, buf);
     });
     w->keep_alive = {send, recv};
-    check_mpi(MPI_Iallreduce(send.raw(), recv.raw(), count_of(recv), mpi_type(recv.dtype()), mpi_op(op), comm_,
-                             &w->add_request()),
+    check_mpi(MPI_Iallreduce(send.raw(), recv.raw(), count_of(recv), mpi_type(recv.dtype()),
+                             mpi_op(op), comm_, &w->add_request()),
               "allreduce");
     return w;
   }
 
-  std::unique_ptr<Work> reduce_scatter_async(const Tensor& src, const Tensor& dst, ReduceOp op) override {
-    MOETRON_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel() * size_, "reduce_scatter: src ",
-                  src.str(), " must be ", size_, " chunks of dst ", dst.str());
+  std::unique_ptr<Work> reduce_scatter_async(const Tensor& src, const Tensor& dst,
+                                             ReduceOp op) override {
+    MOETRON_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel() * size_,
+                  "reduce_scatter: src ", src.str(), " must be ", size_, " chunks of dst ",
+                  dst.str());
     CommStats& st = begin("reduce_scatter", ring_share(src.nbytes()));
     const bool stage = staged_through_f32(src.dtype());
     Tensor s = stage ? to_f32(src) : src;
@@ -223,42 +242,46 @@ class MpiCommunicator final : public Communicator {
       if (stage) from_f32(d, dst);
     });
     w->keep_alive = {s, d};
-        check_mpi(MPI_Ireduce_scatter_block(s.raw(), d.raw(), count_of(d), mpi_type(d.dtype()), mpi_op(op), comm_,
-                                        &w->add_request()),
+    check_mpi(MPI_Ireduce_scatter_block(s.raw(), d.raw(), count_of(d), mpi_type(d.dtype()),
+                                        mpi_op(op), comm_, &w->add_request()),
               "reduce_scatter");
     return w;
   }
 
   std::unique_ptr<Work> allgather_async(const Tensor& src, const Tensor& dst) override {
-    MOETRON_CHECK(src.dtype() == dst.dtype() && dst.numel() == src.numel() * size_, "allgather: dst ",
-                  dst.str(), " must be ", size_, " chunks of src ", src.str());
+    MOETRON_CHECK(src.dtype() == dst.dtype() && dst.numel() == src.numel() * size_,
+                  "allgather: dst ", dst.str(), " must be ", size_, " chunks of src ", src.str());
     CommStats& st = begin("allgather", ring_share(dst.nbytes()));
     auto w = make_work(st, nullptr);
-        check_mpi(MPI_Iallgather(src.raw(), count_of(src), mpi_type(src.dtype()), dst.raw(), count_of(src),
-                             mpi_type(dst.dtype()), comm_, &w->add_request()),
+    check_mpi(MPI_Iallgather(src.raw(), count_of(src), mpi_type(src.dtype()), dst.raw(),
+                             count_of(src), mpi_type(dst.dtype()), comm_, &w->add_request()),
               "allgather");
     return w;
   }
 
   std::unique_ptr<Work> alltoall_async(const Tensor& src, const Tensor& dst) override {
-    MOETRON_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel() && src.numel() % size_ == 0,
-                  "alltoall: ", src.str(), " and ", dst.str(), " must be ", size_, " equal chunks");
+    MOETRON_CHECK(
+        src.dtype() == dst.dtype() && src.numel() == dst.numel() && src.numel() % size_ == 0,
+        "alltoall: ", src.str(), " and ", dst.str(), " must be ", size_, " equal chunks");
     CommStats& st = begin("alltoall", ring_share(src.nbytes()));
     auto w = make_work(st, nullptr);
-        const int chunk = count_of(src) / size_;
-    check_mpi(MPI_Ialltoall(src.raw(), chunk, mpi_type(src.dtype()), dst.raw(), chunk, mpi_type(dst.dtype()),
-                            comm_, &w->add_request()),
+    const int chunk = count_of(src) / size_;
+    check_mpi(MPI_Ialltoall(src.raw(), chunk, mpi_type(src.dtype()), dst.raw(), chunk,
+                            mpi_type(dst.dtype()), comm_, &w->add_request()),
               "alltoall");
     return w;
   }
 
   std::unique_ptr<Work> alltoallv_async(const Tensor& src, const std::vector<int64_t>& send_rows,
-                                        const Tensor& dst, const std::vector<int64_t>& recv_rows) override {
-    MOETRON_CHECK(static_cast<int>(send_rows.size()) == size_ && static_cast<int>(recv_rows.size()) == size_,
-                  "alltoallv needs ", size_, " send and receive counts");
-    MOETRON_CHECK(src.dtype() == dst.dtype() && src.rank() >= 1 && dst.rank() >= 1, "alltoallv: ", src.str(),
-                  " -> ", dst.str());
-    const int64_t row = src.dim(0) ? src.numel() / src.dim(0) : (dst.dim(0) ? dst.numel() / dst.dim(0) : 0);
+                                        const Tensor& dst,
+                                        const std::vector<int64_t>& recv_rows) override {
+    MOETRON_CHECK(
+        static_cast<int>(send_rows.size()) == size_ && static_cast<int>(recv_rows.size()) == size_,
+        "alltoallv needs ", size_, " send and receive counts");
+    MOETRON_CHECK(src.dtype() == dst.dtype() && src.rank() >= 1 && dst.rank() >= 1,
+                  "alltoallv: ", src.str(), " -> ", dst.str());
+    const int64_t row =
+        src.dim(0) ? src.numel() / src.dim(0) : (dst.dim(0) ? dst.numel() / dst.dim(0) : 0);
     auto w = make_work(begin("alltoallv", 0), nullptr);
     std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
     int64_t so = 0, ro = 0, sent = 0;
@@ -272,27 +295,31 @@ class MpiCommunicator final : public Communicator {
       ro += rc[i];
       if (r != rank_) sent += sc[i];
     }
-    MOETRON_CHECK(so <= src.numel() && ro <= dst.numel(), "alltoallv: counts exceed ", src.str(), " or ",
-                  dst.str());
+    MOETRON_CHECK(so <= src.numel() && ro <= dst.numel(), "alltoallv: counts exceed ", src.str(),
+                  " or ", dst.str());
     stats_for("alltoallv").bytes_sent += sent * static_cast<int64_t>(src.element_size());
-        check_mpi(MPI_Ialltoallv(src.raw(), sc.data(), sd.data(), mpi_type(src.dtype()), dst.raw(), rc.data(), rd.data(),
-                             mpi_type(dst.dtype()), comm_, &w->add_request()),
+    check_mpi(MPI_Ialltoallv(src.raw(), sc.data(), sd.data(), mpi_type(src.dtype()), dst.raw(),
+                             rc.data(), rd.data(), mpi_type(dst.dtype()), comm_, &w->add_request()),
               "alltoallv");
     return w;
   }
 
   std::unique_ptr<Work> broadcast_async(const Tensor& buf, int root) override {
-    MOETRON_CHECK(root >= 0 && root < size_, "broadcast root ", root, " out of range for size ", size_);
-    auto w = make_work(begin("broadcast", rank_ == root ? static_cast<int64_t>(buf.nbytes()) : 0), nullptr);
-        check_mpi(MPI_Ibcast(buf.raw(), count_of(buf), mpi_type(buf.dtype()), root, comm_, &w->add_request()),
-              "broadcast");
+    MOETRON_CHECK(root >= 0 && root < size_, "broadcast root ", root, " out of range for size ",
+                  size_);
+    auto w = make_work(begin("broadcast", rank_ == root ? static_cast<int64_t>(buf.nbytes()) : 0),
+                       nullptr);
+    check_mpi(
+        MPI_Ibcast(buf.raw(), count_of(buf), mpi_type(buf.dtype()), root, comm_, &w->add_request()),
+        "broadcast");
     return w;
   }
 
   std::unique_ptr<Work> send_async(const Tensor& buf, int peer, int tag) override {
     check_peer(peer, "send");
     auto w = make_work(begin("send", static_cast<int64_t>(buf.nbytes())), nullptr);
-        check_mpi(MPI_Isend(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_, &w->add_request()),
+    check_mpi(MPI_Isend(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_,
+                        &w->add_request()),
               "send");
     return w;
   }
@@ -300,7 +327,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> recv_async(const Tensor& buf, int peer, int tag) override {
     check_peer(peer, "recv");
     auto w = make_work(begin("recv", 0), nullptr);
-        check_mpi(MPI_Irecv(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_, &w->add_request()),
+    check_mpi(MPI_Irecv(buf.raw(), count_of(buf), mpi_type(buf.dtype()), peer, tag, comm_,
+                        &w->add_request()),
               "recv");
     return w;
   }
@@ -340,8 +368,8 @@ class MpiCommunicator final : public Communicator {
     return s;
   }
   void check_peer(int peer, const char* op) const {
-    MOETRON_CHECK(peer >= 0 && peer < size_ && peer != rank_, op, ": peer rank ", peer, " invalid for rank ",
-                  rank_, " of ", size_);
+    MOETRON_CHECK(peer >= 0 && peer < size_ && peer != rank_, op, ": peer rank ", peer,
+                  " invalid for rank ", rank_, " of ", size_);
   }
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;

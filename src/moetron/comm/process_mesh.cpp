@@ -7,10 +7,14 @@ namespace moetron::comm {
 
 namespace {
 constexpr std::array<const char*, kNumAxes> kNames = {"pp", "dp", "ep", "tp", "cp"};
-size_t idx(Axis a) { return static_cast<size_t>(a); }
+size_t idx(Axis a) {
+  return static_cast<size_t>(a);
+}
 }  // namespace
 
-std::string axis_name(Axis a) { return kNames[idx(a)]; }
+std::string axis_name(Axis a) {
+  return kNames[idx(a)];
+}
 
 Axis parse_axis(const std::string& name) {
   for (int i = 0; i < kNumAxes; ++i) {
@@ -60,11 +64,13 @@ std::string MeshShape::str() const {
 
 void validate_mesh(const MeshShape& s, int world_size) {
   for (int i = 0; i < kNumAxes; ++i) {
-    MOETRON_CHECK(s.degree[static_cast<size_t>(i)] >= 1, "parallel degree ", kNames[static_cast<size_t>(i)],
-                  " = ", s.degree[static_cast<size_t>(i)], " must be >= 1");
+    MOETRON_CHECK(s.degree[static_cast<size_t>(i)] >= 1, "parallel degree ",
+                  kNames[static_cast<size_t>(i)], " = ", s.degree[static_cast<size_t>(i)],
+                  " must be >= 1");
   }
-  MOETRON_CHECK(s.world_size() == world_size, "the parallel degrees pp x dp x ep x tp x cp = ", s[Axis::pp], " x ",
-                s[Axis::dp], " x ", s[Axis::ep], " x ", s[Axis::tp], " x ", s[Axis::cp], " = ", s.world_size(),
+  MOETRON_CHECK(s.world_size() == world_size,
+                "the parallel degrees pp x dp x ep x tp x cp = ", s[Axis::pp], " x ", s[Axis::dp],
+                " x ", s[Axis::ep], " x ", s[Axis::tp], " x ", s[Axis::cp], " = ", s.world_size(),
                 " must equal the number of ranks, ", world_size);
 }
 
@@ -112,7 +118,8 @@ std::vector<int> mesh_group(const MeshShape& s, int rank, const std::vector<Axis
 ProcessMesh::ProcessMesh(Communicator& world, MeshShape shape) : world_(world), shape_(shape) {
   validate_mesh(shape_, world.size());
   coords_ = mesh_coords(shape_, world.rank());
-  for (int i = 0; i < kNumAxes; ++i) axis_comm_[static_cast<size_t>(i)] = make_group({static_cast<Axis>(i)});
+  for (int i = 0; i < kNumAxes; ++i)
+    axis_comm_[static_cast<size_t>(i)] = make_group({static_cast<Axis>(i)});
 }
 
 std::unique_ptr<Communicator> ProcessMesh::make_group(const std::vector<Axis>& axes) {
@@ -120,7 +127,8 @@ std::unique_ptr<Communicator> ProcessMesh::make_group(const std::vector<Axis>& a
   // position inside it, so the sub-communicator's rank is the group index.
   const std::vector<int> members = mesh_group(shape_, world_.rank(), axes);
   const int color = *std::min_element(members.begin(), members.end());
-  const int key = static_cast<int>(std::find(members.begin(), members.end(), world_.rank()) - members.begin());
+  const int key =
+      static_cast<int>(std::find(members.begin(), members.end(), world_.rank()) - members.begin());
   return world_.split(color, key);
 }
 

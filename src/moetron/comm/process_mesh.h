@@ -21,7 +21,8 @@ Axis parse_axis(const std::string& name);
 
 struct MeshShape {
   std::array<int, kNumAxes> degree{1, 1, 1, 1, 1};  // indexed by Axis
-  std::array<Axis, kNumAxes> order{Axis::tp, Axis::cp, Axis::ep, Axis::dp, Axis::pp};  // innermost first
+  std::array<Axis, kNumAxes> order{Axis::tp, Axis::cp, Axis::ep, Axis::dp,
+                                   Axis::pp};  // innermost first
 
   int& operator[](Axis a) { return degree[static_cast<size_t>(a)]; }
   int operator[](Axis a) const { return degree[static_cast<size_t>(a)]; }

@@ -8,12 +8,18 @@ namespace moetron {
 
 std::string_view mem_tag_name(MemTag tag) {
   switch (tag) {
-    case MemTag::params: return "params";
-    case MemTag::grads: return "grads";
-    case MemTag::optimizer: return "optimizer";
-    case MemTag::activations: return "activations";
-    case MemTag::workspace: return "workspace";
-    case MemTag::comm: return "comm";
+    case MemTag::params:
+      return "params";
+    case MemTag::grads:
+      return "grads";
+    case MemTag::optimizer:
+      return "optimizer";
+    case MemTag::activations:
+      return "activations";
+    case MemTag::workspace:
+      return "workspace";
+    case MemTag::comm:
+      return "comm";
   }
   return "?";
 }
@@ -27,7 +33,9 @@ MemTag parse_mem_tag(std::string_view name) {
                "' (expected params, grads, optimizer, activations, workspace or comm)");
 }
 
-std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+std::string_view device_name(Device d) {
+  return d == Device::cpu ? "cpu" : "cuda";
+}
 
 void Allocator::raise_peak(std::atomic<int64_t>& peak, int64_t value) {
   int64_t old = peak.load(std::memory_order_relaxed);
@@ -43,7 +51,9 @@ size_t Allocator::pool_class(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
-Allocator::~Allocator() { release_cached(); }
+Allocator::~Allocator() {
+  release_cached();
+}
 
 int64_t Allocator::cached() const {
   std::lock_guard<std::mutex> lock(pool_mutex_);
@@ -61,7 +71,9 @@ void* Allocator::system_allocate(size_t bytes) {
   return std::aligned_alloc(kAlignment, bytes);
 }
 
-void Allocator::system_free(void* p) noexcept { std::free(p); }
+void Allocator::system_free(void* p) noexcept {
+  std::free(p);
+}
 
 void Allocator::release_cached() {
   std::lock_guard<std::mutex> lock(pool_mutex_);
@@ -100,7 +112,8 @@ void* Allocator::allocate(size_t bytes, MemTag tag) {
     }
   } else {
     p = system_allocate(size);
-    if (p != nullptr) unpooled_in_use_.fetch_add(static_cast<int64_t>(size), std::memory_order_relaxed);
+    if (p != nullptr)
+      unpooled_in_use_.fetch_add(static_cast<int64_t>(size), std::memory_order_relaxed);
   }
   if (p == nullptr) {
     MOETRON_FAIL("out of memory: allocating ", size, " bytes tagged '", mem_tag_name(tag),

@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace moetron {
@@ -126,7 +126,9 @@ struct TaggedAllocator {
   T* allocate(size_t n) { return static_cast<T*>(cpu_allocator().allocate(n * sizeof(T), Tag)); }
   void deallocate(T* p, size_t n) noexcept { cpu_allocator().deallocate(p, n * sizeof(T), Tag); }
   template <typename U>
-  bool operator==(const TaggedAllocator<U, Tag>&) const { return true; }
+  bool operator==(const TaggedAllocator<U, Tag>&) const {
+    return true;
+  }
 };
 
 template <typename T>

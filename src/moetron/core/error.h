@@ -36,13 +36,12 @@ std::string str_cat(const Args&... args) {
 
 // MOETRON_CHECK(cond, parts...) throws moetron::Error with the parts joined
 // and the source location. The condition is always evaluated (also NDEBUG).
-#define MOETRON_CHECK(cond, ...)                                              \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      ::moetron::throw_error(__FILE__, __LINE__,                              \
-                             ::moetron::str_cat("check failed: " #cond ": ",  \
-                                                __VA_ARGS__));                \
-    }                                                                         \
+#define MOETRON_CHECK(cond, ...)                                                            \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      ::moetron::throw_error(__FILE__, __LINE__,                                            \
+                             ::moetron::str_cat("check failed: " #cond ": ", __VA_ARGS__)); \
+    }                                                                                       \
   } while (0)
 
 #define MOETRON_FAIL(...) \

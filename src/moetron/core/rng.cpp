@@ -122,6 +122,8 @@ uint32_t PhiloxStream::next_u32() {
   return philox4x32_10(counter_of(block), key_)[word];
 }
 
-float PhiloxStream::next_uniform() { return to_unit(next_u32()); }
+float PhiloxStream::next_uniform() {
+  return to_unit(next_u32());
+}
 
 }  // namespace moetron

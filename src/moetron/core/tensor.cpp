@@ -9,7 +9,9 @@ namespace moetron {
 Storage::Storage(size_t bytes, MemTag tag, Allocator& alloc)
     : data_(alloc.allocate(bytes, tag)), bytes_(bytes), tag_(tag), alloc_(alloc) {}
 
-Storage::~Storage() { alloc_.deallocate(data_, bytes_, tag_); }
+Storage::~Storage() {
+  alloc_.deallocate(data_, bytes_, tag_);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemTag tag, Allocator& alloc) {
   Tensor t;
@@ -17,8 +19,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemTag tag, Allocator& all
   t.dtype_ = dtype;
   t.dtype_set_ = true;
   t.device_ = alloc.device();
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype),
-                                         tag, alloc);
+  t.storage_ =
+      std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), tag, alloc);
   t.data_ = t.storage_->data();
   return t;
 }
@@ -142,7 +144,9 @@ void Tensor::fill(double value) const {
   }
 }
 
-void Tensor::poison() const { set_bytes(data_, device_, 0xff, nbytes()); }
+void Tensor::poison() const {
+  set_bytes(data_, device_, 0xff, nbytes());
+}
 
 std::string Tensor::str() const {
   if (device_ == Device::cpu) return str_cat(dtype_name(dtype_), shape_.str());

@@ -1,8 +1,8 @@
 #include "moetron/core/threading.h"
 
 #include <omp.h>
-#include <xmmintrin.h>
 #include <pmmintrin.h>
+#include <xmmintrin.h>
 
 namespace moetron {
 
@@ -18,6 +18,8 @@ void init_compute_threads(int num_threads) {
   set_flush_denormals_this_thread();
 }
 
-int num_compute_threads() { return omp_get_max_threads(); }
+int num_compute_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace moetron

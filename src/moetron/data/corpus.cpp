@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "moetron/core/error.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
-#include "moetron/core/error.h"
 #include "moetron/data/tokenizer.h"
 
 namespace moetron::data {
@@ -19,7 +19,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool looks_like_text(const std::string& s) { return s.find('\0') == std::string::npos; }
+bool looks_like_text(const std::string& s) {
+  return s.find('\0') == std::string::npos;
+}
 
 std::string trim_trailing_newlines(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
@@ -37,7 +39,8 @@ void split_file(const std::string& text, std::vector<std::string>& docs) {
   };
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    const bool boundary = fortune ? line == "%" : line.find_first_not_of(" \t") == std::string::npos;
+    const bool boundary =
+        fortune ? line == "%" : line.find_first_not_of(" \t") == std::string::npos;
     if (boundary) {
       flush();
     } else {
@@ -64,7 +67,7 @@ std::vector<std::string> read_documents(const std::string& path, int64_t* files_
   if (fs::is_directory(path)) {
     for (const auto& e : fs::recursive_directory_iterator(path)) {
       if (e.is_symlink() || !e.is_regular_file()) continue;  // fortune's .u8 links duplicate files
-      if (e.path().extension() == ".dat") continue;           // fortune's binary indexes
+      if (e.path().extension() == ".dat") continue;          // fortune's binary indexes
       files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());  // directory order is not deterministic
@@ -121,14 +124,10 @@ PrepareReport prepare_data(const PrepareOptions& opts) {
   write_ids(staged.file("val.bin"), val);
   rep.train_tokens = static_cast<int64_t>(train.size());
   rep.val_tokens = static_cast<int64_t>(val.size());
-  nlohmann::json state = {{"format", "moetron-tokens/1"},
-                          {"dtype", "i32"},
-                          {"vocab_size", rep.vocab_size},
-                          {"eos_id", tok.eos_id()},
-                          {"documents", rep.documents},
-                          {"train_tokens", rep.train_tokens},
-                          {"val_tokens", rep.val_tokens},
-                          {"source", opts.input},
+  nlohmann::json state = {{"format", "moetron-tokens/1"},     {"dtype", "i32"},
+                          {"vocab_size", rep.vocab_size},     {"eos_id", tok.eos_id()},
+                          {"documents", rep.documents},       {"train_tokens", rep.train_tokens},
+                          {"val_tokens", rep.val_tokens},     {"source", opts.input},
                           {"val_fraction", opts.val_fraction}};
   write_manifest(staged.staging_path(), {"tokenizer.model", "train.bin", "val.bin"}, state);
   staged.commit();

@@ -14,8 +14,8 @@
 namespace moetron::data {
 
 struct PrepareOptions {
-  std::string input;           // file or directory
-  std::string out_dir;         // must not exist yet
+  std::string input;            // file or directory
+  std::string out_dir;          // must not exist yet
   std::string tokenizer_model;  // empty: train one
   int64_t vocab_size = 4096;
   double val_fraction = 0.05;

@@ -29,8 +29,12 @@ std::string replace_all(const std::string& s, const std::string& from, const std
 }
 }  // namespace
 
-std::string escape_newlines(const std::string& text) { return replace_all(text, "\n", kNewlinePiece); }
-std::string unescape_newlines(const std::string& text) { return replace_all(text, kNewlinePiece, "\n"); }
+std::string escape_newlines(const std::string& text) {
+  return replace_all(text, "\n", kNewlinePiece);
+}
+std::string unescape_newlines(const std::string& text) {
+  return replace_all(text, kNewlinePiece, "\n");
+}
 
 Tokenizer::Tokenizer(const std::string& model_path)
     : path_(model_path), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
@@ -53,7 +57,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   std::vector<int> v;
   v.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id >= 0 && id < sp_->GetPieceSize() && id != sp_->eos_id() && id != sp_->bos_id()) v.push_back(id);
+    if (id >= 0 && id < sp_->GetPieceSize() && id != sp_->eos_id() && id != sp_->bos_id())
+      v.push_back(id);
   }
   std::string text;
   const auto status = sp_->Decode(v, &text);
@@ -61,9 +66,15 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return unescape_newlines(text);
 }
 
-int64_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
-int32_t Tokenizer::eos_id() const { return sp_->eos_id(); }
-int32_t Tokenizer::bos_id() const { return sp_->bos_id(); }
+int64_t Tokenizer::vocab_size() const {
+  return sp_->GetPieceSize();
+}
+int32_t Tokenizer::eos_id() const {
+  return sp_->eos_id();
+}
+int32_t Tokenizer::bos_id() const {
+  return sp_->bos_id();
+}
 
 void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix,
                      int64_t vocab_size, int num_threads) {
@@ -74,13 +85,13 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
     for (const auto& d : documents) f << escape_newlines(d) << "\n";
     MOETRON_CHECK(f.good(), "cannot write '", input, "'");
   }
-  const std::string args = str_cat(
-      "--input=", input, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
-      " --model_type=bpe --character_coverage=1.0 --byte_fallback=true",
-      " --normalization_rule_name=identity --remove_extra_whitespaces=false",
-      " --split_digits=true --user_defined_symbols=", kNewlinePiece,
-      " --max_sentence_length=65536 --num_threads=", num_threads,
-      " --minloglevel=2 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1");
+  const std::string args =
+      str_cat("--input=", input, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
+              " --model_type=bpe --character_coverage=1.0 --byte_fallback=true",
+              " --normalization_rule_name=identity --remove_extra_whitespaces=false",
+              " --split_digits=true --user_defined_symbols=", kNewlinePiece,
+              " --max_sentence_length=65536 --num_threads=", num_threads,
+              " --minloglevel=2 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1");
   const auto status = sentencepiece::SentencePieceTrainer::Train(args);
   std::filesystem::remove(input);
   MOETRON_CHECK(status.ok(), "tokenizer training failed: ", status.ToString());

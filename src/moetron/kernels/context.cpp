@@ -8,9 +8,12 @@ namespace moetron::kernels {
 
 std::string_view backend_name(Backend b) {
   switch (b) {
-    case Backend::reference: return "reference";
-    case Backend::cpu: return "cpu";
-    case Backend::cuda: return "cuda";
+    case Backend::reference:
+      return "reference";
+    case Backend::cpu:
+      return "cpu";
+    case Backend::cuda:
+      return "cuda";
   }
   return "?";
 }

@@ -35,7 +35,10 @@ void synchronize(CudaState& state);
 class KernelProfile {
  public:
   bool enabled = false;
-  void add(const char* fn, double seconds) { seconds_[fn] += seconds; ++calls_[fn]; }
+  void add(const char* fn, double seconds) {
+    seconds_[fn] += seconds;
+    ++calls_[fn];
+  }
   void reset() {
     seconds_.clear();
     calls_.clear();
@@ -98,7 +101,8 @@ class ScopedKernelTimer {
         } catch (...) {
         }
       }
-      profile_.add(fn_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+      profile_.add(
+          fn_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
     }
   }
   ScopedKernelTimer(const ScopedKernelTimer&) = delete;

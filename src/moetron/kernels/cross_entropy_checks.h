@@ -8,7 +8,9 @@
 
 namespace moetron::kernels::ce_detail {
 
-inline std::string describe(const Tensor& t) { return t.defined() ? t.str() : "undefined"; }
+inline std::string describe(const Tensor& t) {
+  return t.defined() ? t.str() : "undefined";
+}
 
 inline void check_shape_2d(const Tensor& t, const char* fn, const char* name, int64_t rows,
                            int64_t cols) {

@@ -14,6 +14,8 @@ void axpy(Context& ctx, float alpha, const Tensor& x, const Tensor& y) {
 void convert(Context& ctx, const Tensor& src, const Tensor& dst) {
   MOETRON_KERNEL_DISPATCH(ctx, convert, src, dst);
 }
-double sum_squares(Context& ctx, const Tensor& x) { MOETRON_KERNEL_DISPATCH(ctx, sum_squares, x); }
+double sum_squares(Context& ctx, const Tensor& x) {
+  MOETRON_KERNEL_DISPATCH(ctx, sum_squares, x);
+}
 
 }  // namespace moetron::kernels

@@ -59,9 +59,12 @@ template <typename CpuScratch>
 Scratch call_scratch(const char* fn, Backend backend, bool f16,
                      std::initializer_list<int64_t> staged, CpuScratch&& cpu_scratch) {
   switch (backend) {
-    case Backend::reference: return {};
-    case Backend::cpu: break;
-    case Backend::cuda: MOETRON_FAIL(fn, ": no implementation for backend cuda");
+    case Backend::reference:
+      return {};
+    case Backend::cpu:
+      break;
+    case Backend::cuda:
+      MOETRON_FAIL(fn, ": no implementation for backend cuda");
   }
   Scratch s;
   if (f16) {

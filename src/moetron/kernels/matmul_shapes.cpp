@@ -34,11 +34,11 @@ void check_offsets(std::span<const int64_t> offsets, int64_t groups, int64_t row
                 offsets.size(), " entries, expected E + 1 = ", groups + 1);
   MOETRON_CHECK(offsets[0] == 0, fn, ": offsets[0] must be 0, got ", offsets[0]);
   for (int64_t e = 0; e < groups; ++e) {
-    MOETRON_CHECK(offsets[e] <= offsets[e + 1], fn, ": offsets must be non-decreasing, offsets[",
-                  e, "] = ", offsets[e], " > offsets[", e + 1, "] = ", offsets[e + 1]);
+    MOETRON_CHECK(offsets[e] <= offsets[e + 1], fn, ": offsets must be non-decreasing, offsets[", e,
+                  "] = ", offsets[e], " > offsets[", e + 1, "] = ", offsets[e + 1]);
   }
-  MOETRON_CHECK(offsets[groups] <= rows, fn, ": offsets[E] = ", offsets[groups],
-                " exceeds the ", rows, " rows of the input");
+  MOETRON_CHECK(offsets[groups] <= rows, fn, ": offsets[E] = ", offsets[groups], " exceeds the ",
+                rows, " rows of the input");
 }
 
 }  // namespace
@@ -55,8 +55,9 @@ MatmulDims check_matmul(const Tensor& a, const Tensor& b, const Tensor& c, const
   d.k = args.trans_a ? a.dim(-2) : a.dim(-1);
   const int64_t kb = args.trans_b ? b.dim(-1) : b.dim(-2);
   d.n = args.trans_b ? b.dim(-2) : b.dim(-1);
-  MOETRON_CHECK(kb == d.k, "matmul: inner dimensions differ: a ", a.str(), (args.trans_a ? " (trans)" : ""),
-                " has K = ", d.k, ", b ", b.str(), (args.trans_b ? " (trans)" : ""), " has K = ", kb);
+  MOETRON_CHECK(kb == d.k, "matmul: inner dimensions differ: a ", a.str(),
+                (args.trans_a ? " (trans)" : ""), " has K = ", d.k, ", b ", b.str(),
+                (args.trans_b ? " (trans)" : ""), " has K = ", kb);
   Shape c_shape;
   for (int i = 0; i < a.rank() - 2; ++i) {
     c_shape.push_back(a.dim(i));
@@ -89,8 +90,8 @@ GroupedDims check_grouped_matmul(const Tensor& x, const Tensor& w, std::span<con
   d.k = x.dim(1);
   d.n = trans_w ? w.dim(1) : w.dim(2);
   const int64_t kw = trans_w ? w.dim(2) : w.dim(1);
-  MOETRON_CHECK(kw == d.k, "grouped_matmul: w ", w.str(), (trans_w ? " (trans)" : ""), " has K = ", kw,
-                ", x ", x.str(), " has K = ", d.k);
+  MOETRON_CHECK(kw == d.k, "grouped_matmul: w ", w.str(), (trans_w ? " (trans)" : ""),
+                " has K = ", kw, ", x ", x.str(), " has K = ", d.k);
   check_shape(y, "grouped_matmul: y", {d.rows, d.n});
   check_offsets(offsets, d.groups, d.rows, "grouped_matmul");
   return d;
@@ -105,8 +106,8 @@ GroupedDims check_grouped_weight_grad(const Tensor& dy, const Tensor& x,
     MOETRON_CHECK(dw.dtype() == DType::f32 || dw.dtype() == DType::bf16, fn,
                   ": dw must be f32 or bf16 on ", backend_of(policy), ", got ", dw.str());
   } else {
-    MOETRON_CHECK(dw.dtype() == DType::f32 || dw.dtype() == DType::bf16 || dw.dtype() == DType::f64, fn,
-                  ": dw must be f32, bf16 or f64, got ", dw.str());
+    MOETRON_CHECK(dw.dtype() == DType::f32 || dw.dtype() == DType::bf16 || dw.dtype() == DType::f64,
+                  fn, ": dw must be f32, bf16 or f64, got ", dw.str());
   }
   MOETRON_CHECK(dy.rank() == 2, fn, ": dy must be [T, N], got ", dy.str());
   MOETRON_CHECK(x.rank() == 2, fn, ": x must be [T, K], got ", x.str());

@@ -45,7 +45,7 @@ struct MoePlan {
   int64_t num_tokens = 0;
   int64_t top_k = 0;
   int64_t num_experts = 0;
-  std::vector<int64_t> offsets;      // E + 1; rows of expert e are [offsets[e], offsets[e+1])
+  std::vector<int64_t> offsets;       // E + 1; rows of expert e are [offsets[e], offsets[e+1])
   std::vector<int32_t> token_of_row;  // offsets[E] entries: source token of each permuted row
   std::vector<int32_t> row_of_slot;   // T * K entries: permuted row of (t, k), -1 if dropped
   int64_t dropped = 0;
@@ -59,7 +59,8 @@ MoePlan moe_plan(const Tensor& topk_idx, int64_t num_experts, int64_t capacity);
 // The same with a limit per expert (< 0: none): expert e keeps its first
 // limits[e] slots in token order. Expert parallelism uses it so a rank keeps
 // exactly the slots one rank holding every token would keep.
-MoePlan moe_plan_limited(const Tensor& topk_idx, int64_t num_experts, const std::vector<int64_t>& limits);
+MoePlan moe_plan_limited(const Tensor& topk_idx, int64_t num_experts,
+                         const std::vector<int64_t>& limits);
 
 // permuted[r] = x[token_of_row[r]] for r < plan.rows(). x: [T, D]; permuted:
 // [>= rows, D], same dtype (f32, bf16; reference also f64).
@@ -74,11 +75,10 @@ MOETRON_KERNEL_DECL(void moe_unpermute(Context& ctx, const Tensor& expert_out, c
                                        const Tensor& topk_weight, const Tensor& out))
 // d_expert_out[row_of_slot[t,k]] = topk_weight[t,k] * dout[t] (rows past plan.rows() untouched);
 // d_topk_weight[t, k] = dout[t] . expert_out[row] (0 for dropped slots). Both overwritten;
-// either may be undefined (skipped). d_expert_out: dtype of expert_out; d_topk_weight: f32 (or f64).
-MOETRON_KERNEL_DECL(void moe_unpermute_backward(Context& ctx, const Tensor& dout,
-                                                const Tensor& expert_out, const MoePlan& plan,
-                                                const Tensor& topk_weight,
-                                                const Tensor& d_expert_out,
-                                                const Tensor& d_topk_weight))
+// either may be undefined (skipped). d_expert_out: dtype of expert_out; d_topk_weight: f32 (or
+// f64).
+MOETRON_KERNEL_DECL(void moe_unpermute_backward(
+    Context& ctx, const Tensor& dout, const Tensor& expert_out, const MoePlan& plan,
+    const Tensor& topk_weight, const Tensor& d_expert_out, const Tensor& d_topk_weight))
 
 }  // namespace moetron::kernels

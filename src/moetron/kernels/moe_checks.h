@@ -8,7 +8,9 @@
 
 namespace moetron::kernels::moe_detail {
 
-inline std::string describe(const Tensor& t) { return t.defined() ? t.str() : "undefined"; }
+inline std::string describe(const Tensor& t) {
+  return t.defined() ? t.str() : "undefined";
+}
 
 inline void check_2d(const Tensor& t, const char* fn, const char* name, int64_t rows,
                      int64_t cols) {
@@ -24,8 +26,7 @@ inline void check_router(const char* fn, const Tensor& scores, const Tensor& top
   const int64_t T = scores.dim(0), E = scores.dim(1);
   MOETRON_CHECK(args.k >= 1 && args.k <= E, fn, ": k = ", args.k, " must be in [1, E = ", E, "]");
   check_2d(topk_idx, fn, "topk_idx", T, args.k);
-  MOETRON_CHECK(topk_idx.dtype() == DType::i32, fn, ": topk_idx must be i32, got ",
-                topk_idx.str());
+  MOETRON_CHECK(topk_idx.dtype() == DType::i32, fn, ": topk_idx must be i32, got ", topk_idx.str());
   check_2d(topk_weight, fn, "topk_weight", T, args.k);
   MOETRON_CHECK(topk_weight.dtype() == scores.dtype(), fn, ": topk_weight ", topk_weight.str(),
                 " must have the dtype of scores ", scores.str());
@@ -78,8 +79,7 @@ inline void check_router_backward_args(const char* fn, RouterDtypeCheck dtype_ok
 inline void check_plan(const char* fn, const MoePlan& plan) {
   MOETRON_CHECK(plan.num_experts >= 1 &&
                     static_cast<int64_t>(plan.offsets.size()) == plan.num_experts + 1 &&
-                    static_cast<int64_t>(plan.row_of_slot.size()) ==
-                        plan.num_tokens * plan.top_k &&
+                    static_cast<int64_t>(plan.row_of_slot.size()) == plan.num_tokens * plan.top_k &&
                     static_cast<int64_t>(plan.token_of_row.size()) == plan.rows(),
                 fn, ": the MoePlan is inconsistent (build it with moe_plan)");
 }
@@ -92,10 +92,9 @@ inline void check_rows(const char* fn, const MoePlan& plan, const Tensor& tokens
                 ": ", tokens_name, " must be [T = ", plan.num_tokens, ", D], got ",
                 describe(tokens));
   const int64_t D = tokens.dim(1);
-  MOETRON_CHECK(rows.defined() && rows.rank() == 2 && rows.dim(0) >= plan.rows() &&
-                    rows.dim(1) == D,
-                fn, ": ", rows_name, " must be [>= ", plan.rows(), ", ", D, "], got ",
-                describe(rows));
+  MOETRON_CHECK(
+      rows.defined() && rows.rank() == 2 && rows.dim(0) >= plan.rows() && rows.dim(1) == D, fn,
+      ": ", rows_name, " must be [>= ", plan.rows(), ", ", D, "], got ", describe(rows));
   MOETRON_CHECK(rows.dtype() == tokens.dtype(), fn, ": ", rows_name, " ", rows.str(), " and ",
                 tokens_name, " ", tokens.str(), " must share a dtype");
 }

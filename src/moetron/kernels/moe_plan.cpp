@@ -10,12 +10,14 @@
 namespace moetron::kernels {
 
 MoePlan moe_plan(const Tensor& topk_idx, int64_t num_experts, int64_t capacity) {
-  return moe_plan_limited(topk_idx, num_experts,
-                          std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(num_experts, 0)),
-                                               capacity > 0 ? capacity : -1));
+  return moe_plan_limited(
+      topk_idx, num_experts,
+      std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(num_experts, 0)),
+                           capacity > 0 ? capacity : -1));
 }
 
-MoePlan moe_plan_limited(const Tensor& topk_idx, int64_t num_experts, const std::vector<int64_t>& limits) {
+MoePlan moe_plan_limited(const Tensor& topk_idx, int64_t num_experts,
+                         const std::vector<int64_t>& limits) {
   MOETRON_CHECK(topk_idx.defined() && topk_idx.rank() == 2 && topk_idx.dtype() == DType::i32,
                 "moe_plan: topk_idx must be i32 [T, K], got ",
                 topk_idx.defined() ? topk_idx.str() : std::string("undefined"));

@@ -22,15 +22,18 @@ SelfAttention::SelfAttention(const ModelConfig& cfg, const std::string& prefix, 
   const auto std = static_cast<float>(cfg.init_std);
   // GPT-2 style: the projection back into the residual stream is scaled by
   // 1/sqrt(2L) so the residual's variance does not grow with depth.
-  const auto out_std = static_cast<float>(cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
+  const auto out_std =
+      static_cast<float>(cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)));
   auto add = [&](const char* name, int64_t out, int64_t in, ParallelKind kind, float s) {
-    return &params.add(prefix + name, {out, in}, prec.compute, prec.matrix_grad(), kind, InitKind::normal, s,
-                       true);
+    return &params.add(prefix + name, {out, in}, prec.compute, prec.matrix_grad(), kind,
+                       InitKind::normal, s, true);
   };
   const int64_t n = tp_->size, r = tp_->rank;
-  MOETRON_CHECK(cfg.n_heads % n == 0, "model.n_heads = ", cfg.n_heads, " does not divide over parallel.tp = ", n);
-  MOETRON_CHECK(cfg.n_kv_heads % n == 0 || n % cfg.n_kv_heads == 0, "model.n_kv_heads = ", cfg.n_kv_heads,
-                " and parallel.tp = ", n, ": one must divide the other");
+  MOETRON_CHECK(cfg.n_heads % n == 0, "model.n_heads = ", cfg.n_heads,
+                " does not divide over parallel.tp = ", n);
+  MOETRON_CHECK(cfg.n_kv_heads % n == 0 || n % cfg.n_kv_heads == 0,
+                "model.n_kv_heads = ", cfg.n_kv_heads, " and parallel.tp = ", n,
+                ": one must divide the other");
   kv_replicated_ = n > cfg.n_kv_heads;
   const int64_t kv_head0 = kv_replicated_ ? r / (n / cfg.n_kv_heads) : r * hkv_;
   wq_ = add("q_proj.weight", h_ * hd_, d_, ParallelKind::column, std);
@@ -93,7 +96,8 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
     kernels::attention_forward(ctx, s.q, s.k, s.v, mask_, scale, s.out, lse);
   }
   Tensor d_out = Tensor::empty(s.out.shape(), prec_.compute);
-  linear_backward(ctx, dy, as_matrix(s.out, h_ * hd_), wo_->value, wo_->grad, as_matrix(d_out, h_ * hd_));
+  linear_backward(ctx, dy, as_matrix(s.out, h_ * hd_), wo_->value, wo_->grad,
+                  as_matrix(d_out, h_ * hd_));
   Tensor dq = Tensor::empty(s.q.shape(), prec_.compute);
   Tensor dk = Tensor::empty(s.k.shape(), prec_.compute);
   Tensor dv = Tensor::empty(s.v.shape(), prec_.compute);
@@ -125,6 +129,8 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
   release();
 }
 
-void SelfAttention::release() { saved_ = Saved{}; }
+void SelfAttention::release() {
+  saved_ = Saved{};
+}
 
 }  // namespace moetron::nn

@@ -51,6 +51,7 @@ class SelfAttention {
   Parameter *wq_, *wk_, *wv_, *wo_;
   Precision prec_;
   bool drop_core_ = false;
+
  public:
   // What forward saved for backward. Pipeline parallelism keeps several
   // micro-batches in flight and swaps each one's in and out.

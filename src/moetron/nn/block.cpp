@@ -9,7 +9,9 @@
 namespace moetron::nn {
 
 namespace {
-std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
+std::string layer_prefix(int64_t i) {
+  return "model.layers." + std::to_string(i) + ".";
+}
 }  // namespace
 
 Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
@@ -18,10 +20,12 @@ Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Prec
       d_(model.d_model),
       eps_(static_cast<float>(model.norm_eps)),
       prec_(prec),
-      norm1_(&params.add(layer_prefix(index) + "input_layernorm.weight", {model.d_model}, prec.accum,
-                         prec.accum, ParallelKind::replicated, InitKind::ones, 0, false)),
+      norm1_(&params.add(layer_prefix(index) + "input_layernorm.weight", {model.d_model},
+                         prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0,
+                         false)),
       norm2_(&params.add(layer_prefix(index) + "post_attention_layernorm.weight", {model.d_model},
-                         prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0, false)),
+                         prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0,
+                         false)),
       attn_(model, layer_prefix(index) + "self_attn.", prec, params, tp_) {
   // Under sequence parallelism each rank's norms see its token slice only.
   norm1_->grad_partial_over_tp = norm2_->grad_partial_over_tp = tp_->sequence_parallel;
@@ -30,13 +34,16 @@ Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Prec
     moe_ = std::make_unique<MoeLayer>(model, moe, layer_prefix(index), prec, params, ep);
     for (size_t i = first; i < params.all().size(); ++i) {
       Parameter& p = *params.all()[i];
-      p.grad_partial_over_tp = tp_->on();  // router, shared and routed experts (unless ep places them)
+      p.grad_partial_over_tp =
+          tp_->on();  // router, shared and routed experts (unless ep places them)
     }
   } else {
     const auto std = static_cast<float>(model.init_std);
-    const auto out_std = static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));
-    mlp_ = std::make_unique<SwiGluMlp>(model.d_model, model.ffn_hidden, layer_prefix(index) + "mlp.",
-                                       std, out_std, prec, params, tp_);
+    const auto out_std =
+        static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));
+    mlp_ =
+        std::make_unique<SwiGluMlp>(model.d_model, model.ffn_hidden, layer_prefix(index) + "mlp.",
+                                    std, out_std, prec, params, tp_);
   }
 }
 
@@ -59,7 +66,8 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& posi
   if (moe_) {
     const bool sliced = moe_slices_tokens();
     const Tensor moe_out = sliced ? Tensor::empty({tp_->slice_rows(t), d_}, prec_.compute) : out;
-    const MoeStats st = moe_->forward(ctx, sliced ? token_slice(*tp_, n2) : n2, moe_out, loss_weight);
+    const MoeStats st =
+        moe_->forward(ctx, sliced ? token_slice(*tp_, n2) : n2, moe_out, loss_weight);
     if (sliced) tp_->group->allgather(moe_out, out);
     moe_stats.aux_loss += st.aux_loss;
     moe_stats.z_loss += st.z_loss;

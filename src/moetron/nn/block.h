@@ -28,7 +28,8 @@ class Block {
   Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
         ParameterSet& params, ExpertParallel ep = {}, const TensorParallel* tp = nullptr);
 
-  // x: [B*S, D] (a token slice [B*S/tp, D] under sequence parallelism); returns the block's output [B*S, D] (a new tensor).
+  // x: [B*S, D] (a token slice [B*S/tp, D] under sequence parallelism); returns the block's output
+  // [B*S, D] (a new tensor).
   Tensor forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions, int64_t batch,
                  int64_t seq, double loss_weight, MoeStats& moe_stats);
   // Returns the gradient wrt x.
@@ -64,6 +65,7 @@ class Block {
   Tensor rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const;
   // The MoE works on a token slice of the full activations without sequence parallelism.
   bool moe_slices_tokens() const { return moe_ && tp_->on() && !tp_->sequence_parallel; }
+
  public:
   // What forward saved for backward. Pipeline parallelism keeps several
   // micro-batches in flight and swaps each one's in and out.

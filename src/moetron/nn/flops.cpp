@@ -9,7 +9,8 @@ double layer_gemm_params(const ModelConfig& m, const MoeConfig& e, int64_t i) {
   const auto hd = static_cast<double>(m.resolved_head_dim());
   double total = d * hd * static_cast<double>(2 * m.n_heads + 2 * m.n_kv_heads);
   if (layer_is_moe(e, i)) {
-    const int64_t shared_hidden = (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : e.expert_hidden) * e.shared_experts;
+    const int64_t shared_hidden =
+        (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : e.expert_hidden) * e.shared_experts;
     total += d * static_cast<double>(e.num_experts);  // router
     total += 3.0 * d * static_cast<double>(e.top_k * e.expert_hidden + shared_hidden);
   } else {
@@ -27,13 +28,17 @@ double active_gemm_params(const ModelConfig& m, const MoeConfig& e) {
 }
 
 double layer_flops_per_token(const ModelConfig& m, const MoeConfig& e, int64_t i, int64_t seq_len) {
-  return 6.0 * layer_gemm_params(m, e, i) + 12.0 * static_cast<double>(m.n_heads * m.resolved_head_dim() * seq_len);
+  return 6.0 * layer_gemm_params(m, e, i) +
+         12.0 * static_cast<double>(m.n_heads * m.resolved_head_dim() * seq_len);
 }
 
-double head_flops_per_token(const ModelConfig& m) { return 6.0 * static_cast<double>(m.vocab_size * m.d_model); }
+double head_flops_per_token(const ModelConfig& m) {
+  return 6.0 * static_cast<double>(m.vocab_size * m.d_model);
+}
 
 double model_flops_per_token(const ModelConfig& m, const MoeConfig& e, int64_t seq_len) {
-  const double attention = 12.0 * static_cast<double>(m.n_layers * m.n_heads * m.resolved_head_dim() * seq_len);
+  const double attention =
+      12.0 * static_cast<double>(m.n_layers * m.n_heads * m.resolved_head_dim() * seq_len);
   return 6.0 * active_gemm_params(m, e) + attention;
 }
 

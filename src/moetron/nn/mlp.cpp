@@ -8,14 +8,16 @@ namespace moetron::nn {
 SwiGluMlp::SwiGluMlp(int64_t d_model, int64_t hidden, const std::string& prefix, float init_std,
                      float out_std, Precision prec, ParameterSet& params, const TensorParallel* tp)
     : tp_(tp ? tp : &no_tensor_parallel()), d_(d_model), f_(hidden / tp_->size), prec_(prec) {
-  MOETRON_CHECK(hidden % tp_->size == 0, prefix, ": ", hidden, " hidden units do not divide over parallel.tp = ",
-                tp_->size);
+  MOETRON_CHECK(hidden % tp_->size == 0, prefix, ": ", hidden,
+                " hidden units do not divide over parallel.tp = ", tp_->size);
   w13_ = Tensor::empty({2 * f_, d_}, prec.compute, MemTag::params);
   w13_grad_ = Tensor::zeros({2 * f_, d_}, prec.matrix_grad(), MemTag::grads);
-  Parameter& gate = params.add_view(prefix + "gate_proj.weight", w13_.slice(0, f_), w13_grad_.slice(0, f_),
-                                    ParallelKind::column, InitKind::normal, init_std, true);
-  Parameter& up = params.add_view(prefix + "up_proj.weight", w13_.slice(f_, 2 * f_), w13_grad_.slice(f_, 2 * f_),
-                                  ParallelKind::column, InitKind::normal, init_std, true);
+  Parameter& gate =
+      params.add_view(prefix + "gate_proj.weight", w13_.slice(0, f_), w13_grad_.slice(0, f_),
+                      ParallelKind::column, InitKind::normal, init_std, true);
+  Parameter& up = params.add_view(prefix + "up_proj.weight", w13_.slice(f_, 2 * f_),
+                                  w13_grad_.slice(f_, 2 * f_), ParallelKind::column,
+                                  InitKind::normal, init_std, true);
   down_ = &params.add(prefix + "down_proj.weight", {d_, f_}, prec.compute, prec.matrix_grad(),
                       ParallelKind::row, InitKind::normal, out_std, true);
   if (tp_->on()) {
@@ -27,7 +29,8 @@ SwiGluMlp::SwiGluMlp(int64_t d_model, int64_t hidden, const std::string& prefix,
 }
 
 void SwiGluMlp::forward(kernels::Context& ctx, const Tensor& x_given, const Tensor& y, float beta) {
-  MOETRON_CHECK(beta == 0.0f || !tp_->on(), "a tensor-parallel MLP overwrites its output (beta = 0)");
+  MOETRON_CHECK(beta == 0.0f || !tp_->on(),
+                "a tensor-parallel MLP overwrites its output (beta = 0)");
   const Tensor x = column_parallel_input(*tp_, x_given);
   const int64_t t = x.dim(0);
   Saved s;
@@ -46,8 +49,10 @@ void SwiGluMlp::forward(kernels::Context& ctx, const Tensor& x_given, const Tens
   saved_ = std::move(s);
 }
 
-void SwiGluMlp::backward(kernels::Context& ctx, const Tensor& dy_given, const Tensor& dx, float dx_beta) {
-  MOETRON_CHECK(dx_beta == 0.0f || !tp_->on(), "a tensor-parallel MLP overwrites its input gradient");
+void SwiGluMlp::backward(kernels::Context& ctx, const Tensor& dy_given, const Tensor& dx,
+                         float dx_beta) {
+  MOETRON_CHECK(dx_beta == 0.0f || !tp_->on(),
+                "a tensor-parallel MLP overwrites its input gradient");
   const Tensor dy = column_parallel_input(*tp_, dy_given);
   Saved& s = saved_;
   MOETRON_CHECK(s.x.defined() && s.gate_up.defined(), "MLP backward without a saved forward");

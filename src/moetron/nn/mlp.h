@@ -25,7 +25,8 @@ class SwiGluMlp {
  public:
   // Parameters `prefix` + gate_proj.weight, up_proj.weight, down_proj.weight.
   SwiGluMlp(int64_t d_model, int64_t hidden, const std::string& prefix, float init_std,
-            float out_std, Precision prec, ParameterSet& params, const TensorParallel* tp = nullptr);
+            float out_std, Precision prec, ParameterSet& params,
+            const TensorParallel* tp = nullptr);
 
   // x: [T, D]; y: [T, D] = mlp(x) + beta * y (beta = 0 under tensor parallelism).
   void forward(kernels::Context& ctx, const Tensor& x, const Tensor& y, float beta = 0.0f);
@@ -43,6 +44,7 @@ class SwiGluMlp {
   Tensor w13_, w13_grad_;  // [2F, D]: rows [0, F) gate, [F, 2F) up
   Parameter* down_;
   bool drop_act_ = false;
+
  public:
   // What forward saved for backward. Pipeline parallelism keeps several
   // micro-batches in flight and swaps each one's in and out.

@@ -72,7 +72,8 @@ void reduce_balance_sums(comm::Communicator* group, BalanceSums& b) {
 // Switch aux loss alpha * E * sum_i f_i P_i (f_i = share of the T*K choices on
 // expert i, not differentiable; P_i = mean router score) and ST-MoE z-loss
 // (1/T) sum_t lse_t^2, over the global token set.
-void balancing_values(const BalanceSums& b, int64_t k, double aux_coef, double z_coef, MoeStats& stats) {
+void balancing_values(const BalanceSums& b, int64_t k, double aux_coef, double z_coef,
+                      MoeStats& stats) {
   const auto e = static_cast<int64_t>(b.counts.size());
   if (aux_coef > 0) {
     double aux = 0;
@@ -89,7 +90,8 @@ void balancing_values(const BalanceSums& b, int64_t k, double aux_coef, double z
 // alpha E f_i / T and d z / d logit_ti = (2/T) lse_t softmax_ti, T global.
 template <typename T>
 void balancing_gradients(const Tensor& logits, const BalanceSums& b, int64_t k, double aux_coef,
-                         double z_coef, double weight, const Tensor& d_scores, const Tensor& d_logits_z) {
+                         double z_coef, double weight, const Tensor& d_scores,
+                         const Tensor& d_logits_z) {
   const int64_t t = logits.dim(0), e = logits.dim(1);
   if (aux_coef > 0) {
     T* ds = d_scores.data<T>();
@@ -134,11 +136,12 @@ MoeLayer::MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::st
                 "block_sparse_moe: ", e_, " experts do not split over ", ep.size,
                 " expert-parallel ranks (moe.num_experts % parallel.ep must be 0)");
   router_args_.k = static_cast<int>(k_);
-  router_args_.score = moe.router_score == "sigmoid" ? kernels::RouterScore::sigmoid
-                                                     : kernels::RouterScore::softmax;
+  router_args_.score =
+      moe.router_score == "sigmoid" ? kernels::RouterScore::sigmoid : kernels::RouterScore::softmax;
   router_args_.renormalize = moe.renormalize;
   const auto std = static_cast<float>(model.init_std);
-  const auto out_std = static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));
+  const auto out_std =
+      static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));
   // The router runs in the accumulation dtype: its logits decide discrete
   // choices, and bf16 rounding would flip near-ties.
   router_ = &params.add(prefix + "block_sparse_moe.gate.weight", {e_, d_}, prec.accum, prec.accum,
@@ -161,7 +164,8 @@ MoeLayer::MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::st
   }
   bias_ = Tensor::zeros({e_}, prec.accum, MemTag::params);
   if (moe.shared_experts > 0) {
-    const int64_t hidden = (moe.shared_expert_hidden > 0 ? moe.shared_expert_hidden : f_) * moe.shared_experts;
+    const int64_t hidden =
+        (moe.shared_expert_hidden > 0 ? moe.shared_expert_hidden : f_) * moe.shared_experts;
     shared_ = std::make_unique<SwiGluMlp>(d_, hidden, prefix + "mlp.shared_experts.", std, out_std,
                                           prec, params);
   }
@@ -193,14 +197,16 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
   std::vector<int64_t> counts(static_cast<size_t>(e_), 0);
   for (int64_t i = 0; i < t * k_; ++i) ++counts[static_cast<size_t>(idx[i])];
   if (!recompute_pass_) {
-    for (int64_t j = 0; j < e_; ++j) load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
+    for (int64_t j = 0; j < e_; ++j)
+      load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
   }
   if (ep_size_ > 1) {
     plan_expert_parallel(counts, t);
   } else {
     const int64_t capacity =
         capacity_factor_ > 0
-            ? static_cast<int64_t>(std::ceil(static_cast<double>(t * k_) * capacity_factor_ / static_cast<double>(e_)))
+            ? static_cast<int64_t>(std::ceil(static_cast<double>(t * k_) * capacity_factor_ /
+                                             static_cast<double>(e_)))
             : 0;
     s.plan = kernels::moe_plan(s.topk_idx, e_, capacity);
   }
@@ -224,8 +230,9 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
     // Values now; their gradients are formed again in backward from the
     // saved global sums (cheap, [T, E]) so forward keeps no [T, E] gradients.
     auto sums = std::make_shared<BalanceSums>(
-        prec_.accum == DType::f64 ? local_balance_sums<double>(s.logits, s.scores, counts, z_coef_ > 0)
-                                  : local_balance_sums<float>(s.logits, s.scores, counts, z_coef_ > 0));
+        prec_.accum == DType::f64
+            ? local_balance_sums<double>(s.logits, s.scores, counts, z_coef_ > 0)
+            : local_balance_sums<float>(s.logits, s.scores, counts, z_coef_ > 0));
     reduce_balance_sums(balance_group_, *sums);
     balancing_values(*sums, k_, aux_coef_, z_coef_, stats);
     s.balance = std::move(sums);
@@ -254,7 +261,8 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   kernels::swiglu_backward(ctx, d_act, s.gate_up, d_gate_up);
   d_act = Tensor();
   rebuild_permuted(ctx);
-  kernels::grouped_matmul_weight_grad(ctx, d_gate_up, s.permuted, expert_offsets(), w13_grad_, 1.0f);
+  kernels::grouped_matmul_weight_grad(ctx, d_gate_up, s.permuted, expert_offsets(), w13_grad_,
+                                      1.0f);
   Tensor d_permuted = Tensor::empty({rows, d_}, prec_.compute);
   kernels::grouped_matmul(ctx, d_gate_up, w13_, expert_offsets(), d_permuted, false, 0.0f);
   d_gate_up = Tensor();
@@ -274,9 +282,11 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   if (z_coef_ > 0) d_logits_z = Tensor::empty({t, e_}, prec_.accum);
   if (s.balance) {
     if (prec_.accum == DType::f64) {
-      balancing_gradients<double>(s.logits, *s.balance, k_, aux_coef_, z_coef_, s.loss_weight, d_scores, d_logits_z);
+      balancing_gradients<double>(s.logits, *s.balance, k_, aux_coef_, z_coef_, s.loss_weight,
+                                  d_scores, d_logits_z);
     } else {
-      balancing_gradients<float>(s.logits, *s.balance, k_, aux_coef_, z_coef_, s.loss_weight, d_scores, d_logits_z);
+      balancing_gradients<float>(s.logits, *s.balance, k_, aux_coef_, z_coef_, s.loss_weight,
+                                 d_scores, d_logits_z);
     }
   }
   Tensor d_logits = Tensor::empty({t, e_}, prec_.accum);
@@ -302,12 +312,14 @@ void MoeLayer::release() {
 }
 
 void MoeLayer::set_expert_load(std::vector<int64_t> load) {
-  MOETRON_CHECK(static_cast<int64_t>(load.size()) == e_, "expert load of ", load.size(), " entries for ", e_,
-                " experts");
+  MOETRON_CHECK(static_cast<int64_t>(load.size()) == e_, "expert load of ", load.size(),
+                " entries for ", e_, " experts");
   load_ = std::move(load);
 }
 
-void MoeLayer::reset_load() { std::fill(load_.begin(), load_.end(), 0); }
+void MoeLayer::reset_load() {
+  std::fill(load_.begin(), load_.end(), 0);
+}
 
 void MoeLayer::update_bias(double rate) {
   double mean = 0;

@@ -116,6 +116,7 @@ class MoeLayer {
   Tensor from_experts(kernels::Context& ctx, const Tensor& expert_rows);
   Tensor dispatch(kernels::Context& ctx, const Tensor& x);
   const std::vector<int64_t>& expert_offsets() const;
+
  public:
   // What forward saved for backward. Pipeline parallelism keeps several
   // micro-batches in flight and swaps each one's in and out.

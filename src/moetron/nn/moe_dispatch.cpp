@@ -19,8 +19,9 @@ namespace moetron::nn {
 
 void MoeLayer::set_expert_group(comm::Communicator* group) {
   if (ep_size_ == 1 && (!group || group->size() == 1)) return;
-  MOETRON_CHECK(group && group->size() == ep_size_, prefix_, "block_sparse_moe: built for ", ep_size_,
-                " expert-parallel ranks but given a group of ", group ? group->size() : 0);
+  MOETRON_CHECK(group && group->size() == ep_size_, prefix_, "block_sparse_moe: built for ",
+                ep_size_, " expert-parallel ranks but given a group of ",
+                group ? group->size() : 0);
   ep_group_ = group;
 }
 
@@ -41,9 +42,10 @@ void MoeLayer::plan_expert_parallel(const std::vector<int64_t>& counts, int64_t 
   int64_t group_tokens = 0;
   for (int64_t r = 0; r < n; ++r) group_tokens += c[r * stride + e_];
   const int64_t capacity =
-      capacity_factor_ > 0 ? static_cast<int64_t>(std::ceil(static_cast<double>(group_tokens * k_) *
-                                                            capacity_factor_ / static_cast<double>(e_)))
-                           : -1;
+      capacity_factor_ > 0
+          ? static_cast<int64_t>(std::ceil(static_cast<double>(group_tokens * k_) *
+                                           capacity_factor_ / static_cast<double>(e_)))
+          : -1;
   // kept[r * E + e]: slots of rank r kept by expert e, earlier ranks first.
   std::vector<int64_t> kept(static_cast<size_t>(n * e_));
   for (int64_t e = 0; e < e_; ++e) {
@@ -56,8 +58,8 @@ void MoeLayer::plan_expert_parallel(const std::vector<int64_t>& counts, int64_t 
     }
   }
   const auto k_of = [&](int64_t r, int64_t e) { return kept[static_cast<size_t>(r * e_ + e)]; };
-  s.plan = kernels::moe_plan_limited(s.topk_idx, e_,
-                                     std::vector<int64_t>(kept.begin() + me * e_, kept.begin() + (me + 1) * e_));
+  s.plan = kernels::moe_plan_limited(
+      s.topk_idx, e_, std::vector<int64_t>(kept.begin() + me * e_, kept.begin() + (me + 1) * e_));
   s.send_rows.assign(static_cast<size_t>(n), 0);
   s.recv_rows.assign(static_cast<size_t>(n), 0);
   for (int64_t r = 0; r < n; ++r) {
@@ -69,7 +71,9 @@ void MoeLayer::plan_expert_parallel(const std::vector<int64_t>& counts, int64_t 
   // Received rows are (source rank, local expert, token); the experts want
   // (local expert, source rank, token).
   std::vector<int64_t> recv_offset(static_cast<size_t>(n + 1), 0);
-  for (int64_t r = 0; r < n; ++r) recv_offset[static_cast<size_t>(r + 1)] = recv_offset[static_cast<size_t>(r)] + s.recv_rows[static_cast<size_t>(r)];
+  for (int64_t r = 0; r < n; ++r)
+    recv_offset[static_cast<size_t>(r + 1)] =
+        recv_offset[static_cast<size_t>(r)] + s.recv_rows[static_cast<size_t>(r)];
   const int64_t total = recv_offset.back();
   kernels::MoePlan& x = s.exchange;
   x = kernels::MoePlan{};
@@ -108,7 +112,8 @@ Tensor MoeLayer::from_experts(kernels::Context& ctx, const Tensor& expert_rows) 
   const Saved& s = saved_;
   const int64_t width = expert_rows.dim(1);
   // With top_k = 1 the permutation's backward is the inverse scatter.
-  Tensor by_source = Tensor::empty({s.exchange.num_tokens, width}, expert_rows.dtype(), MemTag::comm);
+  Tensor by_source =
+      Tensor::empty({s.exchange.num_tokens, width}, expert_rows.dtype(), MemTag::comm);
   kernels::moe_permute_backward(ctx, expert_rows, s.exchange, by_source);
   Tensor out = Tensor::empty({s.plan.rows(), width}, expert_rows.dtype());
   ep_group_->alltoallv_async(by_source, s.recv_rows, out, s.send_rows)->wait();

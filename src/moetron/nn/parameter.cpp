@@ -40,13 +40,18 @@ void ParameterSet::initialize(uint64_t seed) {
           // Element (r, c) of the full tensor draws the same number on every layout.
           const int64_t cols = p->shard.full.rank() == 2 ? p->shard.full[1] : 1;
           Tensor block = p->value.reshape({p->value.dim(0), p->value.numel() / p->value.dim(0)});
-          fill_normal_block(block, seed, p->name, 0.0f, p->init_std, cols, p->shard.row0, p->shard.col0);
+          fill_normal_block(block, seed, p->name, 0.0f, p->init_std, cols, p->shard.row0,
+                            p->shard.col0);
         } else {
           fill_normal(p->value, seed, p->name, 0.0f, p->init_std);
         }
         break;
-      case InitKind::ones: p->value.fill(1.0); break;
-      case InitKind::zeros: p->value.fill(0.0); break;
+      case InitKind::ones:
+        p->value.fill(1.0);
+        break;
+      case InitKind::zeros:
+        p->value.fill(0.0);
+        break;
     }
   }
 }
@@ -58,11 +63,12 @@ void ParameterSet::zero_grads() {
 }
 
 void ParameterSet::set_shard(Parameter& p, const Shape& full, int64_t row0, int64_t col0) {
-  MOETRON_CHECK(full.rank() == p.value.rank() && p.value.rank() >= 1 && p.value.rank() <= 2, "parameter '", p.name,
-                "': shard ", p.value.str(), " of ", full.str());
+  MOETRON_CHECK(full.rank() == p.value.rank() && p.value.rank() >= 1 && p.value.rank() <= 2,
+                "parameter '", p.name, "': shard ", p.value.str(), " of ", full.str());
   MOETRON_CHECK(row0 >= 0 && row0 + p.value.dim(0) <= full[0] &&
                     (full.rank() == 1 || (col0 >= 0 && col0 + p.value.dim(1) <= full[1])),
-                "parameter '", p.name, "': block at (", row0, ", ", col0, ") of ", p.value.str(), " outside ", full.str());
+                "parameter '", p.name, "': block at (", row0, ", ", col0, ") of ", p.value.str(),
+                " outside ", full.str());
   p.shard.full = full;
   p.shard.row0 = row0;
   p.shard.col0 = col0;

@@ -49,14 +49,15 @@ struct Precision {
 struct Parameter {
   std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
   Tensor value;      // working copy used by the kernels
-  Tensor grad;       // dtype Precision::accum (hidden matrices: matrix_grad()), accumulated by backward
+  Tensor grad;  // dtype Precision::accum (hidden matrices: matrix_grad()), accumulated by backward
   ParallelKind kind = ParallelKind::replicated;
   InitKind init = InitKind::normal;
   float init_std = 0.02f;
   // 2-D hidden matrix (attention, experts, dense FFN): the matrices Muon
   // orthogonalises. Embeddings, head, norms and router are not.
   bool hidden_matrix = false;
-  int64_t expert = -1;  // the routed expert this matrix belongs to (expert parallelism shards whole experts)
+  int64_t expert =
+      -1;  // the routed expert this matrix belongs to (expert parallelism shards whole experts)
   // Tensor parallelism (nn/tensor_parallel.h): this rank holds the block
   // [row0, row0 + rows) x [col0, col0 + cols) of a tensor of shape `full`
   // (rank 0: the whole tensor). Initialisation, checkpoints and Muon's
@@ -83,8 +84,8 @@ class ParameterSet {
   // Initialises every value from (seed, name): identical on every layout.
   // Registers views into a buffer the caller owns (e.g. w1 and w3 of an expert
   // living in one fused [2F, D] gate-up matrix, so one GEMM computes both).
-  Parameter& add_view(std::string name, Tensor value, Tensor grad, ParallelKind kind,
-                      InitKind init, float init_std, bool hidden_matrix);
+  Parameter& add_view(std::string name, Tensor value, Tensor grad, ParallelKind kind, InitKind init,
+                      float init_std, bool hidden_matrix);
   void initialize(uint64_t seed);
   void zero_grads();
   // Marks `p` as the block [row0, ...) x [col0, ...) of a tensor of shape `full`.

@@ -9,7 +9,9 @@ namespace moetron::nn {
 
 namespace {
 
-std::string layer_name(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
+std::string layer_name(int64_t i) {
+  return "model.layers." + std::to_string(i) + ".";
+}
 
 // Registers parameters in the order the modules do (nn/transformer.cpp,
 // block.cpp, attention.cpp, mlp.cpp, moe.cpp).
@@ -21,14 +23,14 @@ class InventoryBuilder {
 
   ParamInventory take() { return std::move(inv_); }
 
-  ParamInfo& add(const std::string& name, const Shape& shape, DType value, DType grad, ParallelKind kind,
-                 bool hidden) {
+  ParamInfo& add(const std::string& name, const Shape& shape, DType value, DType grad,
+                 ParallelKind kind, bool hidden) {
     inv_.value_buffers.emplace_back(shape.numel(), value);
     inv_.grad_buffers.emplace_back(shape.numel(), grad);
     return view(name, shape, value, grad, kind, hidden);
   }
-  ParamInfo& view(const std::string& name, const Shape& shape, DType value, DType grad, ParallelKind kind,
-                  bool hidden) {
+  ParamInfo& view(const std::string& name, const Shape& shape, DType value, DType grad,
+                  ParallelKind kind, bool hidden) {
     ParamInfo p;
     p.name = name;
     p.shape = shape;
@@ -47,7 +49,8 @@ class InventoryBuilder {
 
   void vocab(const char* name) {
     const int64_t v = m_.vocab_size / tp_.size;
-    ParamInfo& p = add(name, {v, m_.d_model}, prec_.compute, prec_.accum, ParallelKind::vocab, false);
+    ParamInfo& p =
+        add(name, {v, m_.d_model}, prec_.compute, prec_.accum, ParallelKind::vocab, false);
     if (tp_.on()) shard(p, {m_.vocab_size, m_.d_model}, tp_.rank * v, 0);
   }
 
@@ -65,7 +68,8 @@ class InventoryBuilder {
     }
     const size_t first = inv_.params.size();
     moe(pre);
-    for (size_t k = first; k < inv_.params.size(); ++k) inv_.params[k].grad_partial_over_tp = tp_.on();
+    for (size_t k = first; k < inv_.params.size(); ++k)
+      inv_.params[k].grad_partial_over_tp = tp_.on();
   }
 
  private:
@@ -112,7 +116,8 @@ class InventoryBuilder {
   void moe(const std::string& pre) {
     const int64_t d = m_.d_model, f = e_.expert_hidden, local = e_.num_experts / ep_.size;
     const DType c = prec_.compute, a = prec_.accum, g = prec_.matrix_grad();
-    add(pre + "block_sparse_moe.gate.weight", {e_.num_experts, d}, a, a, ParallelKind::replicated, false);
+    add(pre + "block_sparse_moe.gate.weight", {e_.num_experts, d}, a, a, ParallelKind::replicated,
+        false);
     inv_.value_buffers.emplace_back(local * 2 * f * d, c);
     inv_.grad_buffers.emplace_back(local * 2 * f * d, g);
     inv_.value_buffers.emplace_back(local * d * f, c);
@@ -126,7 +131,8 @@ class InventoryBuilder {
     }
     inv_.value_buffers.emplace_back(e_.num_experts, a);  // selection bias
     if (e_.shared_experts > 0) {
-      const int64_t hidden = (e_.shared_expert_hidden > 0 ? e_.shared_expert_hidden : f) * e_.shared_experts;
+      const int64_t hidden =
+          (e_.shared_expert_hidden > 0 ? e_.shared_expert_hidden : f) * e_.shared_experts;
       swiglu(pre + "mlp.shared_experts.", hidden, no_tensor_parallel());
     }
   }
@@ -142,9 +148,11 @@ class InventoryBuilder {
 }  // namespace
 
 ParamInventory parameter_inventory(const ModelConfig& model, const MoeConfig& moe, Precision prec,
-                                   ExpertParallel ep, const TensorParallel& tp, const PipelinePlace& place) {
+                                   ExpertParallel ep, const TensorParallel& tp,
+                                   const PipelinePlace& place) {
   MOETRON_CHECK(tp.size >= 1 && model.vocab_size % tp.size == 0 && model.n_heads % tp.size == 0,
-                "parameter inventory: parallel.tp = ", tp.size, " must divide model.vocab_size and model.n_heads");
+                "parameter inventory: parallel.tp = ", tp.size,
+                " must divide model.vocab_size and model.n_heads");
   MOETRON_CHECK(ep.size >= 1 && (moe.num_experts == 0 || moe.num_experts % ep.size == 0),
                 "parameter inventory: parallel.ep = ", ep.size, " must divide moe.num_experts");
   InventoryBuilder b(model, moe, prec, ep, tp);
@@ -154,7 +162,8 @@ ParamInventory parameter_inventory(const ModelConfig& model, const MoeConfig& mo
     for (int64_t i = first; i < end; ++i) b.block(i);
   }
   if (place.head) {
-    b.add("model.norm.weight", {model.d_model}, prec.accum, prec.accum, ParallelKind::replicated, false)
+    b.add("model.norm.weight", {model.d_model}, prec.accum, prec.accum, ParallelKind::replicated,
+          false)
         .grad_partial_over_tp = tp.sequence_parallel;
     if (!model.tie_embeddings) b.vocab("lm_head.weight");
   }
@@ -194,7 +203,8 @@ std::string first_difference(const std::vector<ParamInfo>& a, const std::vector<
     if (x.kind != y.kind || x.hidden_matrix != y.hidden_matrix || x.expert != y.expert) {
       return what + ": kind, hidden_matrix or expert index differ";
     }
-    if (x.grad_partial_over_tp != y.grad_partial_over_tp) return what + ": grad_partial_over_tp differs";
+    if (x.grad_partial_over_tp != y.grad_partial_over_tp)
+      return what + ": grad_partial_over_tp differs";
     return what + ": tp shard placement differs";
   }
   if (a.size() != b.size()) {

@@ -66,8 +66,8 @@ Tensor column_parallel_input(const TensorParallel& tp, const Tensor& given) {
 Tensor gather_shards(const TensorParallel& tp, const Parameter& p, const Tensor& local) {
   if (!p.sharded()) return local;
   comm::Communicator& g = group_of(tp);
-  MOETRON_CHECK(local.shape() == p.value.shape(), "parameter '", p.name, "': gathering ", local.str(),
-                " as its shard ", p.value.str());
+  MOETRON_CHECK(local.shape() == p.value.shape(), "parameter '", p.name, "': gathering ",
+                local.str(), " as its shard ", p.value.str());
   const int64_t n = local.numel();
   Tensor blocks = Tensor::empty({tp.size * n}, local.dtype(), MemTag::comm);
   g.allgather(local.reshape({n}), blocks);
@@ -98,8 +98,9 @@ void copy_shard(const Parameter& p, const Tensor& full, const Tensor& local) {
     local.copy_from(full);
     return;
   }
-  MOETRON_CHECK(full.shape() == p.shard.full && full.dtype() == local.dtype(), "parameter '", p.name,
-                "': cutting its shard from ", full.str(), ", expected ", p.shard.full.str());
+  MOETRON_CHECK(full.shape() == p.shard.full && full.dtype() == local.dtype(), "parameter '",
+                p.name, "': cutting its shard from ", full.str(), ", expected ",
+                p.shard.full.str());
   const int64_t rows = local.dim(0), cols = local.numel() / rows;
   const int64_t full_cols = full.numel() / full.dim(0);
   const size_t es = local.element_size();

@@ -8,25 +8,29 @@
 
 namespace moetron::nn {
 
-Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep,
-                         TensorParallel tp, PipelinePlace place)
+Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec,
+                         ExpertParallel ep, TensorParallel tp, PipelinePlace place)
     : model_(model), moe_(moe), prec_(prec), tp_(tp) {
   if (place.chunks.empty()) place.chunks = {{0, model.n_layers}};
   const auto std = static_cast<float>(model.init_std);
-  MOETRON_CHECK(tp_.size >= 1 && tp_.rank >= 0 && tp_.rank < tp_.size, "tensor-parallel rank ", tp_.rank, " of ",
-                tp_.size);
+  MOETRON_CHECK(tp_.size >= 1 && tp_.rank >= 0 && tp_.rank < tp_.size, "tensor-parallel rank ",
+                tp_.rank, " of ", tp_.size);
   MOETRON_CHECK(model.vocab_size % tp_.size == 0, "model.vocab_size = ", model.vocab_size,
-                " does not divide over parallel.tp = ", tp_.size, " (the vocab-parallel embedding and head)");
-  MOETRON_CHECK(!tp_.on() || prec.accum == DType::f32, "tensor parallelism needs fp32 statistics (accum f32)");
-  MOETRON_CHECK(!prec.bf16_matrix_grads || prec.compute == DType::bf16,
-                "bf16 matrix gradients (train.grad_dtype = bf16) need bf16 compute (train.precision = bf16)");
+                " does not divide over parallel.tp = ", tp_.size,
+                " (the vocab-parallel embedding and head)");
+  MOETRON_CHECK(!tp_.on() || prec.accum == DType::f32,
+                "tensor parallelism needs fp32 statistics (accum f32)");
+  MOETRON_CHECK(
+      !prec.bf16_matrix_grads || prec.compute == DType::bf16,
+      "bf16 matrix gradients (train.grad_dtype = bf16) need bf16 compute (train.precision = bf16)");
   tp_.group = nullptr;
   tp_.kv_group = nullptr;
   const int64_t v_local = model.vocab_size / tp_.size;
   const auto add_vocab = [&](const char* name) {
-    Parameter& p = params_.add(name, {v_local, model.d_model}, prec.compute, prec.accum, ParallelKind::vocab,
-                               InitKind::normal, std, false);
-    if (tp_.on()) ParameterSet::set_shard(p, {model.vocab_size, model.d_model}, tp_.rank * v_local, 0);
+    Parameter& p = params_.add(name, {v_local, model.d_model}, prec.compute, prec.accum,
+                               ParallelKind::vocab, InitKind::normal, std, false);
+    if (tp_.on())
+      ParameterSet::set_shard(p, {model.vocab_size, model.d_model}, tp_.rank * v_local, 0);
     return &p;
   };
   MOETRON_CHECK(!model.tie_embeddings || (place.embedding && place.head),
@@ -34,8 +38,9 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
   embed_ = place.embedding ? add_vocab("model.embed_tokens.weight") : nullptr;
   int64_t previous_end = 0;
   for (const auto& [first, end] : place.chunks) {
-    MOETRON_CHECK(first >= previous_end && first < end && end <= model.n_layers, "pipeline chunk of layers [", first,
-                  ", ", end, ") out of order or outside the model's ", model.n_layers);
+    MOETRON_CHECK(first >= previous_end && first < end && end <= model.n_layers,
+                  "pipeline chunk of layers [", first, ", ", end,
+                  ") out of order or outside the model's ", model.n_layers);
     previous_end = end;
     const size_t chunk_begin = blocks_.size();
     for (int64_t i = first; i < end; ++i) {
@@ -57,9 +62,9 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
 
 void Transformer::set_tensor_group(comm::Communicator* group) {
   if (!tp_.on()) return;
-  MOETRON_CHECK(group && group->size() == tp_.size && group->rank() == tp_.rank, "built for tensor-parallel rank ",
-                tp_.rank, " of ", tp_.size, " but given rank ", group ? group->rank() : -1, " of ",
-                group ? group->size() : 0);
+  MOETRON_CHECK(group && group->size() == tp_.size && group->rank() == tp_.rank,
+                "built for tensor-parallel rank ", tp_.rank, " of ", tp_.size, " but given rank ",
+                group ? group->rank() : -1, " of ", group ? group->size() : 0);
   tp_.group = group;
   if (tp_.size > model_.n_kv_heads) {
     // Ranks whose query heads share one kv head (attention.h).
@@ -101,7 +106,8 @@ std::vector<MoeLayer*> Transformer::moe_layers() {
 
 Tensor Transformer::positions_of(int64_t batch, int64_t seq) const {
   Tensor positions = Tensor::empty({batch * seq}, DType::i32);
-  for (int64_t i = 0; i < batch * seq; ++i) positions.data<int32_t>()[i] = static_cast<int32_t>(i % seq);
+  for (int64_t i = 0; i < batch * seq; ++i)
+    positions.data<int32_t>()[i] = static_cast<int32_t>(i % seq);
   return positions;
 }
 
@@ -115,13 +121,14 @@ Tensor Transformer::embed(kernels::Context& ctx, const Tensor& ids) {
 
 Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
                                   LossStats& stats) {
-  MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "inputs must be i32 [B, S], got ",
-                inputs.str());
-  MOETRON_CHECK(embed_ && head_ && chunks_.size() == 1,
-                "this rank holds one pipeline stage: run it through chunk_forward / chunk_backward");
+  MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32,
+                "inputs must be i32 [B, S], got ", inputs.str());
+  MOETRON_CHECK(
+      embed_ && head_ && chunks_.size() == 1,
+      "this rank holds one pipeline stage: run it through chunk_forward / chunk_backward");
   const int64_t b = inputs.dim(0), s = inputs.dim(1), t = b * s;
-  MOETRON_CHECK(s <= model_.max_seq_len, "sequence of ", s, " tokens exceeds model.max_seq_len = ",
-                model_.max_seq_len);
+  MOETRON_CHECK(s <= model_.max_seq_len, "sequence of ", s,
+                " tokens exceeds model.max_seq_len = ", model_.max_seq_len);
   Saved sv;
   sv.ids = inputs.reshape({t});
   sv.positions = positions_of(b, s);
@@ -136,7 +143,8 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
   sv.rstd = Tensor::empty({rows}, prec_.accum);
   need(final_norm_);
   Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
-  kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h, sv.rstd);
+  kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h,
+                           sv.rstd);
   saved_ = std::move(sv);
   return h;
 }
@@ -150,12 +158,12 @@ Tensor Transformer::head_loss(kernels::Context& ctx, const Tensor& h_given, cons
   Tensor losses = Tensor::empty({t}, prec_.accum);
   Tensor d_h = backward ? Tensor::empty({t, model_.d_model}, prec_.compute) : Tensor();
   if (tp_.on()) {
-    vocab_parallel_cross_entropy(ctx, tp_, h, head_->value, tgt, static_cast<float>(grad_scale), ce_chunk_tokens,
-                                 losses, d_h, backward ? head_->grad : Tensor());
+    vocab_parallel_cross_entropy(ctx, tp_, h, head_->value, tgt, static_cast<float>(grad_scale),
+                                 ce_chunk_tokens, losses, d_h, backward ? head_->grad : Tensor());
     if (backward) d_h = finish_row_parallel(tp_, d_h);
   } else {
-    kernels::cross_entropy_fused(ctx, h, head_->value, tgt, static_cast<float>(grad_scale), ce_chunk_tokens, losses,
-                                 d_h, backward ? head_->grad : Tensor());
+    kernels::cross_entropy_fused(ctx, h, head_->value, tgt, static_cast<float>(grad_scale),
+                                 ce_chunk_tokens, losses, d_h, backward ? head_->grad : Tensor());
   }
   const int32_t* tp = tgt.data<int32_t>();
   for (int64_t i = 0; i < t; ++i) {
@@ -195,8 +203,10 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
 }
 
 Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs) {
-  MOETRON_CHECK(!tp_.on(), "sampling runs on one rank (a tensor-parallel model's checkpoint loads there)");
-  MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "inputs must be i32 [B, S], got ", inputs.str());
+  MOETRON_CHECK(!tp_.on(),
+                "sampling runs on one rank (a tensor-parallel model's checkpoint loads there)");
+  MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32,
+                "inputs must be i32 [B, S], got ", inputs.str());
   LossStats unused;
   for (MoeLayer* l : moe_layers()) l->set_balance_group(nullptr);
   const Tensor h = hidden_states(ctx, inputs, 0.0, unused);

@@ -15,25 +15,26 @@
 namespace moetron::nn {
 
 struct LossStats {
-  double ce_sum = 0;     // sum of token cross-entropies (nats)
-  int64_t tokens = 0;    // tokens with a target (>= 0)
-  double aux_loss = 0;   // summed over MoE layers, coefficients applied
+  double ce_sum = 0;    // sum of token cross-entropies (nats)
+  int64_t tokens = 0;   // tokens with a target (>= 0)
+  double aux_loss = 0;  // summed over MoE layers, coefficients applied
   double z_loss = 0;
-  int64_t dropped = 0;   // capacity drops over MoE layers
+  int64_t dropped = 0;  // capacity drops over MoE layers
 };
 
 // Pipeline parallelism: the layers this rank holds, as chunks (virtual
 // stages) in model order; the rank holding virtual stage 0 also holds the
 // embedding, the one holding the last virtual stage the final norm and head.
 struct PipelinePlace {
-  std::vector<std::pair<int64_t, int64_t>> chunks;  // [first, end) layers; empty: every layer, one chunk
+  std::vector<std::pair<int64_t, int64_t>>
+      chunks;  // [first, end) layers; empty: every layer, one chunk
   bool embedding = true, head = true;
 };
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec, ExpertParallel ep = {},
-              TensorParallel tp = {}, PipelinePlace place = {});
+  Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec,
+              ExpertParallel ep = {}, TensorParallel tp = {}, PipelinePlace place = {});
   // The blocks point at tp_: a Transformer stays where it was built.
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -61,17 +62,18 @@ class Transformer {
   // gradient is computed here (like forward_backward).
   struct ChunkStep {
     int64_t chunk = 0, mb = 0;
-    int64_t batch = 0, seq = 0;  // the micro-batch's rows and sequence length
+    int64_t batch = 0, seq = 0;              // the micro-batch's rows and sequence length
     double grad_scale = 0, loss_weight = 0;  // as for forward_backward
     bool backward = false;
   };
-  Tensor chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in, const Tensor& targets,
-                       LossStats& stats);
+  Tensor chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in,
+                       const Tensor& targets, LossStats& stats);
   // Backward of a kept (chunk, mb): d_out is the next stage's gradient
   // (ignored after the head); returns the gradient for the previous stage
   // (undefined before the embedding). on_grad_ready fires only with
   // final_grads (the step's last micro-batch through this chunk).
-  Tensor chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& d_out, bool final_grads);
+  Tensor chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& d_out,
+                        bool final_grads);
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   bool holds_embedding() const { return embed_ != nullptr; }
@@ -113,8 +115,8 @@ class Transformer {
                        LossStats& stats);
   // Final-norm output h -> losses (counted into stats) and, with backward,
   // the gradient wrt h (this rank's rows).
-  Tensor head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets, double grad_scale,
-                   bool backward, LossStats& stats);
+  Tensor head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets,
+                   double grad_scale, bool backward, LossStats& stats);
   Tensor embed(kernels::Context& ctx, const Tensor& ids);
   Tensor positions_of(int64_t batch, int64_t seq) const;
   ModelConfig model_;

@@ -11,8 +11,8 @@
 
 namespace moetron::nn {
 
-Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in, const Tensor& targets,
-                                  LossStats& stats) {
+Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in,
+                                  const Tensor& targets, LossStats& stats) {
   const int64_t chunk = at.chunk, mb = at.mb, batch = at.batch, seq = at.seq;
   const double grad_scale = at.grad_scale, loss_weight = at.loss_weight;
   const bool backward = at.backward;
@@ -22,8 +22,9 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
   ChunkStash st;
   Tensor x;
   if (first) {
-    MOETRON_CHECK(in.dtype() == DType::i32 && in.numel() == batch * seq, "the first pipeline stage takes i32 [",
-                  batch, ", ", seq, "] token ids, got ", in.str());
+    MOETRON_CHECK(in.dtype() == DType::i32 && in.numel() == batch * seq,
+                  "the first pipeline stage takes i32 [", batch, ", ", seq, "] token ids, got ",
+                  in.str());
     st.ids = in.reshape({batch * seq});
     x = embed(ctx, st.ids);
   } else {
@@ -61,7 +62,8 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
     st.rstd = Tensor::empty({rows}, prec_.accum);
     need(final_norm_);
     Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
-    kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h, st.rstd);
+    kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h,
+                             st.rstd);
     st.d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);
     st.x_final = x;
     x = Tensor();
@@ -73,8 +75,8 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
   return x;
 }
 
-Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t mb, const Tensor& d_out,
-                                   bool final_grads) {
+Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t mb,
+                                   const Tensor& d_out, bool final_grads) {
   auto it = stash_.find({chunk, mb});
   MOETRON_CHECK(it != stash_.end(), "pipeline backward of micro-batch ", mb, " on chunk ", chunk,
                 " without its forward");
@@ -84,17 +86,20 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
   Tensor d_x = d_out;
   if (last) {
     d_x = Tensor::empty({st.d_h.dim(0), model_.d_model}, prec_.compute);
-    kernels::rmsnorm_backward(ctx, st.d_h, st.x_final, final_norm_->value, st.rstd, d_x, final_norm_->grad);
+    kernels::rmsnorm_backward(ctx, st.d_h, st.x_final, final_norm_->value, st.rstd, d_x,
+                              final_norm_->grad);
     if (final_grads) {
       grad_ready(final_norm_);
       if (head_ != embed_) grad_ready(head_);
     }
   }
-  MOETRON_CHECK(d_x.defined(), "pipeline backward of chunk ", chunk, " without the next stage's gradient");
+  MOETRON_CHECK(d_x.defined(), "pipeline backward of chunk ", chunk,
+                " without the next stage's gradient");
   const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
   const size_t last_segment = last_segment_start(b0, b1);
   const auto k = static_cast<size_t>(recompute_.segment);
-  for (size_t start = last_segment, end = b1; end > b0; end = start, start = start - b0 >= k ? start - k : b0) {
+  for (size_t start = last_segment, end = b1; end > b0;
+       end = start, start = start - b0 >= k ? start - k : b0) {
     if (start < last_segment) {
       Tensor x = std::move(st.segment_inputs[(start - b0) / k]);
       for (size_t i = start; i < end; ++i) {

@@ -10,8 +10,8 @@ double LrSchedule::at(int64_t step) const {
     return peak_lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
   }
   const int64_t decay_steps = std::max<int64_t>(1, total_steps - warmup_steps);
-  const double progress =
-      std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
+  const double progress = std::clamp(
+      static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
   return peak_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine);
 }

@@ -17,7 +17,8 @@ void transpose_into(const Tensor& src, const Tensor& dst) {
   auto* d = static_cast<char*>(dst.raw());
   for (int64_t i = 0; i < r; ++i)
     for (int64_t j = 0; j < c; ++j)
-      std::memcpy(d + static_cast<size_t>(j * r + i) * es, s + static_cast<size_t>(i * c + j) * es, es);
+      std::memcpy(d + static_cast<size_t>(j * r + i) * es, s + static_cast<size_t>(i * c + j) * es,
+                  es);
 }
 }  // namespace
 

@@ -30,7 +30,8 @@ bool matches_any(const std::string& name, const std::vector<std::string>& patter
 }
 
 bool rule_uses_muon(const OptimizerOptions& o, const nn::Parameter& p) {
-  return o.name == "muon" && p.hidden_matrix && p.value.rank() == 2 && !matches_any(p.name, o.adamw_patterns);
+  return o.name == "muon" && p.hidden_matrix && p.value.rank() == 2 &&
+         !matches_any(p.name, o.adamw_patterns);
 }
 
 bool rule_decays(const OptimizerOptions& o, const nn::Parameter& p) {
@@ -48,8 +49,8 @@ double muon_rms_scale(int64_t rows, int64_t cols) {
 Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
                      const std::function<bool(const nn::Parameter&)>& include)
     : opts_(std::move(opts)) {
-  MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
-                opts_.name, "'");
+  MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon",
+                "optim.name must be adamw or muon, got '", opts_.name, "'");
   MOETRON_CHECK(opts_.moment_dtype == DType::f32 || opts_.moment_dtype == DType::bf16,
                 "optim.moment_dtype must be fp32 or bf16, got ", dtype_name(opts_.moment_dtype));
   for (auto& p : params.all()) {
@@ -84,7 +85,8 @@ double Optimizer::grad_norm(kernels::Context& ctx, double grad_scale) {
   return std::sqrt(sq) * std::fabs(grad_scale);
 }
 
-StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) {
+StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
+                         double known_norm) {
   StepInfo info;
   info.lr = opts_.schedule.at(step);
   info.grad_norm = known_norm >= 0 ? known_norm : grad_norm(ctx, grad_scale);
@@ -174,7 +176,8 @@ std::vector<StateSlice> Optimizer::state_slices() {
   std::vector<StateSlice> out;
   for (auto& s : slots_) {
     const std::string& n = s.param->name;
-    std::vector<std::pair<std::string, Tensor>> parts = {{n + (s.muon ? ".momentum" : ".exp_avg"), s.m}};
+    std::vector<std::pair<std::string, Tensor>> parts = {
+        {n + (s.muon ? ".momentum" : ".exp_avg"), s.m}};
     if (s.v.defined()) parts.emplace_back(n + ".exp_avg_sq", s.v);
     for (auto& [name, live] : parts) {
       const int64_t numel = live.numel();

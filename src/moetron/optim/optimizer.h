@@ -110,7 +110,8 @@ class ParamOptimizer {
   // One update at optimizer step `step` (1-based). grad_scale multiplies every
   // gradient first (1 / loss scale). Clipping uses the global norm (collective),
   // or `known_norm` when the caller already has grad_norm(ctx, grad_scale).
-  virtual StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) = 0;
+  virtual StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale,
+                        double known_norm) = 0;
   virtual const OptimizerOptions& options() const = 0;
   // This rank's moments/momenta.
   virtual std::vector<StateSlice> state_slices() = 0;
@@ -139,7 +140,8 @@ class Optimizer final : public ParamOptimizer {
   bool holds(const std::string& param_name) const override;
 
   double grad_norm(kernels::Context& ctx, double grad_scale) override;
-  StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0, double known_norm = -1) override;
+  StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale = 1.0,
+                double known_norm = -1) override;
   std::vector<StateSlice> state_slices() override;
   bool sharded() const override { return false; }
   std::vector<StateSlice> checkpoint_masters() override;
@@ -163,8 +165,8 @@ class Optimizer final : public ParamOptimizer {
  private:
   struct Slot {
     nn::Parameter* param;
-    Tensor master;    // f32 (f64 in fp64 mode); aliases param->value when same dtype
-    Tensor m, v;      // AdamW moments, or m = Muon momentum (moment_storage dtype)
+    Tensor master;  // f32 (f64 in fp64 mode); aliases param->value when same dtype
+    Tensor m, v;    // AdamW moments, or m = Muon momentum (moment_storage dtype)
     bool muon;
     bool decay;
   };

@@ -18,7 +18,8 @@ double SplitOptimizer::grad_norm(kernels::Context& ctx, double grad_scale) {
   return std::sqrt(sq);
 }
 
-StepInfo SplitOptimizer::step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) {
+StepInfo SplitOptimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
+                              double known_norm) {
   const double norm = known_norm >= 0 ? known_norm : grad_norm(ctx, grad_scale);
   StepInfo info;
   for (size_t i = 0; i < parts_.size(); ++i) {

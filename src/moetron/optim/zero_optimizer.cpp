@@ -13,15 +13,16 @@ namespace moetron::optim {
 ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts,
                              parallel::GradReducer& reducer, bool redundant_newton_schulz)
     : opts_(std::move(opts)), reducer_(reducer), redundant_(redundant_newton_schulz) {
-  MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon", "optim.name must be adamw or muon, got '",
-                opts_.name, "'");
+  MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon",
+                "optim.name must be adamw or muon, got '", opts_.name, "'");
   MOETRON_CHECK(opts_.moment_dtype == DType::f32 || opts_.moment_dtype == DType::bf16,
                 "optim.moment_dtype must be fp32 or bf16, got ", dtype_name(opts_.moment_dtype));
   MOETRON_CHECK(reducer_.options().mode == parallel::ReduceMode::reduce_scatter,
                 "the ZeRO-1 optimizer needs a reduce-scatter gradient reducer");
   const int64_t rank = reducer_.comm().rank();
   for (size_t bi = 0; bi < reducer_.buckets().size(); ++bi) {
-    for (const parallel::BucketSlot& slot : reducer_.buckets()[bi].slots) bucket_of_[slot.param] = bi;
+    for (const parallel::BucketSlot& slot : reducer_.buckets()[bi].slots)
+      bucket_of_[slot.param] = bi;
   }
   kernels::Context conv(kernels::Backend::reference);
   for (const parallel::Bucket& b : reducer_.buckets()) {
@@ -33,7 +34,11 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
       value_dtype = slot.param->value.dtype();
       const int64_t a = std::max(lo, slot.offset), e = std::min(hi, slot.offset + slot.numel);
       if (a >= e) continue;
-      Segment sg{slot.param, a - slot.offset, e - a, a - lo, rule_uses_muon(opts_, *slot.param),
+      Segment sg{slot.param,
+                 a - slot.offset,
+                 e - a,
+                 a - lo,
+                 rule_uses_muon(opts_, *slot.param),
                  rule_decays(opts_, *slot.param)};
       any_muon |= sg.muon;
       sh.segments.push_back(sg);
@@ -60,7 +65,8 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
       v_at += sg.len;
     }
     for (const Segment& sg : sh.segments) {
-      const Tensor src = sg.param->value.reshape({sg.param->value.numel()}).slice(sg.param_lo, sg.param_lo + sg.len);
+      const Tensor src = sg.param->value.reshape({sg.param->value.numel()})
+                             .slice(sg.param_lo, sg.param_lo + sg.len);
       kernels::convert(conv, src, sh.master.slice(sg.chunk_lo, sg.chunk_lo + sg.len));
     }
     sh.values_own = Tensor::zeros({b.chunk}, value_dtype, MemTag::comm);
@@ -71,7 +77,8 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
       // update (every rank holding part of it); a matrix inside one chunk
       // (the owner plan) by its owner alone, with nothing gathered.
       for (const parallel::BucketSlot& slot : b.slots) {
-        if (rule_uses_muon(opts_, *slot.param) && slot.offset / b.chunk != (slot.offset + slot.numel - 1) / b.chunk) {
+        if (rule_uses_muon(opts_, *slot.param) &&
+            slot.offset / b.chunk != (slot.offset + slot.numel - 1) / b.chunk) {
           sh.gather_u = true;
         }
       }
@@ -91,7 +98,8 @@ ZeroOptimizer::GradSquares ZeroOptimizer::grad_squares(kernels::Context& ctx) {
     for (const Segment& sg : shards_[bi].segments) {
       const bool block = tp && sg.param->sharded();
       if (block && !sg.param->shard.primary) continue;
-      s[block ? 1 : 0] += kernels::sum_squares(ctx, buckets[bi].shard.slice(sg.chunk_lo, sg.chunk_lo + sg.len));
+      s[block ? 1 : 0] +=
+          kernels::sum_squares(ctx, buckets[bi].shard.slice(sg.chunk_lo, sg.chunk_lo + sg.len));
     }
   }
   // Without tp there are no blocks: one value on the wire.
@@ -130,8 +138,8 @@ void ZeroOptimizer::set_tensor_parallel(const nn::TensorParallel* tp) {
                 "(parallel.bucket_mb and the parameter shapes must agree over tp)");
 }
 
-void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad, const Segment& sg,
-                                  double lr, double mult, int64_t step) {
+void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad,
+                                  const Segment& sg, double lr, double mult, int64_t step) {
   kernels::AdamWArgs a;
   a.lr = static_cast<float>(lr);
   a.beta1 = static_cast<float>(opts_.beta1);
@@ -144,12 +152,12 @@ void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor
   const Tensor values = sh.values_own.slice(lo, hi);
   const bool fused_copy = values.dtype() != DType::f16;
   kernels::adamw_step(ctx, sh.master.slice(lo, hi), grad.slice(lo, hi), sh.m.slice(lo, hi),
-                      sh.v.slice(sg.v_lo, sg.v_lo + sg.len),
-                      a, fused_copy ? values : Tensor());
+                      sh.v.slice(sg.v_lo, sg.v_lo + sg.len), a, fused_copy ? values : Tensor());
   if (!fused_copy) kernels::convert(ctx, sh.master.slice(lo, hi), values);
 }
 
-StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) {
+StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
+                             double known_norm) {
   finish_gathers();  // values_own is about to change
   StepInfo info;
   info.lr = opts_.schedule.at(step);
@@ -173,7 +181,8 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
       // The one-rank Muon's momentum and Nesterov steps, on this slice (a
       // bf16 momentum widened into fp32, updated there, rounded back once).
       const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
-      const Tensor stored = sh.m.slice(lo, hi), g = b.shard.slice(lo, hi), u = sh.u_own.slice(lo, hi);
+      const Tensor stored = sh.m.slice(lo, hi), g = b.shard.slice(lo, hi),
+                   u = sh.u_own.slice(lo, hi);
       const bool narrow = stored.dtype() != DType::f32;
       Tensor m = stored;
       if (narrow) {
@@ -202,8 +211,9 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
       if (mine.empty() && !redundant_) continue;
       const Shape& shape = slot.param->value.shape();
       const bool whole = !sh.gather_u && mine.size() == 1 && mine[0]->len == slot.numel;
-      const Tensor u_full = whole ? sh.u_own.slice(mine[0]->chunk_lo, mine[0]->chunk_lo + slot.numel).reshape(shape)
-                                  : sh.u_full.slice(slot.offset, slot.offset + slot.numel).reshape(shape);
+      const Tensor u_full =
+          whole ? sh.u_own.slice(mine[0]->chunk_lo, mine[0]->chunk_lo + slot.numel).reshape(shape)
+                : sh.u_full.slice(slot.offset, slot.offset + slot.numel).reshape(shape);
       Tensor o = Tensor::empty(shape, DType::f32, MemTag::workspace);
       const bool tp_block = tp_ && tp_->on() && slot.param->sharded();
       if (tp_block) {  // the whole matrix from every tp rank's block (collective over tp)
@@ -221,10 +231,11 @@ StepInfo ZeroOptimizer::step(kernels::Context& ctx, int64_t step, double grad_sc
         const int64_t lo = sg->chunk_lo, hi = sg->chunk_lo + sg->len;
         const Tensor master = sh.master.slice(lo, hi);
         if (sg->decay && opts_.weight_decay > 0) {
-          kernels::scale(ctx, master, static_cast<float>(1.0 - info.lr * opts_.weight_decay), master);
+          kernels::scale(ctx, master, static_cast<float>(1.0 - info.lr * opts_.weight_decay),
+                         master);
         }
-        kernels::axpy(ctx, static_cast<float>(-info.lr * rms), o_flat.slice(sg->param_lo, sg->param_lo + sg->len),
-                      master);
+        kernels::axpy(ctx, static_cast<float>(-info.lr * rms),
+                      o_flat.slice(sg->param_lo, sg->param_lo + sg->len), master);
         kernels::convert(ctx, master, sh.values_own.slice(lo, hi));
       }
     }
@@ -278,8 +289,9 @@ void ZeroOptimizer::wait_for(const nn::Parameter& p) {
 
 // This rank's pieces of a chunked tensor (momenta, moments or masters), one
 // per segment: a range of the parameter, or of its tp block under tp.
-std::vector<StateSlice> ZeroOptimizer::segment_slices(const std::function<void(const Shard&, const Segment&,
-                                                                                 std::vector<StateSlice>&, StateSlice)>& add) {
+std::vector<StateSlice> ZeroOptimizer::segment_slices(
+    const std::function<void(const Shard&, const Segment&, std::vector<StateSlice>&, StateSlice)>&
+        add) {
   finish_gathers();
   std::vector<StateSlice> out;
   for (const Shard& sh : shards_) {
@@ -299,26 +311,28 @@ std::vector<StateSlice> ZeroOptimizer::segment_slices(const std::function<void(c
 }
 
 std::vector<StateSlice> ZeroOptimizer::state_slices() {
-  return segment_slices([](const Shard& sh, const Segment& sg, std::vector<StateSlice>& out, StateSlice base) {
-    const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
-    StateSlice m = base;
-    m.name = sg.param->name + (sg.muon ? ".momentum" : ".exp_avg");
-    m.values = sh.m.slice(lo, hi);
-    out.push_back(std::move(m));
-    if (!sg.muon) {
-      base.name = sg.param->name + ".exp_avg_sq";
-      base.values = sh.v.slice(sg.v_lo, sg.v_lo + sg.len);
-      out.push_back(std::move(base));
-    }
-  });
+  return segment_slices(
+      [](const Shard& sh, const Segment& sg, std::vector<StateSlice>& out, StateSlice base) {
+        const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
+        StateSlice m = base;
+        m.name = sg.param->name + (sg.muon ? ".momentum" : ".exp_avg");
+        m.values = sh.m.slice(lo, hi);
+        out.push_back(std::move(m));
+        if (!sg.muon) {
+          base.name = sg.param->name + ".exp_avg_sq";
+          base.values = sh.v.slice(sg.v_lo, sg.v_lo + sg.len);
+          out.push_back(std::move(base));
+        }
+      });
 }
 
 std::vector<StateSlice> ZeroOptimizer::checkpoint_masters() {
-  return segment_slices([](const Shard& sh, const Segment& sg, std::vector<StateSlice>& out, StateSlice base) {
-    base.name = sg.param->name;
-    base.values = sh.master.slice(sg.chunk_lo, sg.chunk_lo + sg.len);
-    out.push_back(std::move(base));
-  });
+  return segment_slices(
+      [](const Shard& sh, const Segment& sg, std::vector<StateSlice>& out, StateSlice base) {
+        base.name = sg.param->name;
+        base.values = sh.master.slice(sg.chunk_lo, sg.chunk_lo + sg.len);
+        out.push_back(std::move(base));
+      });
 }
 
 void ZeroOptimizer::load_master(const std::string& param_name, const Tensor& full) {

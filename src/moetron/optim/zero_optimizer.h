@@ -88,25 +88,26 @@ class ZeroOptimizer final : public ParamOptimizer {
     int64_t param_lo, len;  // elements [param_lo, param_lo + len) of the flattened parameter
     int64_t chunk_lo;       // where they sit in the chunk
     bool muon, decay;
-    int64_t v_lo = -1;      // AdamW: where its second moment sits in Shard::v
+    int64_t v_lo = -1;  // AdamW: where its second moment sits in Shard::v
   };
   struct Shard {
     std::vector<Segment> segments;
-    Tensor master;        // f32 [chunk]
-    Tensor m;             // [chunk], optim.moment_dtype
+    Tensor master;  // f32 [chunk]
+    Tensor m;       // [chunk], optim.moment_dtype
     // AdamW's second moment of the chunk's AdamW segments only, packed (Muon
     // matrices keep one moment); sized for the rank holding the most, so
     // every rank allocates alike. Undefined when no chunk holds AdamW parameters.
     Tensor v;
-    Tensor values_own;    // working-copy dtype [chunk]: all-gather source
-    Tensor values_full;   // working-copy dtype [bucket numel]: all-gather destination
-    Tensor u_own, u_full; // f32 Muon update, only when the bucket holds a Muon matrix
-    bool gather_u = false; // some Muon matrix of the bucket is cut by a chunk boundary
+    Tensor values_own;      // working-copy dtype [chunk]: all-gather source
+    Tensor values_full;     // working-copy dtype [bucket numel]: all-gather destination
+    Tensor u_own, u_full;   // f32 Muon update, only when the bucket holds a Muon matrix
+    bool gather_u = false;  // some Muon matrix of the bucket is cut by a chunk boundary
   };
   void adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad, const Segment& sg,
                      double lr, double mult, int64_t step);
   std::vector<StateSlice> segment_slices(
-      const std::function<void(const Shard&, const Segment&, std::vector<StateSlice>&, StateSlice)>& add);
+      const std::function<void(const Shard&, const Segment&, std::vector<StateSlice>&, StateSlice)>&
+          add);
 
   OptimizerOptions opts_;
   parallel::GradReducer& reducer_;

@@ -9,9 +9,13 @@ namespace moetron::parallel {
 
 namespace {
 
-void pad_to(PlannedBucket& b, int n) { b.numel = (b.numel + n - 1) / n * n; }
+void pad_to(PlannedBucket& b, int n) {
+  b.numel = (b.numel + n - 1) / n * n;
+}
 
-double matrix_cost(const nn::ParamInfo& p) { return newton_schulz_cost(p.rows(), p.cols()); }
+double matrix_cost(const nn::ParamInfo& p) {
+  return newton_schulz_cost(p.rows(), p.cols());
+}
 
 // FlexMuon's owner buckets: each group's matrices dealt to the rank with the
 // least Newton-Schulz work so far (largest first); rank r's chunk holds
@@ -22,8 +26,8 @@ class OwnerPlanner {
       : params_(params), n_(n), bucket_bytes_(bucket_bytes), load_(static_cast<size_t>(n), 0.0) {}
 
   void add_owned(size_t i) {
-    MOETRON_CHECK(params_[i].shape.rank() == 2, "owner-based buckets hold matrices; '", params_[i].name, "' is ",
-                  params_[i].shape.str());
+    MOETRON_CHECK(params_[i].shape.rank() == 2, "owner-based buckets hold matrices; '",
+                  params_[i].name, "' is ", params_[i].shape.str());
     group_.push_back(i);
     group_numel_ += params_[i].numel();
     if (group_numel_ * 4 >= bucket_bytes_) close_group();
@@ -43,11 +47,13 @@ class OwnerPlanner {
   void close_group() {
     if (group_.empty()) return;
     std::vector<size_t> order = group_;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return matrix_cost(params_[a]) > matrix_cost(params_[b]); });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return matrix_cost(params_[a]) > matrix_cost(params_[b]);
+    });
     std::vector<std::vector<size_t>> per_rank(static_cast<size_t>(n_));
     for (size_t i : order) {
-      const auto r = static_cast<size_t>(std::min_element(load_.begin(), load_.end()) - load_.begin());
+      const auto r =
+          static_cast<size_t>(std::min_element(load_.begin(), load_.end()) - load_.begin());
       load_[r] += matrix_cost(params_[i]);
       per_rank[r].push_back(i);
     }
@@ -95,13 +101,15 @@ ParamFilter on_parameters(const nn::ParameterSet& params, const std::vector<nn::
   auto keep = std::make_shared<std::vector<char>>();
   for (const auto& p : params.all()) keep->push_back(f(*p) ? 1 : 0);
   const nn::ParamInfo* base = desc.data();
-  return [keep, base](const nn::ParamInfo& info) { return (*keep)[static_cast<size_t>(&info - base)] != 0; };
+  return [keep, base](const nn::ParamInfo& info) {
+    return (*keep)[static_cast<size_t>(&info - base)] != 0;
+  };
 }
 
 }  // namespace
 
-std::vector<PlannedBucket> flat_bucket_plan(const std::vector<nn::ParamInfo>& params, int n, int64_t bucket_bytes,
-                                            const ParamFilter& include) {
+std::vector<PlannedBucket> flat_bucket_plan(const std::vector<nn::ParamInfo>& params, int n,
+                                            int64_t bucket_bytes, const ParamFilter& include) {
   MOETRON_CHECK(bucket_bytes > 0, "gradient bucket size must be positive, got ", bucket_bytes);
   std::vector<PlannedBucket> out;
   PlannedBucket cur;
@@ -138,7 +146,8 @@ std::vector<PlannedBucket> owner_bucket_plan(const std::vector<nn::ParamInfo>& p
   return planner.finish();
 }
 
-std::vector<BucketSpec> bind_buckets(const std::vector<PlannedBucket>& plan, const nn::ParameterSet& params) {
+std::vector<BucketSpec> bind_buckets(const std::vector<PlannedBucket>& plan,
+                                     const nn::ParameterSet& params) {
   std::vector<BucketSpec> out;
   for (const PlannedBucket& pb : plan) {
     BucketSpec b;
@@ -147,8 +156,8 @@ std::vector<BucketSpec> bind_buckets(const std::vector<PlannedBucket>& plan, con
       MOETRON_CHECK(s.param < params.all().size(), "bucket plan names parameter ", s.param, " of ",
                     params.all().size());
       nn::Parameter* p = params.all()[s.param].get();
-      MOETRON_CHECK(p->grad.numel() == s.numel, "bucket plan: '", p->name, "' has ", p->grad.numel(),
-                    " elements, planned ", s.numel);
+      MOETRON_CHECK(p->grad.numel() == s.numel, "bucket plan: '", p->name, "' has ",
+                    p->grad.numel(), " elements, planned ", s.numel);
       b.slots.push_back({p, s.offset, s.numel, s.owner});
     }
     out.push_back(std::move(b));
@@ -156,10 +165,12 @@ std::vector<BucketSpec> bind_buckets(const std::vector<PlannedBucket>& plan, con
   return out;
 }
 
-std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
+std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp,
+                                         int64_t bucket_bytes,
                                          const std::function<bool(const nn::Parameter&)>& include) {
   const std::vector<nn::ParamInfo> desc = nn::describe_parameters(params);
-  return bind_buckets(flat_bucket_plan(desc, dp, bucket_bytes, on_parameters(params, desc, include)), params);
+  return bind_buckets(
+      flat_bucket_plan(desc, dp, bucket_bytes, on_parameters(params, desc, include)), params);
 }
 
 double newton_schulz_cost(int64_t m, int64_t n) {
@@ -167,21 +178,24 @@ double newton_schulz_cost(int64_t m, int64_t n) {
   return 2.0 * s * s * l + s * s * s;
 }
 
-std::vector<BucketSpec> owner_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
-                                          const std::function<bool(const nn::Parameter&)>& owned,
-                                          const std::function<bool(const nn::Parameter&)>& include) {
+std::vector<BucketSpec> owner_bucket_plan(
+    const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
+    const std::function<bool(const nn::Parameter&)>& owned,
+    const std::function<bool(const nn::Parameter&)>& include) {
   const std::vector<nn::ParamInfo> desc = nn::describe_parameters(params);
   return bind_buckets(owner_bucket_plan(desc, dp, bucket_bytes, on_parameters(params, desc, owned),
                                         on_parameters(params, desc, include)),
                       params);
 }
 
-int64_t max_chunk_share(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t chunk, int64_t n) {
+int64_t max_chunk_share(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t chunk,
+                        int64_t n) {
   int64_t most = 0;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t lo = r * chunk, hi = lo + chunk;
     int64_t held = 0;
-    for (const auto& [offset, numel] : ranges) held += std::max<int64_t>(0, std::min(hi, offset + numel) - std::max(lo, offset));
+    for (const auto& [offset, numel] : ranges)
+      held += std::max<int64_t>(0, std::min(hi, offset + numel) - std::max(lo, offset));
     most = std::max(most, held);
   }
   return most;

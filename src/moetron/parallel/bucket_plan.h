@@ -27,7 +27,7 @@ struct BucketSlot {
   nn::Parameter* param = nullptr;
   int64_t offset = 0;  // in elements, inside the bucket
   int64_t numel = 0;
-  int owner = -1;      // owner plan: the rank whose chunk holds the whole parameter
+  int owner = -1;  // owner plan: the rank whose chunk holds the whole parameter
 };
 
 struct BucketSpec {
@@ -51,19 +51,21 @@ struct PlannedBucket {
   bool operator==(const PlannedBucket&) const = default;
 };
 using ParamFilter = std::function<bool(const nn::ParamInfo&)>;
-std::vector<PlannedBucket> flat_bucket_plan(const std::vector<nn::ParamInfo>& params, int n, int64_t bucket_bytes,
-                                            const ParamFilter& include = {});
+std::vector<PlannedBucket> flat_bucket_plan(const std::vector<nn::ParamInfo>& params, int n,
+                                            int64_t bucket_bytes, const ParamFilter& include = {});
 std::vector<PlannedBucket> owner_bucket_plan(const std::vector<nn::ParamInfo>& params, int n,
                                              int64_t bucket_bytes, const ParamFilter& owned,
                                              const ParamFilter& include = {});
 // A planned bucket list bound to the parameters it was planned over
 // (`params` described as the plan's input).
-std::vector<BucketSpec> bind_buckets(const std::vector<PlannedBucket>& plan, const nn::ParameterSet& params);
+std::vector<BucketSpec> bind_buckets(const std::vector<PlannedBucket>& plan,
+                                     const nn::ParameterSet& params);
 
 // include: the parameters this reducer carries (empty: all); expert
 // parallelism reduces expert and dense gradients over different groups.
-std::vector<BucketSpec> flat_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
-                                         const std::function<bool(const nn::Parameter&)>& include = {});
+std::vector<BucketSpec> flat_bucket_plan(
+    const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
+    const std::function<bool(const nn::Parameter&)>& include = {});
 
 // Newton-Schulz cost of an [m, n] matrix, in multiply-adds per iteration:
 // with s = min(m, n), l = max(m, n): X X^T (s^2 l), its square (s^3) and the
@@ -74,11 +76,13 @@ double newton_schulz_cost(int64_t m, int64_t n);
 // into n chunks of `chunk`) any one chunk holds: the size a per-rank buffer
 // of just those elements needs on every rank (ZeRO-1's AdamW second moment,
 // which the Muon matrices of a chunk do not use).
-int64_t max_chunk_share(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t chunk, int64_t n);
+int64_t max_chunk_share(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t chunk,
+                        int64_t n);
 
 // include: the parameters the plan covers (empty: all of them).
-std::vector<BucketSpec> owner_bucket_plan(const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
-                                          const std::function<bool(const nn::Parameter&)>& owned,
-                                          const std::function<bool(const nn::Parameter&)>& include = {});
+std::vector<BucketSpec> owner_bucket_plan(
+    const nn::ParameterSet& params, int dp, int64_t bucket_bytes,
+    const std::function<bool(const nn::Parameter&)>& owned,
+    const std::function<bool(const nn::Parameter&)>& include = {});
 
 }  // namespace moetron::parallel

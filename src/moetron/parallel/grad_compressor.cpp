@@ -21,23 +21,34 @@ CompressKind parse_compress_kind(const std::string& name) {
 
 std::string compress_kind_name(CompressKind k) {
   switch (k) {
-    case CompressKind::none: return "none";
-    case CompressKind::int8: return "int8";
-    case CompressKind::int4: return "int4";
-    case CompressKind::sign: return "sign";
-    case CompressKind::topk: return "topk";
+    case CompressKind::none:
+      return "none";
+    case CompressKind::int8:
+      return "int8";
+    case CompressKind::int4:
+      return "int4";
+    case CompressKind::sign:
+      return "sign";
+    case CompressKind::topk:
+      return "topk";
   }
   return "?";
 }
 
 namespace {
 
-int64_t blocks(const CompressOptions& o, int64_t n) { return (n + o.block - 1) / o.block; }
+int64_t blocks(const CompressOptions& o, int64_t n) {
+  return (n + o.block - 1) / o.block;
+}
 int64_t topk_count(const CompressOptions& o, int64_t n) {
-  return n == 0 ? 0 : std::clamp<int64_t>(static_cast<int64_t>(std::ceil(o.topk_ratio * static_cast<double>(n))), 1, n);
+  return n == 0 ? 0
+                : std::clamp<int64_t>(
+                      static_cast<int64_t>(std::ceil(o.topk_ratio * static_cast<double>(n))), 1, n);
 }
 
-void put_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
+void put_f32(uint8_t* p, float v) {
+  std::memcpy(p, &v, 4);
+}
 float get_f32(const uint8_t* p) {
   float v;
   std::memcpy(&v, p, 4);
@@ -48,11 +59,16 @@ float get_f32(const uint8_t* p) {
 
 int64_t encoded_bytes(const CompressOptions& o, int64_t n) {
   switch (o.kind) {
-    case CompressKind::none: return 4 * n;
-    case CompressKind::int8: return n + 4 * blocks(o, n);
-    case CompressKind::int4: return (n + 1) / 2 + 4 * blocks(o, n);
-    case CompressKind::sign: return (n + 7) / 8 + 4 * blocks(o, n);
-    case CompressKind::topk: return 8 * topk_count(o, n);
+    case CompressKind::none:
+      return 4 * n;
+    case CompressKind::int8:
+      return n + 4 * blocks(o, n);
+    case CompressKind::int4:
+      return (n + 1) / 2 + 4 * blocks(o, n);
+    case CompressKind::sign:
+      return (n + 7) / 8 + 4 * blocks(o, n);
+    case CompressKind::topk:
+      return 8 * topk_count(o, n);
   }
   return 0;
 }

@@ -15,7 +15,8 @@ GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, Reduc
   const int64_t n = dp_.size();
   size_t registered = 0;
   for (BucketSpec& spec : plan) {
-    MOETRON_CHECK(spec.numel % n == 0, "bucket of ", spec.numel, " elements does not split over ", n, " ranks");
+    MOETRON_CHECK(spec.numel % n == 0, "bucket of ", spec.numel, " elements does not split over ",
+                  n, " ranks");
     Bucket b;
     b.numel = spec.numel;
     b.chunk = spec.numel / n;
@@ -23,18 +24,21 @@ GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, Reduc
       // bf16 gradients (train.grad_dtype) are widened into the fp32 bucket
       // and rounded back after an all-reduce: the sum itself runs in fp32.
       const DType gd = slot.param->grad.dtype();
-      MOETRON_CHECK(gd == DType::f32 || gd == DType::bf16, "data parallelism reduces f32 or bf16 gradients; '",
-                    slot.param->name, "' has ", dtype_name(gd));
-      MOETRON_CHECK(slot.offset >= 0 && slot.offset + slot.numel <= spec.numel, "parameter '", slot.param->name,
-                    "' lies outside its bucket");
-      MOETRON_CHECK(where_.emplace(slot.param, std::make_pair(buckets_.size(), b.slots.size())).second,
-                    "parameter '", slot.param->name, "' is in two buckets");
+      MOETRON_CHECK(gd == DType::f32 || gd == DType::bf16,
+                    "data parallelism reduces f32 or bf16 gradients; '", slot.param->name, "' has ",
+                    dtype_name(gd));
+      MOETRON_CHECK(slot.offset >= 0 && slot.offset + slot.numel <= spec.numel, "parameter '",
+                    slot.param->name, "' lies outside its bucket");
+      MOETRON_CHECK(
+          where_.emplace(slot.param, std::make_pair(buckets_.size(), b.slots.size())).second,
+          "parameter '", slot.param->name, "' is in two buckets");
       b.slots.push_back(slot);
       numel_ += slot.numel;
       ++registered;
     }
     b.flat = Tensor::zeros({b.numel}, DType::f32, MemTag::comm);
-    if (opts_.mode == ReduceMode::reduce_scatter) b.shard = Tensor::zeros({b.chunk}, DType::f32, MemTag::comm);
+    if (opts_.mode == ReduceMode::reduce_scatter)
+      b.shard = Tensor::zeros({b.chunk}, DType::f32, MemTag::comm);
     if (opts_.compress.kind != CompressKind::none) {
       const int64_t enc = encoded_bytes(opts_.compress, b.chunk);
       b.residual = Tensor::zeros({b.numel}, DType::f32, MemTag::optimizer);
@@ -65,7 +69,8 @@ int64_t GradReducer::padded_numel() const {
 namespace {
 
 // v += residual; out = encode(v); residual = v - decode(out), chunk by chunk.
-void encode_with_feedback(const CompressOptions& o, float* v, float* residual, int64_t n, uint8_t* out) {
+void encode_with_feedback(const CompressOptions& o, float* v, float* residual, int64_t n,
+                          uint8_t* out) {
   for (int64_t i = 0; i < n; ++i) v[i] += residual[i];
   encode(o, v, n, out);
   std::vector<float> sent(static_cast<size_t>(n), 0.0f);
@@ -78,23 +83,30 @@ void encode_with_feedback(const CompressOptions& o, float* v, float* residual, i
 std::vector<std::pair<std::string, Tensor>> GradReducer::residuals() {
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].residual.defined()) out.emplace_back("ef_residual.bucket-" + std::to_string(b), buckets_[b].residual);
-    if (buckets_[b].residual2.defined()) out.emplace_back("ef_residual2.bucket-" + std::to_string(b), buckets_[b].residual2);
+    if (buckets_[b].residual.defined())
+      out.emplace_back("ef_residual.bucket-" + std::to_string(b), buckets_[b].residual);
+    if (buckets_[b].residual2.defined())
+      out.emplace_back("ef_residual2.bucket-" + std::to_string(b), buckets_[b].residual2);
   }
   return out;
 }
 
 void GradReducer::finish_compressed(Bucket& b) {
   const int64_t n = dp_.size(), enc = encoded_bytes(opts_.compress, b.chunk);
-  const Tensor sum = opts_.mode == ReduceMode::reduce_scatter ? b.shard : Tensor::empty({b.chunk}, DType::f32, MemTag::comm);
+  const Tensor sum = opts_.mode == ReduceMode::reduce_scatter
+                         ? b.shard
+                         : Tensor::empty({b.chunk}, DType::f32, MemTag::comm);
   sum.fill(0.0);
-  for (int64_t j = 0; j < n; ++j) decode_add(opts_.compress, b.recv.data<uint8_t>() + j * enc, b.chunk, sum.data<float>());
+  for (int64_t j = 0; j < n; ++j)
+    decode_add(opts_.compress, b.recv.data<uint8_t>() + j * enc, b.chunk, sum.data<float>());
   if (opts_.mode == ReduceMode::reduce_scatter) return;
-  encode_with_feedback(opts_.compress, sum.data<float>(), b.residual2.data<float>(), b.chunk, b.send2.data<uint8_t>());
+  encode_with_feedback(opts_.compress, sum.data<float>(), b.residual2.data<float>(), b.chunk,
+                       b.send2.data<uint8_t>());
   dp_.allgather(b.send2, b.recv2);
   b.flat.fill(0.0);
   for (int64_t j = 0; j < n; ++j) {
-    decode_add(opts_.compress, b.recv2.data<uint8_t>() + j * enc, b.chunk, b.flat.data<float>() + j * b.chunk);
+    decode_add(opts_.compress, b.recv2.data<uint8_t>() + j * enc, b.chunk,
+               b.flat.data<float>() + j * b.chunk);
   }
 }
 
@@ -103,8 +115,9 @@ void GradReducer::start(size_t b) {
   if (compress_now_) {
     const int64_t enc = encoded_bytes(opts_.compress, bk.chunk);
     for (int64_t j = 0; j < dp_.size(); ++j) {
-      encode_with_feedback(opts_.compress, bk.flat.data<float>() + j * bk.chunk, bk.residual.data<float>() + j * bk.chunk,
-                           bk.chunk, bk.send.data<uint8_t>() + j * enc);
+      encode_with_feedback(opts_.compress, bk.flat.data<float>() + j * bk.chunk,
+                           bk.residual.data<float>() + j * bk.chunk, bk.chunk,
+                           bk.send.data<uint8_t>() + j * enc);
     }
     work_[b] = dp_.alltoall_async(bk.send, bk.recv);
     return;
@@ -124,7 +137,8 @@ void GradReducer::grad_ready(kernels::Context& ctx, nn::Parameter& p) {
   Bucket& bk = buckets_[b];
   if (pending_[b] == 0) pending_[b] = static_cast<int64_t>(bk.slots.size());
   const BucketSlot& slot = bk.slots[s];
-  const Tensor dst = bk.flat.slice(slot.offset, slot.offset + slot.numel), src = p.grad.reshape({slot.numel});
+  const Tensor dst = bk.flat.slice(slot.offset, slot.offset + slot.numel),
+               src = p.grad.reshape({slot.numel});
   if (src.dtype() == dst.dtype()) {
     dst.copy_from(src);
   } else {
@@ -154,7 +168,8 @@ void GradReducer::finish(kernels::Context& ctx) {
   if (opts_.mode == ReduceMode::allreduce) {
     for (Bucket& bk : buckets_) {
       for (const BucketSlot& slot : bk.slots) {
-        const Tensor dst = slot.param->grad.reshape({slot.numel}), src = bk.flat.slice(slot.offset, slot.offset + slot.numel);
+        const Tensor dst = slot.param->grad.reshape({slot.numel}),
+                     src = bk.flat.slice(slot.offset, slot.offset + slot.numel);
         if (src.dtype() == dst.dtype()) {
           dst.copy_from(src);
         } else {

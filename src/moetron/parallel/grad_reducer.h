@@ -49,21 +49,21 @@ struct ReducerOptions {
   int64_t bucket_bytes = 16 << 20;  // fp32 gradient bytes per bucket (at least one parameter)
   bool overlap = true;              // false: start every reduction after backward
   ReduceMode mode = ReduceMode::allreduce;
-  CompressOptions compress;      // kind none: fp32 reductions
-  int64_t warmup_steps = 0;      // first steps reduced uncompressed
+  CompressOptions compress;  // kind none: fp32 reductions
+  int64_t warmup_steps = 0;  // first steps reduced uncompressed
 };
 
 struct Bucket {
   std::vector<BucketSlot> slots;
-  int64_t numel = 0;   // padded to a multiple of the dp size
-  int64_t chunk = 0;   // numel / dp: the part rank r owns is [r * chunk, (r + 1) * chunk)
-  Tensor flat;         // f32 [numel], tag comm
-  Tensor shard;        // f32 [chunk]: the reduced chunk (reduce_scatter mode)
+  int64_t numel = 0;  // padded to a multiple of the dp size
+  int64_t chunk = 0;  // numel / dp: the part rank r owns is [r * chunk, (r + 1) * chunk)
+  Tensor flat;        // f32 [numel], tag comm
+  Tensor shard;       // f32 [chunk]: the reduced chunk (reduce_scatter mode)
   // Compression: error-feedback residuals (this rank's), encoded buffers.
-  Tensor residual;     // f32 [numel]: what this rank's encodings lost so far
-  Tensor residual2;    // f32 [chunk]: the second hop's (allreduce mode)
-  Tensor send, recv;   // u8 [dp * encoded(chunk)]
-  Tensor send2, recv2; // u8 [encoded(chunk)], [dp * encoded(chunk)] (allreduce mode)
+  Tensor residual;      // f32 [numel]: what this rank's encodings lost so far
+  Tensor residual2;     // f32 [chunk]: the second hop's (allreduce mode)
+  Tensor send, recv;    // u8 [dp * encoded(chunk)]
+  Tensor send2, recv2;  // u8 [encoded(chunk)], [dp * encoded(chunk)] (allreduce mode)
 };
 
 class GradReducer {

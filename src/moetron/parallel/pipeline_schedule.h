@@ -33,10 +33,11 @@ enum class ScheduleKind { one_f_one_b, gpipe };
 ScheduleKind parse_schedule(const std::string& s);
 const char* name_of(ScheduleKind k);
 
-std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int64_t pp, int64_t rank, int64_t microbatches, int64_t v);
+std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int64_t pp, int64_t rank,
+                                      int64_t microbatches, int64_t v);
 // The same with kind given as text ("gpipe" | "1f1b").
-std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64_t rank, int64_t microbatches,
-                                      int64_t v);
+std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64_t rank,
+                                      int64_t microbatches, int64_t v);
 // The idle fraction of an ideal pipeline: (pp - 1) / (v m + pp - 1).
 double ideal_bubble_fraction(int64_t pp, int64_t microbatches, int64_t v);
 
@@ -54,13 +55,15 @@ StageCosts flop_stage_costs(const nn::ModelConfig& m, const nn::MoeConfig& e, in
 // minimising the largest stage's cost.
 std::vector<std::pair<int64_t, int64_t>> balanced_stages(const StageCosts& costs, int64_t pp);
 // Balanced by training FLOPs (flop_stage_costs).
-std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m, const nn::MoeConfig& e,
-                                                         int64_t seq_len, int64_t pp);
+std::vector<std::pair<int64_t, int64_t>> balanced_stages(const nn::ModelConfig& m,
+                                                         const nn::MoeConfig& e, int64_t seq_len,
+                                                         int64_t pp);
 
 // The layer chunks [first, end) pipeline rank `rank` holds: one
 // FLOP-balanced stage, or with vpp > 1 the interleaved virtual stages
 // c * pp + rank of L / (pp vpp) layers each.
-std::vector<std::pair<int64_t, int64_t>> stage_chunks(const nn::ModelConfig& m, const nn::MoeConfig& e,
-                                                      int64_t seq_len, int64_t pp, int64_t vpp, int64_t rank);
+std::vector<std::pair<int64_t, int64_t>> stage_chunks(const nn::ModelConfig& m,
+                                                      const nn::MoeConfig& e, int64_t seq_len,
+                                                      int64_t pp, int64_t vpp, int64_t rank);
 
 }  // namespace moetron::parallel

@@ -15,7 +15,9 @@ namespace {
   MOETRON_FAIL("invalid config: '", key, "': must be ", allowed, ", got \"", got, "\"");
 }
 
-size_t at(int64_t i) { return static_cast<size_t>(i); }
+size_t at(int64_t i) {
+  return static_cast<size_t>(i);
+}
 
 }  // namespace
 
@@ -44,11 +46,17 @@ DType parse_storage_dtype(const std::string& s, const char* key) {
   bad_value(key, "fp32 or bf16", s);
 }
 
-const char* name_of(OptimizerKind k) { return k == OptimizerKind::muon ? "muon" : "adamw"; }
-const char* name_of(MuonDistribution k) {
-  return k == MuonDistribution::owner ? "owner" : k == MuonDistribution::gather ? "gather" : "replicated";
+const char* name_of(OptimizerKind k) {
+  return k == OptimizerKind::muon ? "muon" : "adamw";
 }
-const char* name_of(StageBalance k) { return k == StageBalance::measured ? "measured" : "flops"; }
+const char* name_of(MuonDistribution k) {
+  return k == MuonDistribution::owner    ? "owner"
+         : k == MuonDistribution::gather ? "gather"
+                                         : "replicated";
+}
+const char* name_of(StageBalance k) {
+  return k == StageBalance::measured ? "measured" : "flops";
+}
 const char* name_of(GradGroup g) {
   return g == GradGroup::expert ? "expert" : g == GradGroup::partial ? "tp-partial" : "dense";
 }
@@ -67,8 +75,9 @@ int64_t accumulation_steps(const PlanSettings& s, int64_t dp) {
   MOETRON_CHECK(s.global_batch % (s.micro_batch * dp) == 0, "train.global_batch = ", s.global_batch,
                 " is not a multiple of train.micro_batch * dp = ", s.micro_batch, " * ", dp);
   const int64_t derived = s.global_batch / (s.micro_batch * dp);
-  MOETRON_CHECK(m == 0 || m == derived, "parallel.microbatches = ", m, " disagrees with train.global_batch = ",
-                s.global_batch, " / (train.micro_batch * dp = ", s.micro_batch, " * ", dp, ") = ", derived);
+  MOETRON_CHECK(m == 0 || m == derived, "parallel.microbatches = ", m,
+                " disagrees with train.global_batch = ", s.global_batch,
+                " / (train.micro_batch * dp = ", s.micro_batch, " * ", dp, ") = ", derived);
   return derived;
 }
 
@@ -87,23 +96,27 @@ TrainingPlan::TrainingPlan(PlanSettings settings, int world_size, std::vector<La
                 " ranks of this job");
   stage_size_ = world_ / s_.pp;
   const char* within = s_.pp > 1 ? "a pipeline stage" : "this job";
-  MOETRON_CHECK(stage_size_ % s_.tp == 0, "parallel.tp = ", s_.tp, " does not divide the ", stage_size_,
-                " ranks of ", within);
+  MOETRON_CHECK(stage_size_ % s_.tp == 0, "parallel.tp = ", s_.tp, " does not divide the ",
+                stage_size_, " ranks of ", within);
   dp_ = stage_size_ / s_.tp;
-  MOETRON_CHECK(stage_size_ % s_.ep == 0, "parallel.ep = ", s_.ep, " does not divide the ", stage_size_,
-                " ranks of ", within, " (ep groups are cut out of the dp x tp ranks)");
+  MOETRON_CHECK(stage_size_ % s_.ep == 0, "parallel.ep = ", s_.ep, " does not divide the ",
+                stage_size_, " ranks of ", within, " (ep groups are cut out of the dp x tp ranks)");
   acc_ = accumulation_steps(s_, dp_);
   if (s_.pp > 1) {
-    for (int64_t r = 0; r < s_.pp; ++r) {  // the schedule's rules (interleaving needs acc % pp == 0)
+    for (int64_t r = 0; r < s_.pp;
+         ++r) {  // the schedule's rules (interleaving needs acc % pp == 0)
       (void)pipeline_schedule(s_.schedule, s_.pp, r, acc_, s_.vpp);
     }
   }
   if (s_.vpp == 1) {
-    stages_ = stages.empty() ? balanced_stages(s_.model, s_.moe, s_.seq_len, s_.pp) : std::move(stages);
-    MOETRON_CHECK(static_cast<int64_t>(stages_.size()) == s_.pp, "a pipeline split of ", stages_.size(),
-                  " stages for parallel.pp = ", s_.pp);
+    stages_ =
+        stages.empty() ? balanced_stages(s_.model, s_.moe, s_.seq_len, s_.pp) : std::move(stages);
+    MOETRON_CHECK(static_cast<int64_t>(stages_.size()) == s_.pp, "a pipeline split of ",
+                  stages_.size(), " stages for parallel.pp = ", s_.pp);
   } else {
-    MOETRON_CHECK(stages.empty(), "interleaved stages (parallel.vpp > 1) hold equal layer counts: no split to give");
+    MOETRON_CHECK(
+        stages.empty(),
+        "interleaved stages (parallel.vpp > 1) hold equal layer counts: no split to give");
   }
 }
 
@@ -156,24 +169,36 @@ RankCoords TrainingPlan::coords(int rank) const {
 std::vector<int> TrainingPlan::group(Group g, int rank) const {
   using comm::Axis;
   switch (g) {
-    case Group::tp: return comm::mesh_group(dense_mesh(), rank, {Axis::tp});
-    case Group::dp: return comm::mesh_group(dense_mesh(), rank, {Axis::dp});
-    case Group::pp: return comm::mesh_group(dense_mesh(), rank, {Axis::pp});
-    case Group::stage: return comm::mesh_group(dense_mesh(), rank, {Axis::tp, Axis::dp});
-    case Group::ep: return comm::mesh_group(expert_mesh(), rank, {Axis::ep});
-    case Group::expert_dp: return comm::mesh_group(expert_mesh(), rank, {Axis::dp});
+    case Group::tp:
+      return comm::mesh_group(dense_mesh(), rank, {Axis::tp});
+    case Group::dp:
+      return comm::mesh_group(dense_mesh(), rank, {Axis::dp});
+    case Group::pp:
+      return comm::mesh_group(dense_mesh(), rank, {Axis::pp});
+    case Group::stage:
+      return comm::mesh_group(dense_mesh(), rank, {Axis::tp, Axis::dp});
+    case Group::ep:
+      return comm::mesh_group(expert_mesh(), rank, {Axis::ep});
+    case Group::expert_dp:
+      return comm::mesh_group(expert_mesh(), rank, {Axis::dp});
   }
   MOETRON_FAIL("unknown group");
 }
 
 bool TrainingPlan::has_group(Group g) const {
   switch (g) {
-    case Group::tp: return s_.tp > 1;
-    case Group::dp: return dp_ > 1 || s_.zero;
-    case Group::pp: return s_.pp > 1;
-    case Group::stage: return stage_size_ > 1;
-    case Group::ep: return s_.ep > 1;
-    case Group::expert_dp: return s_.ep > 1 && stage_size_ / s_.ep > 1;
+    case Group::tp:
+      return s_.tp > 1;
+    case Group::dp:
+      return dp_ > 1 || s_.zero;
+    case Group::pp:
+      return s_.pp > 1;
+    case Group::stage:
+      return stage_size_ > 1;
+    case Group::ep:
+      return s_.ep > 1;
+    case Group::expert_dp:
+      return s_.ep > 1 && stage_size_ / s_.ep > 1;
   }
   return false;
 }
@@ -181,8 +206,9 @@ bool TrainingPlan::has_group(Group g) const {
 bool TrainingPlan::uses_muon(const nn::ParamInfo& p) const {
   // optim::rule_uses_muon's rule, on a description.
   if (s_.optimizer != OptimizerKind::muon || !p.hidden_matrix || p.shape.rank() != 2) return false;
-  return std::none_of(s_.adamw_patterns.begin(), s_.adamw_patterns.end(),
-                      [&](const std::string& pat) { return ::fnmatch(pat.c_str(), p.name.c_str(), 0) == 0; });
+  return std::none_of(
+      s_.adamw_patterns.begin(), s_.adamw_patterns.end(),
+      [&](const std::string& pat) { return ::fnmatch(pat.c_str(), p.name.c_str(), 0) == 0; });
 }
 
 GradGroup TrainingPlan::grad_group(const nn::ParamInfo& p) const {
@@ -196,17 +222,20 @@ ReducerPlan TrainingPlan::reducer_plan(GradGroup g, const nn::ParamInventory& in
   r.carries = g;
   r.options = s_.reducer;
   r.options.mode = s_.zero ? ReduceMode::reduce_scatter : ReduceMode::allreduce;
-  r.over = g == GradGroup::expert ? Group::expert_dp : g == GradGroup::partial ? Group::stage : Group::dp;
-  r.size = static_cast<int>(g == GradGroup::expert ? stage_size_ / s_.ep
+  r.over = g == GradGroup::expert    ? Group::expert_dp
+           : g == GradGroup::partial ? Group::stage
+                                     : Group::dp;
+  r.size = static_cast<int>(g == GradGroup::expert    ? stage_size_ / s_.ep
                             : g == GradGroup::partial ? stage_size_
-                                                       : dp_);
+                                                      : dp_);
   // Replicas of whole experts are all-reduced: ZeRO-1 shards only what every dp rank holds.
   if (g == GradGroup::expert) r.options.mode = ReduceMode::allreduce;
   const ParamFilter carries = [this, g](const nn::ParamInfo& p) { return grad_group(p) == g; };
   const bool owner = g != GradGroup::expert && s_.zero && s_.optimizer == OptimizerKind::muon &&
                      s_.muon_distribution == MuonDistribution::owner;
-  r.buckets = owner ? owner_bucket_plan(inv.params, r.size, r.options.bucket_bytes,
-                                        [this](const nn::ParamInfo& p) { return uses_muon(p); }, carries)
+  r.buckets = owner ? owner_bucket_plan(
+                          inv.params, r.size, r.options.bucket_bytes,
+                          [this](const nn::ParamInfo& p) { return uses_muon(p); }, carries)
                     : flat_bucket_plan(inv.params, r.size, r.options.bucket_bytes, carries);
   return r;
 }
@@ -219,11 +248,12 @@ RankPlan TrainingPlan::rank_plan(int rank) const {
   tp.size = s_.tp;
   tp.rank = rp.coords.tp;
   tp.sequence_parallel = s_.sequence_parallel;
-  rp.inventory = nn::parameter_inventory(s_.model, s_.moe, s_.precision, nn::ExpertParallel{s_.ep, rp.coords.ep},
-                                         tp, rp.place);
+  rp.inventory = nn::parameter_inventory(s_.model, s_.moe, s_.precision,
+                                         nn::ExpertParallel{s_.ep, rp.coords.ep}, tp, rp.place);
   // A stage of one rank reduces nothing (unless ZeRO-1 shards over it).
   if (stage_size_ == 1 && !s_.zero) return rp;
-  if (has_group(Group::expert_dp)) rp.reducers.push_back(reducer_plan(GradGroup::expert, rp.inventory));
+  if (has_group(Group::expert_dp))
+    rp.reducers.push_back(reducer_plan(GradGroup::expert, rp.inventory));
   if (s_.tp > 1) rp.reducers.push_back(reducer_plan(GradGroup::partial, rp.inventory));
   if (has_group(Group::dp)) rp.reducers.push_back(reducer_plan(GradGroup::dense, rp.inventory));
   return rp;

@@ -34,9 +34,9 @@ enum class OptimizerKind { adamw, muon };
 enum class MuonDistribution { owner, gather, replicated };
 enum class StageBalance { flops, measured };
 
-OptimizerKind parse_optimizer(const std::string& s);           // optim.name
-MuonDistribution parse_muon_distribution(const std::string& s);  // optim.muon_distribution
-StageBalance parse_stage_balance(const std::string& s);         // parallel.stage_balance
+OptimizerKind parse_optimizer(const std::string& s);               // optim.name
+MuonDistribution parse_muon_distribution(const std::string& s);    // optim.muon_distribution
+StageBalance parse_stage_balance(const std::string& s);            // parallel.stage_balance
 DType parse_storage_dtype(const std::string& s, const char* key);  // "fp32" | "bf16"
 const char* name_of(OptimizerKind k);
 const char* name_of(MuonDistribution k);
@@ -102,8 +102,8 @@ struct ReducerPlan {
 struct RankPlan {
   RankCoords coords;
   nn::PipelinePlace place;
-  nn::ParamInventory inventory;        // what the model registers on this rank
-  std::vector<ReducerPlan> reducers;   // expert, partial, dense: those this layout has
+  nn::ParamInventory inventory;       // what the model registers on this rank
+  std::vector<ReducerPlan> reducers;  // expert, partial, dense: those this layout has
   const ReducerPlan* reducer(GradGroup g) const;
 };
 
@@ -128,7 +128,7 @@ class TrainingPlan {
   comm::MeshShape expert_mesh() const;  // pp x edp x ep
   RankCoords coords(int rank) const;
   std::vector<int> group(Group g, int rank) const;  // world ranks, in communicator order
-  bool has_group(Group g) const;                     // whether the trainer builds it
+  bool has_group(Group g) const;                    // whether the trainer builds it
 
   bool uses_muon(const nn::ParamInfo& p) const;
   GradGroup grad_group(const nn::ParamInfo& p) const;

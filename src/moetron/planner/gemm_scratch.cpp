@@ -14,8 +14,8 @@ struct Slots {
   // One GEMM c[m, n] = a[m, k] b[k, n] on bf16 operands into bf16 (bf16_out)
   // or f32: the slots the CPU matmul requests for it (kernels/matmul.h).
   void gemm(int64_t m, int64_t n, int64_t k, bool bf16_out) {
-    const kernels::GemmSlots g = kernels::cpu_gemm_slots(
-        m, n, k, DType::bf16, bf16_out ? DType::bf16 : DType::f32, widens);
+    const kernels::GemmSlots g =
+        kernels::cpu_gemm_slots(m, n, k, DType::bf16, bf16_out ? DType::bf16 : DType::f32, widens);
     s.widened_a = std::max(s.widened_a, g.widened_a);
     s.widened_b = std::max(s.widened_b, g.widened_b);
     s.staged_out = std::max(s.staged_out, g.staged_out);
@@ -33,7 +33,8 @@ struct Slots {
 }  // namespace
 
 GemmScratch widened_gemm_scratch(const MemoryInputs& in, const Dims& x,
-                                 const std::vector<std::pair<int64_t, int64_t>>& chunks, bool last_stage) {
+                                 const std::vector<std::pair<int64_t, int64_t>>& chunks,
+                                 bool last_stage) {
   if (x.c != DType::bf16) return {};
   Slots sl;
   sl.bf16_grads = in.matrix_grad == DType::bf16;

@@ -22,6 +22,7 @@ using GemmScratch = kernels::GemmSlots;  // fp32 elements per slot
 // The slots' sizes after one step of this rank's chunks (zero when the
 // compute dtype is not bf16: only bf16 GEMMs are widened).
 GemmScratch widened_gemm_scratch(const MemoryInputs& in, const Dims& x,
-                                 const std::vector<std::pair<int64_t, int64_t>>& chunks, bool last_stage);
+                                 const std::vector<std::pair<int64_t, int64_t>>& chunks,
+                                 bool last_stage);
 
 }  // namespace moetron::planner

@@ -82,8 +82,8 @@ void reducer_buffers(Replay& r, std::vector<Buf>& fixed, const parallel::Reducer
 // The one-rank optimizer's slots for the parameters it updates: an fp32
 // master where the working copy is not fp32, the first moment (Muon's
 // momentum), the second for AdamW.
-void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const parallel::TrainingPlan& plan,
-                     const ParamInfo& p) {
+void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in,
+                     const parallel::TrainingPlan& plan, const ParamInfo& p) {
   const DType master = in.precision.accum;
   if (p.value != master) fixed.push_back(r.alloc(p.numel(), master, MemTag::optimizer));
   const DType mom = in.moment_dtype == DType::f32 ? master : in.moment_dtype;
@@ -95,8 +95,9 @@ void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in,
 // chunk, v of its AdamW elements; the working copies' all-gather buffers; Muon's update
 // all-gather where a matrix straddles a chunk boundary (every matrix when
 // the orthogonalisation is replicated).
-void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, const parallel::TrainingPlan& plan,
-                const std::vector<ParamInfo>& params, const parallel::ReducerPlan& reducer) {
+void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in,
+                const parallel::TrainingPlan& plan, const std::vector<ParamInfo>& params,
+                const parallel::ReducerPlan& reducer) {
   const DType mom = in.moment_dtype;
   const int64_t n = reducer.size;
   for (const PlannedBucket& b : reducer.buckets) {
@@ -130,7 +131,9 @@ void zero_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in, cons
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // The shapes the activation replay works with, for this rank's shard.
 Dims dims_of(const MemoryInputs& in) {
@@ -157,13 +160,14 @@ Dims dims_of(const MemoryInputs& in) {
   x.e = std::max<int64_t>(e.num_experts, 1);
   x.k = e.top_k;
   x.f = e.expert_hidden;
-  x.shared_hidden = (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : e.expert_hidden) * e.shared_experts;
+  x.shared_hidden =
+      (e.shared_expert_hidden > 0 ? e.shared_expert_hidden : e.expert_hidden) * e.shared_experts;
   x.rows_local = x.tm * e.top_k;
   if (e.capacity_factor > 0) {
     // Capacity per expert over the ep group's tokens (moe_dispatch.cpp);
     // balanced routing gives each rank its share of the kept slots.
-    const auto cap = static_cast<int64_t>(
-        std::ceil(static_cast<double>(lay.ep * x.tm * e.top_k) * e.capacity_factor / static_cast<double>(x.e)));
+    const auto cap = static_cast<int64_t>(std::ceil(static_cast<double>(lay.ep * x.tm * e.top_k) *
+                                                    e.capacity_factor / static_cast<double>(x.e)));
     x.rows_local = std::min(x.rows_local, ceil_div(cap * x.e, lay.ep));
   }
   x.rows_expert = x.rows_local;
@@ -208,17 +212,20 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   const Layout& lay = in.layout;
   MOETRON_CHECK(lay.dp >= 1 && lay.tp >= 1 && lay.pp >= 1 && lay.ep >= 1 && lay.vpp >= 1,
                 "memory model: every parallel degree must be >= 1");
-  MOETRON_CHECK(lay.cp == 1, "memory model: context parallelism (parallel.cp = ", lay.cp, ") is not modelled yet");
-  MOETRON_CHECK(lay.stage >= 0 && lay.stage < lay.pp, "memory model: stage ", lay.stage, " of parallel.pp = ", lay.pp);
-  MOETRON_CHECK(lay.stage_rank >= 0 && lay.stage_rank < lay.dp * lay.tp, "memory model: rank ", lay.stage_rank,
-                " of a stage of ", lay.dp * lay.tp);
+  MOETRON_CHECK(lay.cp == 1, "memory model: context parallelism (parallel.cp = ", lay.cp,
+                ") is not modelled yet");
+  MOETRON_CHECK(lay.stage >= 0 && lay.stage < lay.pp, "memory model: stage ", lay.stage,
+                " of parallel.pp = ", lay.pp);
+  MOETRON_CHECK(lay.stage_rank >= 0 && lay.stage_rank < lay.dp * lay.tp, "memory model: rank ",
+                lay.stage_rank, " of a stage of ", lay.dp * lay.tp);
   MOETRON_CHECK(in.micro_batch >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
                 "memory model: micro_batch, seq_len and grad_accum must be positive");
   const int64_t t = in.micro_batch * in.seq_len;
   MOETRON_CHECK(lay.tp == 1 || t % lay.tp == 0, "memory model: the ", t,
                 " tokens of a micro-batch must divide over parallel.tp = ", lay.tp);
-  const parallel::TrainingPlan plan(plan_settings(in), static_cast<int>(lay.dp * lay.tp * lay.pp),
-                                    lay.vpp == 1 && lay.pp > 1 ? lay.stages : std::vector<parallel::LayerRange>{});
+  const parallel::TrainingPlan plan(
+      plan_settings(in), static_cast<int>(lay.dp * lay.tp * lay.pp),
+      lay.vpp == 1 && lay.pp > 1 ? lay.stages : std::vector<parallel::LayerRange>{});
   const parallel::RankPlan rank =
       plan.rank_plan(static_cast<int>(lay.stage * plan.stage_size() + lay.stage_rank));
   const std::vector<std::pair<int64_t, int64_t>> chunks = plan.chunks(lay.stage);
@@ -233,13 +240,15 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
 
   // The reducers the plan gives this rank (the trainer builds the same).
   std::vector<int64_t> allreduce_sends;
-  for (const parallel::ReducerPlan& red : rank.reducers) reducer_buffers(r, fixed, red, allreduce_sends);
+  for (const parallel::ReducerPlan& red : rank.reducers)
+    reducer_buffers(r, fixed, red, allreduce_sends);
   // Optimizer state: ZeRO-1 holds the dense state in dp chunks and the
   // tp-partial state in chunks over the stage, and updates routed experts
   // (under ep) whole; otherwise every parameter has its slots.
   if (lay.zero1) {
     for (const parallel::ReducerPlan& red : rank.reducers) {
-      if (red.carries != parallel::GradGroup::expert) zero_state(r, fixed, in, plan, inv.params, red);
+      if (red.carries != parallel::GradGroup::expert)
+        zero_state(r, fixed, in, plan, inv.params, red);
     }
     for (const ParamInfo& p : inv.params) {
       if (plan.grad_group(p) == parallel::GradGroup::expert) optimizer_state(r, fixed, in, plan, p);

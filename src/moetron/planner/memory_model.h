@@ -46,7 +46,7 @@ struct Layout {
   bool sequence_parallel = false;
   int64_t vpp = 1;
   std::string schedule = "1f1b";
-  int64_t stage = 0;  // pipeline rank predicted, 0 .. pp - 1
+  int64_t stage = 0;       // pipeline rank predicted, 0 .. pp - 1
   int64_t stage_rank = 0;  // which rank of the stage (dp x tp of them): its tp shard and experts
   // vpp 1: every stage's layers [first, end) as the job splits them; empty:
   // balanced by FLOPs (parallel::balanced_stages).

@@ -77,7 +77,8 @@ class StepReplay {
         if (k > 0 && i < last && i % k == 0) ckpt.push_back(cur);
         cur = block_forward(i, cur);
         if (i < last) {
-          if (blocks_[static_cast<size_t>(i)].is_moe) routing[static_cast<size_t>(i)] = blocks_[static_cast<size_t>(i)].moe.idx;
+          if (blocks_[static_cast<size_t>(i)].is_moe)
+            routing[static_cast<size_t>(i)] = blocks_[static_cast<size_t>(i)].moe.idx;
           blocks_[static_cast<size_t>(i)] = BlockSaved{};
         }
       }
@@ -93,7 +94,8 @@ class StepReplay {
       { std::vector<Buf> partial = norm_partial(); }
       d_h = nullptr;
       x_final = nullptr;
-      for (int64_t start = last, end = n; end > 0; end = start, start = std::max<int64_t>(start - k, 0)) {
+      for (int64_t start = last, end = n; end > 0;
+           end = start, start = std::max<int64_t>(start - k, 0)) {
         if (start < last) {
           Buf in = std::move(ckpt[static_cast<size_t>(start / k)]);
           for (int64_t i = start; i < end; ++i) {
@@ -110,7 +112,8 @@ class StepReplay {
 
   // A pipeline stage: its chunks run in the schedule's order; sent tensors
   // are held until the next send (PipelineRunner releases delivered ones then).
-  void run_pipeline(const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage, bool last_stage) {
+  void run_pipeline(const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage,
+                    bool last_stage) {
     const Dims& x = x_;
     const int64_t m = in_.grad_accum, v = static_cast<int64_t>(chunks.size()), pp = in_.layout.pp;
     const std::vector<parallel::PipeOp> ops =
@@ -163,7 +166,8 @@ class StepReplay {
         Buf d_x = r_.alloc(x.tb * x.d, x.c);
         if (last) std::vector<Buf> partial = norm_partial();
         const int64_t last_segment = last_segment_start(b0, b1);
-        for (int64_t start = last_segment, end = b1; end > b0; end = start, start = std::max(start - k_, b0)) {
+        for (int64_t start = last_segment, end = b1; end > b0;
+             end = start, start = std::max(start - k_, b0)) {
           if (start < last_segment) {
             Buf in = std::move(st.segment_inputs[static_cast<size_t>((start - b0) / k_)]);
             for (int64_t i = start; i < end; ++i) {
@@ -210,7 +214,8 @@ class StepReplay {
     const Dims& x = x_;
     const int64_t chunk = std::min(in_.ce_chunk_tokens, x.t);
     if (x.tp > 1) {
-      Buf logits = r_.ws(chunk * x.v, DType::f32), mx = r_.ws(chunk, DType::f32), sums = r_.ws(2 * chunk, DType::f32);
+      Buf logits = r_.ws(chunk * x.v, DType::f32), mx = r_.ws(chunk, DType::f32),
+          sums = r_.ws(2 * chunk, DType::f32);
       Buf h32 = x.c != DType::f32 ? r_.ws(chunk * x.d, DType::f32) : nullptr;
       Buf dl = x.c == DType::bf16 ? r_.ws(chunk * x.v, DType::bf16) : nullptr;
       return;
@@ -243,8 +248,13 @@ class StepReplay {
   // The attention kernels' scratch for this rank's heads, held.
   std::vector<Buf> attention_scratch(bool backward) {
     const Dims& x = x_;
-    const kernels::AttentionShape shape{.batch = x.b, .seq_q = x.s, .seq_k = x.s, .heads = x.h,
-                                        .kv_heads = x.hkv, .head_dim = x.hd, .dtype = x.c};
+    const kernels::AttentionShape shape{.batch = x.b,
+                                        .seq_q = x.s,
+                                        .seq_k = x.s,
+                                        .heads = x.h,
+                                        .kv_heads = x.hkv,
+                                        .head_dim = x.hd,
+                                        .dtype = x.c};
     return hold(backward ? kernels::attention_backward_scratch(kCpu, shape)
                          : kernels::attention_forward_scratch(kCpu, shape));
   }
@@ -451,7 +461,9 @@ class StepReplay {
   }
 
   // Transformer::last_segment_start of a chunk: blocks before it are checkpointed.
-  int64_t last_segment_start(int64_t b0, int64_t b1) const { return k_ > 0 ? b0 + (b1 - b0 - 1) / k_ * k_ : b0; }
+  int64_t last_segment_start(int64_t b0, int64_t b1) const {
+    return k_ > 0 ? b0 + (b1 - b0 - 1) / k_ * k_ : b0;
+  }
 
   Replay& r_;
   const MemoryInputs& in_;
@@ -464,7 +476,8 @@ class StepReplay {
 }  // namespace
 
 void replay_step(Replay& r, const MemoryInputs& in, const Dims& x,
-                 const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage, bool last_stage) {
+                 const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage,
+                 bool last_stage) {
   StepReplay step(r, in, x);
   if (in.layout.pp == 1) {
     step.run_whole();

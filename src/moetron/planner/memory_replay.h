@@ -28,7 +28,8 @@ class Sim {
   void add(MemTag t, int64_t n) {
     cur_[static_cast<size_t>(t)] += n;
     total_ += n;
-    peak_[static_cast<size_t>(t)] = std::max(peak_[static_cast<size_t>(t)], cur_[static_cast<size_t>(t)]);
+    peak_[static_cast<size_t>(t)] =
+        std::max(peak_[static_cast<size_t>(t)], cur_[static_cast<size_t>(t)]);
     total_peak_ = std::max(total_peak_, total_);
   }
   const std::array<int64_t, kNumMemTags>& peak() const { return peak_; }
@@ -61,13 +62,13 @@ struct Replay {
 // One rank's dimensions of a micro-batch.
 struct Dims {
   int64_t b = 0, s = 0, t = 0;  // micro-batch rows, sequence, tokens (b s)
-  int64_t tb = 0;               // rows of a block's norms and residuals (t / tp under sequence parallelism)
-  int64_t tm = 0;               // tokens the MoE layers route (t / tp when tp > 1: folded)
+  int64_t tb = 0;  // rows of a block's norms and residuals (t / tp under sequence parallelism)
+  int64_t tm = 0;  // tokens the MoE layers route (t / tp when tp > 1: folded)
   int64_t d = 0, h = 0, hkv = 0, hd = 0;  // h, hkv: this rank's heads
   int64_t ffn = 0;                        // this rank's dense FFN hidden units
   int64_t v = 0;                          // this rank's vocabulary rows
   int64_t e = 1, k = 0, f = 0;            // experts (router width), top-k, expert hidden
-  int64_t rows_local = 0;   // (token, expert) slots this rank routes (after capacity)
+  int64_t rows_local = 0;                 // (token, expert) slots this rank routes (after capacity)
   int64_t rows_expert = 0;  // rows this rank's experts run (balanced routing assumed under ep)
   int64_t shared_hidden = 0;
   int64_t threads = 1;
@@ -82,6 +83,7 @@ struct Dims {
 // the policy's checkpointed segments; under pp, the stage's schedule, each
 // micro-batch's saved tensors held from its forward to its backward.
 void replay_step(Replay& r, const MemoryInputs& in, const Dims& x,
-                 const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage, bool last_stage);
+                 const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage,
+                 bool last_stage);
 
 }  // namespace moetron::planner

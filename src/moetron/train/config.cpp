@@ -98,7 +98,8 @@ const std::vector<Field>& fields() {
       field("checkpoint.keep", &Config::checkpoint, &CheckpointConfig::keep),
       field("parallel.zero", &Config::parallel, &ParallelConfig::zero),
       field("parallel.overlap", &Config::parallel, &ParallelConfig::overlap),
-      field("parallel.overlap_param_gather", &Config::parallel, &ParallelConfig::overlap_param_gather),
+      field("parallel.overlap_param_gather", &Config::parallel,
+            &ParallelConfig::overlap_param_gather),
       field("parallel.bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb),
       field("parallel.compression", &Config::parallel, &ParallelConfig::compression),
       field("parallel.compression_block", &Config::parallel, &ParallelConfig::compression_block),
@@ -123,7 +124,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      cur[j] =
+          std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
     }
     std::swap(prev, cur);
   }
@@ -156,19 +158,23 @@ const Field& find_field(const std::string& key, const std::string& origin) {
 
 // String keys that hold a comma-separated list also accept a TOML array of strings.
 bool is_list_key(const std::string& key) {
-  return key == "recompute.modules" || key == "optim.adamw_params" || key == "optim.no_decay_params";
+  return key == "recompute.modules" || key == "optim.adamw_params" ||
+         key == "optim.no_decay_params";
 }
 
-std::string join_string_array(const toml::array& a, const std::string& key, const std::string& origin) {
+std::string join_string_array(const toml::array& a, const std::string& key,
+                              const std::string& origin) {
   std::string out;
   for (const auto& item : a) {
-    if (!item.is_string()) MOETRON_FAIL(origin, ": config key '", key, "' needs an array of strings");
+    if (!item.is_string())
+      MOETRON_FAIL(origin, ": config key '", key, "' needs an array of strings");
     out += (out.empty() ? "" : ",") + item.as_string()->get();
   }
   return out;
 }
 
-void set_from_node(Value v, const toml::node& node, const std::string& key, const std::string& origin) {
+void set_from_node(Value v, const toml::node& node, const std::string& key,
+                   const std::string& origin) {
   const auto type_error = [&](const char* want) {
     MOETRON_FAIL(origin, ": config key '", key, "' needs ", want);
   };
@@ -183,7 +189,8 @@ void set_from_node(Value v, const toml::node& node, const std::string& key, cons
             *p = join_string_array(*node.as_array(), key, origin);
             return;
           }
-          if (!node.is_string()) type_error(is_list_key(key) ? "a string or an array of strings" : "a string");
+          if (!node.is_string())
+            type_error(is_list_key(key) ? "a string or an array of strings" : "a string");
           *p = node.as_string()->get();
         } else if constexpr (std::is_same_v<T, double>) {
           if (node.is_integer()) {
@@ -210,7 +217,8 @@ void set_from_node(Value v, const toml::node& node, const std::string& key, cons
 void apply_table(Config& cfg, const toml::table& table, const std::string& prefix,
                  const std::string& origin) {
   for (const auto& [k, node] : table) {
-    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const auto* sub = node.as_table()) {
       apply_table(cfg, *sub, key, origin);
       continue;
@@ -225,11 +233,13 @@ void check_rule(bool ok, const char* key, const std::string& rule) {
 
 }  // namespace
 
-std::vector<std::string> split_list(const std::string& list) { return optim::split_patterns(list); }
+std::vector<std::string> split_list(const std::string& list) {
+  return optim::split_patterns(list);
+}
 
 nn::RecomputePolicy recompute_policy(const Config& cfg) {
-  return nn::make_recompute_policy(cfg.recompute.policy, split_list(cfg.recompute.modules), cfg.model.n_layers,
-                                   cfg.recompute.segment);
+  return nn::make_recompute_policy(cfg.recompute.policy, split_list(cfg.recompute.modules),
+                                   cfg.model.n_layers, cfg.recompute.segment);
 }
 
 std::vector<std::string> config_keys() {
@@ -285,7 +295,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     table = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     const auto& src = e.source();
-    if (src.begin.line == 0) MOETRON_FAIL("cannot read config file '", path, "': ", e.description());
+    if (src.begin.line == 0)
+      MOETRON_FAIL("cannot read config file '", path, "': ", e.description());
     MOETRON_FAIL(path, ":", src.begin.line, ": TOML syntax error: ", e.description());
   }
   Config cfg;
@@ -304,7 +315,8 @@ void validate_model(const Config& c) {
   check_rule(m.n_layers > 0, "model.n_layers", "must be positive");
   check_rule(m.n_heads > 0, "model.n_heads", "must be positive");
   check_rule(m.head_dim > 0 || m.d_model % m.n_heads == 0, "model.n_heads",
-             str_cat("must divide model.d_model (", m.d_model, " % ", m.n_heads, " != 0) unless model.head_dim is set"));
+             str_cat("must divide model.d_model (", m.d_model, " % ", m.n_heads,
+                     " != 0) unless model.head_dim is set"));
   check_rule(m.head_dim >= 0, "model.head_dim", "must be >= 0 (0 means d_model / n_heads)");
   check_rule(m.resolved_head_dim() % 2 == 0, "model.head_dim", "must be even (RoPE rotates pairs)");
   check_rule(m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
@@ -322,8 +334,8 @@ void validate_model(const Config& c) {
     check_rule(e.expert_hidden > 0, "moe.expert_hidden", "must be positive");
     check_rule(e.every >= 1, "moe.every", "must be >= 1");
   }
-  check_rule(e.first_dense_layers >= 0 && e.first_dense_layers <= m.n_layers, "moe.first_dense_layers",
-             "must be in [0, model.n_layers]");
+  check_rule(e.first_dense_layers >= 0 && e.first_dense_layers <= m.n_layers,
+             "moe.first_dense_layers", "must be in [0, model.n_layers]");
   check_rule(e.shared_experts >= 0, "moe.shared_experts", "must be >= 0");
   check_rule(e.shared_expert_hidden >= 0, "moe.shared_expert_hidden", "must be >= 0");
   check_rule(e.router_score == "softmax" || e.router_score == "sigmoid", "moe.router_score",
@@ -331,7 +343,8 @@ void validate_model(const Config& c) {
   check_rule(e.aux_loss_coef >= 0, "moe.aux_loss_coef", "must be >= 0");
   check_rule(e.z_loss_coef >= 0, "moe.z_loss_coef", "must be >= 0");
   check_rule(e.bias_update_rate >= 0, "moe.bias_update_rate", "must be >= 0");
-  check_rule(e.capacity_factor == 0 || e.capacity_factor >= 1.0 / static_cast<double>(std::max<int64_t>(e.top_k, 1)),
+  check_rule(e.capacity_factor == 0 ||
+                 e.capacity_factor >= 1.0 / static_cast<double>(std::max<int64_t>(e.top_k, 1)),
              "moe.capacity_factor", "must be 0 (dropless) or a positive factor, typically 1.25");
   check_rule(e.capacity_factor >= 0, "moe.capacity_factor", "must be >= 0");
 }
@@ -347,11 +360,13 @@ void validate_optim(const Config& c) {
   check_rule(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2", "must be in [0, 1)");
   check_rule(o.eps > 0, "optim.eps", "must be positive");
   check_rule(o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 disables clipping)");
-  check_rule(o.muon_momentum >= 0 && o.muon_momentum < 1, "optim.muon_momentum", "must be in [0, 1)");
+  check_rule(o.muon_momentum >= 0 && o.muon_momentum < 1, "optim.muon_momentum",
+             "must be in [0, 1)");
   check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
   (void)parallel::parse_muon_distribution(o.muon_distribution);
   (void)parallel::parse_storage_dtype(o.moment_dtype, "optim.moment_dtype");
-  check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction", "must be in (0, 1)");
+  check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction",
+             "must be in (0, 1)");
 }
 
 void validate_train(const Config& c) {
@@ -361,12 +376,15 @@ void validate_train(const Config& c) {
              str_cat("must be in [1, model.max_seq_len = ", m.max_seq_len, "]"));
   check_rule(t.micro_batch > 0, "train.micro_batch", "must be positive");
   check_rule(t.grad_accum > 0, "train.grad_accum", "must be positive");
-  check_rule(t.global_batch >= 0, "train.global_batch", "must be >= 0 (0: micro_batch * grad_accum * dp)");
+  check_rule(t.global_batch >= 0, "train.global_batch",
+             "must be >= 0 (0: micro_batch * grad_accum * dp)");
   check_rule(t.global_batch == 0 || t.grad_accum == 1, "train.grad_accum",
              "must stay 1 when train.global_batch is set (the accumulation is derived from it)");
   check_rule(t.steps > 0, "train.steps", "must be positive");
-  check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" || t.precision == "fp32",
-             "train.precision", str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
+  check_rule(t.precision == "auto" || t.precision == "bf16" || t.precision == "fp16" ||
+                 t.precision == "fp32",
+             "train.precision",
+             str_cat("must be auto, bf16, fp16 or fp32, got \"", t.precision, "\""));
   const DType grad_dtype = parallel::parse_storage_dtype(t.grad_dtype, "train.grad_dtype");
   check_rule(grad_dtype == DType::f32 || t.precision == "bf16", "train.grad_dtype",
              str_cat("= bf16 needs train.precision = bf16, got \"", t.precision,
@@ -379,9 +397,11 @@ void validate_train(const Config& c) {
   check_rule(t.nan_policy == "skip" || t.nan_policy == "stop", "train.nan_policy",
              str_cat("must be \"skip\" or \"stop\", got \"", t.nan_policy, "\""));
   check_rule(t.threads >= 0, "train.threads", "must be >= 0 (0: all cores)");
-  if (t.memory_budget != "auto") planner::parse_bytes(t.memory_budget, "invalid config: 'train.memory_budget'");
+  if (t.memory_budget != "auto")
+    planner::parse_bytes(t.memory_budget, "invalid config: 'train.memory_budget'");
   // Names the recompute key that breaks a rule.
-  nn::make_recompute_policy(c.recompute.policy, split_list(c.recompute.modules), m.n_layers, c.recompute.segment);
+  nn::make_recompute_policy(c.recompute.policy, split_list(c.recompute.modules), m.n_layers,
+                            c.recompute.segment);
   check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
   check_rule(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
 }
@@ -393,47 +413,59 @@ void validate_parallel(const Config& c) {
   const auto& t = c.train;
   check_rule(c.parallel.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
   const auto& pc = c.parallel.compression;
-  check_rule(pc == "none" || pc == "int8" || pc == "int4" || pc == "sign" || pc == "topk", "parallel.compression",
+  check_rule(pc == "none" || pc == "int8" || pc == "int4" || pc == "sign" || pc == "topk",
+             "parallel.compression",
              str_cat("must be none, int8, int4, sign or topk, got \"", pc, "\""));
   check_rule(c.parallel.compression_block > 0, "parallel.compression_block", "must be positive");
-  check_rule(c.parallel.topk_ratio > 0 && c.parallel.topk_ratio <= 1, "parallel.topk_ratio", "must be in (0, 1]");
+  check_rule(c.parallel.topk_ratio > 0 && c.parallel.topk_ratio <= 1, "parallel.topk_ratio",
+             "must be in (0, 1]");
   check_rule(c.parallel.compression_warmup >= 0, "parallel.compression_warmup", "must be >= 0");
   check_rule(c.parallel.ep >= 1, "parallel.ep", "must be >= 1");
   if (c.parallel.ep > 1) {
     check_rule(c.moe.num_experts > 0, "parallel.ep", "needs routed experts (moe.num_experts > 0)");
     check_rule(c.moe.num_experts % c.parallel.ep == 0, "parallel.ep",
-               str_cat("must divide moe.num_experts = ", c.moe.num_experts, " (each rank holds whole experts)"));
-
+               str_cat("must divide moe.num_experts = ", c.moe.num_experts,
+                       " (each rank holds whole experts)"));
   }
   const int64_t tp = c.parallel.tp;
   check_rule(tp >= 1, "parallel.tp", "must be >= 1");
   if (tp > 1) {
-    check_rule(m.n_heads % tp == 0, "parallel.tp", str_cat("must divide model.n_heads = ", m.n_heads));
+    check_rule(m.n_heads % tp == 0, "parallel.tp",
+               str_cat("must divide model.n_heads = ", m.n_heads));
     check_rule(m.n_kv_heads % tp == 0 || tp % m.n_kv_heads == 0, "parallel.tp",
-               str_cat("must divide model.n_kv_heads = ", m.n_kv_heads, " or be a multiple of it (kv heads replicated)"));
-    check_rule(m.vocab_size % tp == 0, "parallel.tp", str_cat("must divide model.vocab_size = ", m.vocab_size));
-    check_rule(m.ffn_hidden % tp == 0, "parallel.tp", str_cat("must divide model.ffn_hidden = ", m.ffn_hidden));
+               str_cat("must divide model.n_kv_heads = ", m.n_kv_heads,
+                       " or be a multiple of it (kv heads replicated)"));
+    check_rule(m.vocab_size % tp == 0, "parallel.tp",
+               str_cat("must divide model.vocab_size = ", m.vocab_size));
+    check_rule(m.ffn_hidden % tp == 0, "parallel.tp",
+               str_cat("must divide model.ffn_hidden = ", m.ffn_hidden));
     check_rule(t.micro_batch * t.seq_len % tp == 0, "parallel.tp",
-               str_cat("must divide the micro-batch's train.micro_batch * train.seq_len = ", t.micro_batch * t.seq_len,
-                       " tokens (the MoE layers split them over tp)"));
+               str_cat("must divide the micro-batch's train.micro_batch * train.seq_len = ",
+                       t.micro_batch * t.seq_len, " tokens (the MoE layers split them over tp)"));
   }
-  check_rule(!c.parallel.sequence_parallel || tp > 1, "parallel.sequence_parallel", "needs parallel.tp > 1");
+  check_rule(!c.parallel.sequence_parallel || tp > 1, "parallel.sequence_parallel",
+             "needs parallel.tp > 1");
   const auto& pl = c.parallel;
   check_rule(pl.pp >= 1, "parallel.pp", "must be >= 1");
-  check_rule(pl.cp == 1, "parallel.cp", "must be 1: context parallelism is not built yet (the long-sequence issue)");
+  check_rule(pl.cp == 1, "parallel.cp",
+             "must be 1: context parallelism is not built yet (the long-sequence issue)");
   check_rule(pl.vpp >= 1, "parallel.vpp", "must be >= 1");
   (void)parallel::parse_schedule(pl.schedule);
-  check_rule(pl.microbatches >= 0, "parallel.microbatches", "must be >= 0 (0: derived from the batch)");
+  check_rule(pl.microbatches >= 0, "parallel.microbatches",
+             "must be >= 0 (0: derived from the batch)");
   check_rule(pl.vpp == 1 || pl.pp > 1, "parallel.vpp", "needs parallel.pp > 1");
   (void)parallel::parse_stage_balance(pl.stage_balance);
   if (pl.pp > 1) {
-    check_rule(pl.vpp > 1 || m.n_layers >= pl.pp, "parallel.pp",
-               str_cat("must not exceed model.n_layers = ", m.n_layers, " (each stage holds a layer)"));
+    check_rule(
+        pl.vpp > 1 || m.n_layers >= pl.pp, "parallel.pp",
+        str_cat("must not exceed model.n_layers = ", m.n_layers, " (each stage holds a layer)"));
     check_rule(pl.vpp == 1 || m.n_layers % (pl.pp * pl.vpp) == 0, "parallel.vpp",
-               str_cat("parallel.pp * parallel.vpp = ", pl.pp * pl.vpp, " must divide model.n_layers = ", m.n_layers,
+               str_cat("parallel.pp * parallel.vpp = ", pl.pp * pl.vpp,
+                       " must divide model.n_layers = ", m.n_layers,
                        " (interleaved chunks hold equal layer counts)"));
     check_rule(!m.tie_embeddings, "parallel.pp",
-               "> 1 with model.tie_embeddings = true is not supported (embedding and head live on different stages)");
+               "> 1 with model.tie_embeddings = true is not supported (embedding and head live on "
+               "different stages)");
   }
 }
 

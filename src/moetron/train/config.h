@@ -67,9 +67,9 @@ struct TrainingConfig {
   int64_t loss_scale_window = 2000;  // fp16: clean steps before the scale doubles
   int64_t log_every = 10;
   int64_t eval_every = 50;
-  int64_t eval_batches = 4;  // global batches of micro_batch * dp windows
+  int64_t eval_batches = 4;         // global batches of micro_batch * dp windows
   std::string nan_policy = "skip";  // skip | stop
-  int64_t threads = 0;  // 0: all cores
+  int64_t threads = 0;              // 0: all cores
   // Memory the run may use per rank ("auto": the machine's available memory;
   // else e.g. "24GiB"): the trainer reports the largest micro-batch that fits.
   std::string memory_budget = "auto";
@@ -91,11 +91,11 @@ struct ParallelConfig {
   // identically (optim/zero_optimizer.h): dense state over dp, the
   // tp-partial router and shared experts over dp x tp; experts under ep whole.
   bool zero = false;
-  bool overlap = true;       // start each gradient bucket's reduction during backward
+  bool overlap = true;  // start each gradient bucket's reduction during backward
   // ZeRO-1: the updated parameters' all-gather runs into the next forward,
   // each bucket completed just before its first use.
   bool overlap_param_gather = true;
-  double bucket_mb = 16.0;   // fp32 gradient megabytes (2^20 B) per bucket
+  double bucket_mb = 16.0;  // fp32 gradient megabytes (2^20 B) per bucket
   // Gradient compression with error feedback (parallel/grad_compressor.h):
   std::string compression = "none";  // none | int8 | int4 | sign | topk
   int64_t compression_block = 256;   // values per scale (int8, int4, sign)
@@ -113,9 +113,9 @@ struct ParallelConfig {
   int64_t tp = 1;
   bool sequence_parallel = false;  // norms and residuals on token slices (needs tp > 1)
   // Pipeline parallelism (parallel/pipeline_schedule.h): pp stages balanced by
-  // cost (equal layer counts per chunk when interleaved), outermost in the rank order (rank = stage * ranks / pp +
-  // position in the stage); each stage's ranks run dp x tp x ep as above.
-  // vpp > 1: each rank holds vpp chunks (interleaved 1F1B).
+  // cost (equal layer counts per chunk when interleaved), outermost in the rank order (rank = stage
+  // * ranks / pp + position in the stage); each stage's ranks run dp x tp x ep as above. vpp > 1:
+  // each rank holds vpp chunks (interleaved 1F1B).
   int64_t pp = 1;
   int64_t vpp = 1;
   std::string schedule = "1f1b";  // 1f1b | gpipe

@@ -33,7 +33,8 @@ std::vector<int32_t> sample_tokens(kernels::Context& ctx, nn::Transformer& model
     const Tensor logits = model.last_logits(ctx, inputs);
     const int64_t v = logits.dim(1);
     std::vector<std::pair<float, int32_t>> cand(static_cast<size_t>(v));
-    for (int64_t j = 0; j < v; ++j) cand[static_cast<size_t>(j)] = {logits.data<float>()[j], static_cast<int32_t>(j)};
+    for (int64_t j = 0; j < v; ++j)
+      cand[static_cast<size_t>(j)] = {logits.data<float>()[j], static_cast<int32_t>(j)};
     const auto k = static_cast<size_t>(std::clamp<int64_t>(opts.top_k > 0 ? opts.top_k : v, 1, v));
     std::partial_sort(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(k), cand.end(),
                       [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -41,7 +42,8 @@ std::vector<int32_t> sample_tokens(kernels::Context& ctx, nn::Transformer& model
     if (opts.temperature > 0) {
       std::vector<double> p(k);
       double sum = 0;
-      for (size_t j = 0; j < k; ++j) sum += p[j] = std::exp((cand[j].first - cand[0].first) / opts.temperature);
+      for (size_t j = 0; j < k; ++j)
+        sum += p[j] = std::exp((cand[j].first - cand[0].first) / opts.temperature);
       double u = rng.next_uniform() * sum;
       for (size_t j = 0; j < k; ++j) {
         u -= p[j];
@@ -58,17 +60,18 @@ std::vector<int32_t> sample_tokens(kernels::Context& ctx, nn::Transformer& model
   return out;
 }
 
-EvalResult evaluate_tokens(kernels::Context& ctx, nn::Transformer& model, const std::string& tokens_path,
-                           int64_t seq_len, int64_t batch) {
+EvalResult evaluate_tokens(kernels::Context& ctx, nn::Transformer& model,
+                           const std::string& tokens_path, int64_t seq_len, int64_t batch) {
   data::TokenFile file(tokens_path, model.config().vocab_size);
   const int64_t rows = file.size() / (seq_len + 1);
-  MOETRON_CHECK(rows > 0, "token file '", tokens_path, "' has ", file.size(), " tokens, fewer than one row of ",
-                seq_len + 1);
+  MOETRON_CHECK(rows > 0, "token file '", tokens_path, "' has ", file.size(),
+                " tokens, fewer than one row of ", seq_len + 1);
   EvalResult res;
   double ce = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += batch) {
     const int64_t b = std::min(batch, rows - r0);
-    Tensor inputs = Tensor::empty({b, seq_len}, DType::i32), targets = Tensor::empty({b, seq_len}, DType::i32);
+    Tensor inputs = Tensor::empty({b, seq_len}, DType::i32),
+           targets = Tensor::empty({b, seq_len}, DType::i32);
     for (int64_t r = 0; r < b; ++r) {
       const int32_t* w = file.data() + (r0 + r) * (seq_len + 1);
       std::copy(w, w + seq_len, inputs.data<int32_t>() + r * seq_len);

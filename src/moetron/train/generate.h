@@ -39,7 +39,7 @@ struct EvalResult {
 };
 // Raw little-endian int32 ids from `tokens_path`, cut into rows of
 // seq_len + 1 tokens (a shorter tail is dropped).
-EvalResult evaluate_tokens(kernels::Context& ctx, nn::Transformer& model, const std::string& tokens_path,
-                           int64_t seq_len, int64_t batch);
+EvalResult evaluate_tokens(kernels::Context& ctx, nn::Transformer& model,
+                           const std::string& tokens_path, int64_t seq_len, int64_t batch);
 
 }  // namespace moetron::train

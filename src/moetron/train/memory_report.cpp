@@ -36,7 +36,8 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingP
 
 planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec, int64_t threads,
                                     const planner::Layout& layout) {
-  const parallel::TrainingPlan plan = make_plan(cfg, prec, static_cast<int>(layout.dp * layout.tp * layout.pp));
+  const parallel::TrainingPlan plan =
+      make_plan(cfg, prec, static_cast<int>(layout.dp * layout.tp * layout.pp));
   planner::MemoryInputs in = memory_inputs(cfg, plan, 0, threads);
   in.layout = layout;  // as given (e.g. ZeRO-1 asked for by `moetron memory --zero1`)
   return in;
@@ -46,7 +47,8 @@ std::string describe_precision(const planner::MemoryInputs& in) {
   std::string s(dtype_name(in.precision.compute));
   std::string modes;
   if (in.matrix_grad == DType::bf16) modes = "bf16 grads";
-  if (in.moment_dtype == DType::bf16) modes += std::string(modes.empty() ? "" : ", ") + "bf16 moments";
+  if (in.moment_dtype == DType::bf16)
+    modes += std::string(modes.empty() ? "" : ", ") + "bf16 moments";
   return modes.empty() ? s : s + " (" + modes + ")";
 }
 
@@ -72,7 +74,8 @@ planner::Layout layout_of(const parallel::TrainingPlan& plan, int rank) {
 
 planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank) {
   const nn::Precision prec = resolve_precision(cfg.train, nullptr);
-  planner::Layout l = layout_of(make_plan(cfg, prec, static_cast<int>(world_size)), static_cast<int>(rank));
+  planner::Layout l =
+      layout_of(make_plan(cfg, prec, static_cast<int>(world_size)), static_cast<int>(rank));
   l.stage_rank = 0;  // the stage's first rank (as predicted before the plan named ranks)
   return l;
 }
@@ -82,8 +85,9 @@ std::string describe(const planner::Layout& l) {
   os << "dp " << l.dp << (l.zero1 ? " (ZeRO-1)" : "");
   if (l.tp > 1) os << ", tp " << l.tp << (l.sequence_parallel ? " (sp)" : "");
   if (l.ep > 1) os << ", ep " << l.ep;
-  if (l.pp > 1) os << ", pp " << l.pp << (l.vpp > 1 ? " x vpp " + std::to_string(l.vpp) : "") << " " << l.schedule
-                   << (l.stage >= 0 ? " stage " + std::to_string(l.stage) : std::string());
+  if (l.pp > 1)
+    os << ", pp " << l.pp << (l.vpp > 1 ? " x vpp " + std::to_string(l.vpp) : "") << " "
+       << l.schedule << (l.stage >= 0 ? " stage " + std::to_string(l.stage) : std::string());
   return os.str();
 }
 
@@ -133,7 +137,8 @@ nlohmann::json memory_json(const std::vector<MemoryRow>& rows) {
   return out;
 }
 
-std::string memory_plan(const Config& cfg, const parallel::TrainingPlan& plan, int rank, int64_t threads) {
+std::string memory_plan(const Config& cfg, const parallel::TrainingPlan& plan, int rank,
+                        int64_t threads) {
   const planner::MemoryInputs in = memory_inputs(cfg, plan, rank, threads);
   const planner::Layout& layout = in.layout;
   const planner::MemoryEstimate est = planner::estimate_memory(in);
@@ -141,8 +146,9 @@ std::string memory_plan(const Config& cfg, const parallel::TrainingPlan& plan, i
   const int64_t fits = planner::largest_fitting_micro_batch(in, budget);
   std::ostringstream os;
   os << "memory (rank " << rank << ", predicted): " << describe_precision(in) << ", recompute "
-     << nn::describe(in.recompute) << ", micro-batch " << in.micro_batch << " x " << in.seq_len << " tokens, "
-     << describe(layout) << (layout.ep > 1 ? " (balanced routing assumed)" : "") << "\n";
+     << nn::describe(in.recompute) << ", micro-batch " << in.micro_batch << " x " << in.seq_len
+     << " tokens, " << describe(layout) << (layout.ep > 1 ? " (balanced routing assumed)" : "")
+     << "\n";
   os << memory_table({{"predicted peak", est}});
   os << "memory budget " << planner::format_bytes(budget)
      << (cfg.train.memory_budget == "auto" ? " (available memory)" : " (train.memory_budget)")

@@ -48,7 +48,8 @@ nlohmann::json memory_json(const std::vector<MemoryRow>& rows);
 // rank, the budget, and the largest micro-batch (at this seq_len, policy and
 // precision) whose predicted peak fits it; a warning line when the
 // configured micro-batch does not fit.
-std::string memory_plan(const Config& cfg, const parallel::TrainingPlan& plan, int rank, int64_t threads);
+std::string memory_plan(const Config& cfg, const parallel::TrainingPlan& plan, int rank,
+                        int64_t threads);
 // The allocator's measured peaks in the same shape (for comparisons).
 planner::MemoryEstimate measured_peaks(const MemStats& stats);
 

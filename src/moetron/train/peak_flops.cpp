@@ -21,7 +21,8 @@ double measure_peak_flops(DType compute, int threads) {
   for (int i = 0; i < 4; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     kernels::matmul(probe, a, b, c, {});
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * static_cast<double>(n * n * n) / best;
 }

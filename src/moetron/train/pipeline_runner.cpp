@@ -7,14 +7,16 @@ namespace moetron::train {
 
 namespace {
 using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
 }  // namespace
 
-PipelineRunner::PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group, parallel::ScheduleKind schedule,
-                               int64_t vpp)
+PipelineRunner::PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group,
+                               parallel::ScheduleKind schedule, int64_t vpp)
     : model_(model), pp_(pp_group), schedule_(schedule), v_(vpp) {
-  MOETRON_CHECK(model_.num_chunks() == v_, "pipeline rank holds ", model_.num_chunks(), " chunks, expected parallel.vpp = ",
-                v_);
+  MOETRON_CHECK(model_.num_chunks() == v_, "pipeline rank holds ", model_.num_chunks(),
+                " chunks, expected parallel.vpp = ", v_);
 }
 
 int64_t PipelineRunner::activation_rows(int64_t tokens) const {
@@ -48,10 +50,10 @@ void PipelineRunner::finish_sends() {
   wait_s_ += since(t0);
 }
 
-PipelineRunner::StepResult PipelineRunner::train_step(kernels::Context& ctx, const std::vector<Tensor>& inputs,
-                                                      const std::vector<Tensor>& targets, double grad_scale,
-                                                      const std::vector<double>& loss_weights,
-                                                      const std::function<void()>& before_backward) {
+PipelineRunner::StepResult PipelineRunner::train_step(
+    kernels::Context& ctx, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
+    double grad_scale, const std::vector<double>& loss_weights,
+    const std::function<void()>& before_backward) {
   const auto m = static_cast<int64_t>(inputs.size());
   const int64_t pp = pp_.size(), me = pp_.rank(), last = stages() - 1;
   const std::vector<parallel::PipeOp> ops = parallel::pipeline_schedule(schedule_, pp, me, m, v_);
@@ -63,12 +65,18 @@ PipelineRunner::StepResult PipelineRunner::train_step(kernels::Context& ctx, con
   for (const parallel::PipeOp& op : ops) {
     const auto mi = static_cast<size_t>(op.mb);
     const int64_t j = virtual_stage(op.chunk);
-    const int64_t batch = inputs[mi].dim(0), seq = inputs[mi].dim(1), rows = activation_rows(batch * seq);
+    const int64_t batch = inputs[mi].dim(0), seq = inputs[mi].dim(1),
+                  rows = activation_rows(batch * seq);
     if (op.forward) {
-      const Tensor in = j == 0 ? inputs[mi] : receive(rows, static_cast<int>((j - 1) % pp), tag(op.mb, j, true));
+      const Tensor in =
+          j == 0 ? inputs[mi] : receive(rows, static_cast<int>((j - 1) % pp), tag(op.mb, j, true));
       nn::LossStats st;
-      const nn::Transformer::ChunkStep at{.chunk = op.chunk, .mb = op.mb, .batch = batch, .seq = seq,
-                                          .grad_scale = grad_scale, .loss_weight = loss_weights[mi],
+      const nn::Transformer::ChunkStep at{.chunk = op.chunk,
+                                          .mb = op.mb,
+                                          .batch = batch,
+                                          .seq = seq,
+                                          .grad_scale = grad_scale,
+                                          .loss_weight = loss_weights[mi],
                                           .backward = true};
       const Tensor out = model_.chunk_forward(ctx, at, in, targets[mi], st);
       res.stats.ce_sum += st.ce_sum;
@@ -80,7 +88,9 @@ PipelineRunner::StepResult PipelineRunner::train_step(kernels::Context& ctx, con
     } else {
       if (!armed && before_backward) before_backward();
       armed = true;
-      const Tensor d_out = j == last ? Tensor() : receive(rows, static_cast<int>((j + 1) % pp), tag(op.mb, j, false));
+      const Tensor d_out =
+          j == last ? Tensor()
+                    : receive(rows, static_cast<int>((j + 1) % pp), tag(op.mb, j, false));
       const bool final_grads = --backwards_left[static_cast<size_t>(op.chunk)] == 0;
       const Tensor d_in = model_.chunk_backward(ctx, op.chunk, op.mb, d_out, final_grads);
       if (j > 0) send(d_in, static_cast<int>((j - 1) % pp), tag(op.mb, j - 1, false));
@@ -91,15 +101,17 @@ PipelineRunner::StepResult PipelineRunner::train_step(kernels::Context& ctx, con
   return res;
 }
 
-nn::LossStats PipelineRunner::forward_only(kernels::Context& ctx, const Tensor& inputs, const Tensor& targets) {
+nn::LossStats PipelineRunner::forward_only(kernels::Context& ctx, const Tensor& inputs,
+                                           const Tensor& targets) {
   const int64_t pp = pp_.size(), last = stages() - 1;
   const int64_t batch = inputs.dim(0), seq = inputs.dim(1), rows = activation_rows(batch * seq);
   nn::LossStats stats;
   for (int64_t c = 0; c < v_; ++c) {
     const int64_t j = virtual_stage(c);
-    const Tensor in = j == 0 ? inputs : receive(rows, static_cast<int>((j - 1) % pp), tag(0, j, true));
-    const Tensor out =
-        model_.chunk_forward(ctx, {.chunk = c, .mb = 0, .batch = batch, .seq = seq}, in, targets, stats);
+    const Tensor in =
+        j == 0 ? inputs : receive(rows, static_cast<int>((j - 1) % pp), tag(0, j, true));
+    const Tensor out = model_.chunk_forward(ctx, {.chunk = c, .mb = 0, .batch = batch, .seq = seq},
+                                            in, targets, stats);
     if (j < last) send(out, static_cast<int>((j + 1) % pp), tag(0, j + 1, true));
   }
   finish_sends();

@@ -19,19 +19,21 @@ namespace moetron::train {
 class PipelineRunner {
  public:
   // pp_group: the pp ranks at this position of every stage, ordered by stage.
-  PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group, parallel::ScheduleKind schedule, int64_t vpp);
+  PipelineRunner(nn::Transformer& model, comm::Communicator& pp_group,
+                 parallel::ScheduleKind schedule, int64_t vpp);
 
   struct StepResult {
     // Summed over this rank's micro-batches (losses on the last stage); the
     // balancing losses weighted by loss_weights.
     nn::LossStats stats;
-    double wait_s = 0;    // blocked on receives and on sends completing: the bubble plus transfers
+    double wait_s = 0;  // blocked on receives and on sends completing: the bubble plus transfers
   };
   // One optimizer step's micro-batches. grad_scale, loss_weights[m] as for
   // Transformer::forward_backward; before_backward runs once, before the
   // first backward (arms the gradient reducers).
-  StepResult train_step(kernels::Context& ctx, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                        double grad_scale, const std::vector<double>& loss_weights,
+  StepResult train_step(kernels::Context& ctx, const std::vector<Tensor>& inputs,
+                        const std::vector<Tensor>& targets, double grad_scale,
+                        const std::vector<double>& loss_weights,
                         const std::function<void()>& before_backward);
   // Forward only (evaluation) of one batch through every stage.
   nn::LossStats forward_only(kernels::Context& ctx, const Tensor& inputs, const Tensor& targets);

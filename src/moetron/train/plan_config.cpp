@@ -9,13 +9,15 @@ nn::Precision resolve_precision(const TrainingConfig& train, std::string* notice
   if (precision == "fp32") return nn::Precision::fp32();
   if (precision == "bf16") {
     nn::Precision p = nn::Precision::bf16();
-    p.bf16_matrix_grads = parallel::parse_storage_dtype(train.grad_dtype, "train.grad_dtype") == DType::bf16;
+    p.bf16_matrix_grads =
+        parallel::parse_storage_dtype(train.grad_dtype, "train.grad_dtype") == DType::bf16;
     return p;
   }
   if (precision == "fp16") {
     __builtin_cpu_init();
     if (notice && !__builtin_cpu_supports("avx512fp16")) {
-      *notice = "this CPU has no fp16 arithmetic: fp16 tensors are stored in fp16 and computed in fp32";
+      *notice =
+          "this CPU has no fp16 arithmetic: fp16 tensors are stored in fp16 and computed in fp32";
     }
     return nn::Precision::fp16();
   }

@@ -13,7 +13,8 @@ namespace {
 using nlohmann::json;
 using parallel::Group;
 
-constexpr Group kGroups[] = {Group::tp, Group::dp, Group::pp, Group::stage, Group::ep, Group::expert_dp};
+constexpr Group kGroups[] = {Group::tp,    Group::dp, Group::pp,
+                             Group::stage, Group::ep, Group::expert_dp};
 
 json layer_ranges(const std::vector<parallel::LayerRange>& ranges) {
   json out = json::array();
@@ -65,8 +66,10 @@ json reducers_json(const parallel::RankPlan& rp) {
     json buckets = json::array();
     for (const parallel::PlannedBucket& b : r.buckets) {
       json names = json::array();
-      for (const parallel::PlannedSlot& s : b.slots) names.push_back(rp.inventory.params[s.param].name);
-      buckets.push_back({{"elements", b.numel}, {"chunk_elements", b.numel / r.size}, {"parameters", names}});
+      for (const parallel::PlannedSlot& s : b.slots)
+        names.push_back(rp.inventory.params[s.param].name);
+      buckets.push_back(
+          {{"elements", b.numel}, {"chunk_elements", b.numel / r.size}, {"parameters", names}});
     }
     const bool rs = r.options.mode == parallel::ReduceMode::reduce_scatter;
     out.push_back({{"carries", parallel::name_of(r.carries)},
@@ -80,12 +83,14 @@ json reducers_json(const parallel::RankPlan& rp) {
 
 json memory_bytes(const planner::MemoryEstimate& e) {
   json bytes = json::object();
-  for (int t = 0; t < kNumMemTags; ++t) bytes[std::string(mem_tag_name(static_cast<MemTag>(t)))] = e.peak[static_cast<size_t>(t)];
+  for (int t = 0; t < kNumMemTags; ++t)
+    bytes[std::string(mem_tag_name(static_cast<MemTag>(t)))] = e.peak[static_cast<size_t>(t)];
   bytes["total_peak"] = e.total_peak;
   return bytes;
 }
 
-json rank_json(const Config& cfg, const parallel::TrainingPlan& plan, int rank, const PlanReportOptions& o) {
+json rank_json(const Config& cfg, const parallel::TrainingPlan& plan, int rank,
+               const PlanReportOptions& o) {
   const parallel::RankPlan rp = plan.rank_plan(rank);
   const parallel::RankCoords& c = rp.coords;
   int64_t params = 0;
@@ -97,14 +102,16 @@ json rank_json(const Config& cfg, const parallel::TrainingPlan& plan, int rank, 
             {"head", rp.place.head},
             {"parameters", params},
             {"reducers", reducers_json(rp)}};
-  if (o.memory) j["memory"] = memory_bytes(planner::estimate_memory(memory_inputs(cfg, plan, rank, o.threads)));
+  if (o.memory)
+    j["memory"] = memory_bytes(planner::estimate_memory(memory_inputs(cfg, plan, rank, o.threads)));
   return j;
 }
 
 std::string join_ranges(const json& ranges) {
   std::ostringstream os;
   for (size_t i = 0; i < ranges.size(); ++i) {
-    os << (i ? " " : "") << "[" << ranges[i][0].get<int64_t>() << ", " << ranges[i][1].get<int64_t>() << ")";
+    os << (i ? " " : "") << "[" << ranges[i][0].get<int64_t>() << ", "
+       << ranges[i][1].get<int64_t>() << ")";
   }
   return os.str();
 }
@@ -115,8 +122,9 @@ std::string reducers_cell(const json& reducers) {
     const json& r = reducers[i];
     int64_t chunk = 0;
     for (const auto& b : r["buckets"]) chunk += b["chunk_elements"].get<int64_t>();
-    os << (i ? "; " : "") << r["carries"].get<std::string>() << " over " << r["group"].get<std::string>()
-       << r["size"].get<int>() << ": " << r["buckets"].size() << " buckets";
+    os << (i ? "; " : "") << r["carries"].get<std::string>() << " over "
+       << r["group"].get<std::string>() << r["size"].get<int>() << ": " << r["buckets"].size()
+       << " buckets";
     if (r["mode"] == "reduce_scatter") os << ", ZeRO chunk " << chunk;
   }
   return reducers.empty() ? "-" : os.str();
@@ -129,23 +137,21 @@ json plan_json(const Config& cfg, const parallel::TrainingPlan& plan, const Plan
   for (int64_t p = 0; p < plan.settings().pp; ++p) stages.push_back(layer_ranges(plan.chunks(p)));
   json ranks = json::array();
   for (int r = 0; r < plan.world_size(); ++r) ranks.push_back(rank_json(cfg, plan, r, o));
-  return {{"layout", settings_json(plan)},
-          {"recompute", nn::describe(recompute_policy(cfg))},
-          {"threads", o.threads},
-          {"stages", stages},
-          {"groups", groups_json(plan)},
-          {"ranks", ranks}};
+  return {{"layout", settings_json(plan)}, {"recompute", nn::describe(recompute_policy(cfg))},
+          {"threads", o.threads},          {"stages", stages},
+          {"groups", groups_json(plan)},   {"ranks", ranks}};
 }
 
 std::string plan_table(const json& plan, const PlanReportOptions& o) {
   std::ostringstream os;
   const json& l = plan["layout"];
-  os << "plan: " << l["world_size"] << " ranks = pp " << l["pp"] << " x dp " << l["dp"] << " x tp " << l["tp"]
-     << (l["sequence_parallel"].get<bool>() ? " (sp)" : "") << "; ep " << l["ep"]
-     << " folded into each stage's dp x tp ranks" << (l["zero1"].get<bool>() ? "; ZeRO-1" : "") << "; "
-     << l["microbatches_per_step"] << " micro-batches of " << l["micro_batch"] << " x " << l["seq_len"]
-     << " tokens per dp rank; " << l["precision"].get<std::string>() << ", " << l["optimizer"].get<std::string>()
-     << ", recompute " << plan["recompute"].get<std::string>() << "\n";
+  os << "plan: " << l["world_size"] << " ranks = pp " << l["pp"] << " x dp " << l["dp"] << " x tp "
+     << l["tp"] << (l["sequence_parallel"].get<bool>() ? " (sp)" : "") << "; ep " << l["ep"]
+     << " folded into each stage's dp x tp ranks" << (l["zero1"].get<bool>() ? "; ZeRO-1" : "")
+     << "; " << l["microbatches_per_step"] << " micro-batches of " << l["micro_batch"] << " x "
+     << l["seq_len"] << " tokens per dp rank; " << l["precision"].get<std::string>() << ", "
+     << l["optimizer"].get<std::string>() << ", recompute " << plan["recompute"].get<std::string>()
+     << "\n";
   for (size_t p = 0; p < plan["stages"].size(); ++p) {
     os << "stage " << p << ": layers " << join_ranges(plan["stages"][p]) << "\n";
   }
@@ -159,22 +165,25 @@ std::string plan_table(const json& plan, const PlanReportOptions& o) {
     os << "\n";
   }
   char buf[512];
-  std::snprintf(buf, sizeof(buf), "%5s %3s %3s %3s %3s %4s  %-16s %12s %14s  %s\n", "rank", "pp", "dp", "tp", "ep",
-                "edp", "layers", "parameters", "predicted peak", "reducers");
+  std::snprintf(buf, sizeof(buf), "%5s %3s %3s %3s %3s %4s  %-16s %12s %14s  %s\n", "rank", "pp",
+                "dp", "tp", "ep", "edp", "layers", "parameters", "predicted peak", "reducers");
   os << buf;
   int64_t shown = 0;
   for (const auto& r : plan["ranks"]) {
     if (shown++ == o.max_table_ranks) {
-      os << "... (" << plan["ranks"].size() - static_cast<size_t>(o.max_table_ranks) << " more ranks in the JSON)\n";
+      os << "... (" << plan["ranks"].size() - static_cast<size_t>(o.max_table_ranks)
+         << " more ranks in the JSON)\n";
       break;
     }
     const json& c = r["coords"];
-    const std::string peak =
-        r.contains("memory") ? planner::format_bytes(r["memory"]["total_peak"].get<int64_t>()) : "-";
-    std::snprintf(buf, sizeof(buf), "%5d %3d %3d %3d %3d %4d  %-16s %12lld %14s  %s\n", r["rank"].get<int>(),
-                  c["pp"].get<int>(), c["dp"].get<int>(), c["tp"].get<int>(), c["ep"].get<int>(), c["edp"].get<int>(),
-                  join_ranges(r["layers"]).c_str(), static_cast<long long>(r["parameters"].get<int64_t>()),
-                  peak.c_str(), reducers_cell(r["reducers"]).c_str());
+    const std::string peak = r.contains("memory")
+                                 ? planner::format_bytes(r["memory"]["total_peak"].get<int64_t>())
+                                 : "-";
+    std::snprintf(buf, sizeof(buf), "%5d %3d %3d %3d %3d %4d  %-16s %12lld %14s  %s\n",
+                  r["rank"].get<int>(), c["pp"].get<int>(), c["dp"].get<int>(), c["tp"].get<int>(),
+                  c["ep"].get<int>(), c["edp"].get<int>(), join_ranges(r["layers"]).c_str(),
+                  static_cast<long long>(r["parameters"].get<int64_t>()), peak.c_str(),
+                  reducers_cell(r["reducers"]).c_str());
     os << buf;
   }
   return os.str();

@@ -17,12 +17,13 @@
 namespace moetron::train {
 
 struct PlanReportOptions {
-  int64_t threads = 1;       // OpenMP threads per rank (per-thread kernel scratch)
-  bool memory = true;        // predict each rank's memory
+  int64_t threads = 1;           // OpenMP threads per rank (per-thread kernel scratch)
+  bool memory = true;            // predict each rank's memory
   int64_t max_table_ranks = 64;  // the table lists at most this many ranks (the JSON all)
 };
 
-nlohmann::json plan_json(const Config& cfg, const parallel::TrainingPlan& plan, const PlanReportOptions& o);
+nlohmann::json plan_json(const Config& cfg, const parallel::TrainingPlan& plan,
+                         const PlanReportOptions& o);
 // The same as a table (from plan_json's object).
 std::string plan_table(const nlohmann::json& plan, const PlanReportOptions& o);
 

@@ -14,8 +14,8 @@ using clock_type = std::chrono::steady_clock;
 
 // Median seconds of forward + backward of one micro-batch through a model
 // holding layer `layer` only (with the embedding and/or the head).
-double time_probe(const Config& cfg, const nn::Precision& prec, int64_t layer, bool embedding, bool head,
-                  int repeats) {
+double time_probe(const Config& cfg, const nn::Precision& prec, int64_t layer, bool embedding,
+                  bool head, int repeats) {
   nn::PipelinePlace place;
   place.chunks = {{layer, layer + 1}};
   place.embedding = embedding;
@@ -38,8 +38,11 @@ double time_probe(const Config& cfg, const nn::Precision& prec, int64_t layer, b
     model.params().zero_grads();
     nn::LossStats st;
     const auto t0 = clock_type::now();
-    const nn::Transformer::ChunkStep at{
-        .batch = b, .seq = s, .grad_scale = 1.0 / static_cast<double>(t), .loss_weight = 1.0, .backward = true};
+    const nn::Transformer::ChunkStep at{.batch = b,
+                                        .seq = s,
+                                        .grad_scale = 1.0 / static_cast<double>(t),
+                                        .loss_weight = 1.0,
+                                        .backward = true};
     (void)model.chunk_forward(ctx, at, embedding ? tokens : hidden, targets, st);
     (void)model.chunk_backward(ctx, 0, 0, head ? Tensor() : d_out, true);
     if (r > 0) times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
@@ -50,8 +53,8 @@ double time_probe(const Config& cfg, const nn::Precision& prec, int64_t layer, b
 
 }  // namespace
 
-MeasuredStageCosts measure_stage_costs(const Config& cfg, const nn::Precision& prec, comm::Communicator& world,
-                                       int repeats) {
+MeasuredStageCosts measure_stage_costs(const Config& cfg, const nn::Precision& prec,
+                                       comm::Communicator& world, int repeats) {
   MOETRON_CHECK(repeats >= 1, "stage cost probes need at least one timed repeat");
   const int64_t L = cfg.model.n_layers;
   int64_t dense = -1, moe = -1;
@@ -80,7 +83,8 @@ MeasuredStageCosts measure_stage_costs(const Config& cfg, const nn::Precision& p
   return m;
 }
 
-std::string describe_stages(const std::vector<std::pair<int64_t, int64_t>>& stages, const MeasuredStageCosts* measured) {
+std::string describe_stages(const std::vector<std::pair<int64_t, int64_t>>& stages,
+                            const MeasuredStageCosts* measured) {
   std::string s = "layers";
   for (const auto& [a, b] : stages) s += str_cat(" [", a, ", ", b, ")");
   if (!measured) return s + " (balanced by FLOPs, the head on the last)";

@@ -23,17 +23,18 @@
 namespace moetron::train {
 
 struct MeasuredStageCosts {
-  parallel::StageCosts costs;  // seconds per micro-batch, forward + backward
+  parallel::StageCosts costs;             // seconds per micro-batch, forward + backward
   double dense_layer = 0, moe_layer = 0;  // 0: the model has no layer of that kind
 };
 
 // Times the probes `repeats` times each (after one warm-up) and keeps the
 // median; every rank of `world` measures and the means are returned on all
 // (collective).
-MeasuredStageCosts measure_stage_costs(const Config& cfg, const nn::Precision& prec, comm::Communicator& world,
-                                       int repeats = 3);
+MeasuredStageCosts measure_stage_costs(const Config& cfg, const nn::Precision& prec,
+                                       comm::Communicator& world, int repeats = 3);
 
 // "layers [0, 3) [3, 4)" and what balanced them, for the log.
-std::string describe_stages(const std::vector<std::pair<int64_t, int64_t>>& stages, const MeasuredStageCosts* measured);
+std::string describe_stages(const std::vector<std::pair<int64_t, int64_t>>& stages,
+                            const MeasuredStageCosts* measured);
 
 }  // namespace moetron::train

@@ -15,9 +15,9 @@
 
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/core/manifest.h"
+#include "moetron/core/threading.h"
 #include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/matmul.h"
-#include "moetron/core/threading.h"
 #include "moetron/nn/flops.h"
 #include "moetron/optim/split_optimizer.h"
 #include "moetron/optim/zero_optimizer.h"
@@ -30,7 +30,8 @@ namespace moetron::train {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<comm::Communicator> world)
+Trainer::Trainer(Config cfg, std::string run_dir, bool resume,
+                 std::shared_ptr<comm::Communicator> world)
     : cfg_(std::move(cfg)), run_dir_(std::move(run_dir)), world_(std::move(world)) {
   if (!world_) world_ = comm::make_local_communicator();
   std::string notice;
@@ -38,7 +39,8 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume, std::shared_ptr<c
   if (!notice.empty()) std::cerr << "notice: " << notice << "\n";
   fp16_ = prec_.compute == DType::f16;
   scaler_ = optim::LossScaler(cfg_.train.loss_scale_init, cfg_.train.loss_scale_window);
-  ctx_ = std::make_unique<kernels::Context>(kernels::Backend::cpu, static_cast<int>(cfg_.train.threads));
+  ctx_ = std::make_unique<kernels::Context>(kernels::Backend::cpu,
+                                            static_cast<int>(cfg_.train.threads));
   open_corpus();
   make_plan_for_world();
   build_communicators();
@@ -55,11 +57,13 @@ void Trainer::open_corpus() {
                 "' is not a prepared corpus (no manifest.json); run `moetron prepare-data` first");
   const nlohmann::json info = verify_manifest(data_dir);
   const int64_t corpus_vocab = info.at("vocab_size").get<int64_t>();
-  MOETRON_CHECK(corpus_vocab <= cfg_.model.vocab_size, "corpus '", data_dir, "' has a vocabulary of ",
-                corpus_vocab, " but model.vocab_size is ", cfg_.model.vocab_size);
+  MOETRON_CHECK(corpus_vocab <= cfg_.model.vocab_size, "corpus '", data_dir,
+                "' has a vocabulary of ", corpus_vocab, " but model.vocab_size is ",
+                cfg_.model.vocab_size);
   train_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/train.bin", cfg_.model.vocab_size);
   val_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/val.bin", cfg_.model.vocab_size);
-  sampler_ = std::make_unique<data::WindowSampler>(*train_tokens_, cfg_.train.seq_len + 1, cfg_.train.seed);
+  sampler_ = std::make_unique<data::WindowSampler>(*train_tokens_, cfg_.train.seq_len + 1,
+                                                   cfg_.train.seed);
 }
 
 void Trainer::make_plan_for_world() {
@@ -72,7 +76,8 @@ void Trainer::make_plan_for_world() {
         make_plan(cfg_, prec_, world_->size(), parallel::balanced_stages(measured_->costs, s.pp)));
   }
   if (s.pp > 1 && s.vpp == 1 && is_root()) {
-    std::cout << "pipeline: " << s.pp << " stages of " << describe_stages(plan_->stages(), measured_.get()) << "\n";
+    std::cout << "pipeline: " << s.pp << " stages of "
+              << describe_stages(plan_->stages(), measured_.get()) << "\n";
   }
   rank_ = plan_->rank_plan(world_->rank());
   acc_ = plan_->accumulation();
@@ -85,29 +90,43 @@ void Trainer::build_communicators() {
   if (plan_->has_group(parallel::Group::tp)) tp_comm_ = &dense_mesh_->axis(Axis::tp);
   if (plan_->has_group(parallel::Group::pp)) pp_comm_ = &dense_mesh_->axis(Axis::pp);
   stage_comm_ = &dense_mesh_->group({Axis::tp, Axis::dp});  // (of one rank when pp = world)
-  if (plan_->has_group(parallel::Group::stage)) balance_comm_ = dense_mesh_->make_group({Axis::tp, Axis::dp});
+  if (plan_->has_group(parallel::Group::stage))
+    balance_comm_ = dense_mesh_->make_group({Axis::tp, Axis::dp});
   if (plan_->has_group(parallel::Group::ep)) {
     expert_mesh_ = std::make_unique<comm::ProcessMesh>(*world_, plan_->expert_mesh());
     ep_comm_ = &expert_mesh_->axis(Axis::ep);
   }
   for (const parallel::ReducerPlan& r : rank_.reducers) {
     switch (r.over) {
-      case parallel::Group::expert_dp: expert_grad_comm_ = expert_mesh_->make_group({Axis::dp}); break;
-      case parallel::Group::stage: partial_grad_comm_ = dense_mesh_->make_group({Axis::tp, Axis::dp}); break;
-      case parallel::Group::dp: grad_comm_ = dense_mesh_->make_group({Axis::dp}); break;
-      default: MOETRON_FAIL("a reducer over the ", parallel::name_of(r.over), " group");
+      case parallel::Group::expert_dp:
+        expert_grad_comm_ = expert_mesh_->make_group({Axis::dp});
+        break;
+      case parallel::Group::stage:
+        partial_grad_comm_ = dense_mesh_->make_group({Axis::tp, Axis::dp});
+        break;
+      case parallel::Group::dp:
+        grad_comm_ = dense_mesh_->make_group({Axis::dp});
+        break;
+      default:
+        MOETRON_FAIL("a reducer over the ", parallel::name_of(r.over), " group");
     }
   }
 }
 
 comm::Communicator* Trainer::group_comm(parallel::Group g) {
   switch (g) {
-    case parallel::Group::tp: return tp_comm_;
-    case parallel::Group::dp: return grad_comm_.get();
-    case parallel::Group::pp: return pp_comm_;
-    case parallel::Group::stage: return plan_->has_group(g) ? stage_comm_ : nullptr;
-    case parallel::Group::ep: return ep_comm_;
-    case parallel::Group::expert_dp: return expert_grad_comm_.get();
+    case parallel::Group::tp:
+      return tp_comm_;
+    case parallel::Group::dp:
+      return grad_comm_.get();
+    case parallel::Group::pp:
+      return pp_comm_;
+    case parallel::Group::stage:
+      return plan_->has_group(g) ? stage_comm_ : nullptr;
+    case parallel::Group::ep:
+      return ep_comm_;
+    case parallel::Group::expert_dp:
+      return expert_grad_comm_.get();
   }
   return nullptr;
 }
@@ -115,12 +134,14 @@ comm::Communicator* Trainer::group_comm(parallel::Group g) {
 void Trainer::build_model() {
   const parallel::PlanSettings& s = plan_->settings();
   nn::TensorParallel tpar{s.tp, at().tp, s.sequence_parallel, nullptr, nullptr};
-  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_, nn::ExpertParallel{s.ep, at().ep}, tpar,
-                                             rank_.place);
+  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_,
+                                             nn::ExpertParallel{s.ep, at().ep}, tpar, rank_.place);
   // The plan's buckets and the memory model read the predicted inventory:
   // it must be exactly what was built.
-  const std::string diff = nn::first_difference(nn::describe_parameters(model_->params()), rank_.inventory.params);
-  MOETRON_CHECK(diff.empty(), "rank ", world_->rank(), ": the model built differs from its plan: ", diff);
+  const std::string diff =
+      nn::first_difference(nn::describe_parameters(model_->params()), rank_.inventory.params);
+  MOETRON_CHECK(diff.empty(), "rank ", world_->rank(),
+                ": the model built differs from its plan: ", diff);
   if (tp_comm_) model_->set_tensor_group(tp_comm_);
   if (pp_comm_) pipeline_ = std::make_unique<PipelineRunner>(*model_, *pp_comm_, s.schedule, s.vpp);
   model_->initialize(cfg_.train.seed);
@@ -143,8 +164,8 @@ void Trainer::build_reducers() {
     comm::Communicator* c = r.carries == parallel::GradGroup::expert    ? expert_grad_comm_.get()
                             : r.carries == parallel::GradGroup::partial ? partial_grad_comm_.get()
                                                                         : grad_comm_.get();
-    auto reducer = std::make_unique<parallel::GradReducer>(model_->params(), *c, r.options, std::move(buckets),
-                                                           carries);
+    auto reducer = std::make_unique<parallel::GradReducer>(model_->params(), *c, r.options,
+                                                           std::move(buckets), carries);
     (r.carries == parallel::GradGroup::expert    ? expert_reducer_
      : r.carries == parallel::GradGroup::partial ? partial_reducer_
                                                  : reducer_) = std::move(reducer);
@@ -180,7 +201,8 @@ void Trainer::build_optimizer() {
   for (parallel::GradReducer* r : {reducer_.get(), partial_reducer_.get()}) {
     if (!r) continue;
     auto zero = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *r, replicated_ns);
-    if (r == reducer_.get()) zero->set_tensor_parallel(&model_->tensor_parallel());  // the partial group spans tp
+    if (r == reducer_.get())
+      zero->set_tensor_parallel(&model_->tensor_parallel());  // the partial group spans tp
     zero->set_overlap_param_gather(s.overlap_param_gather);
     zero_parts_.push_back(zero.get());
     parts.push_back({std::move(zero), false});
@@ -189,7 +211,9 @@ void Trainer::build_optimizer() {
     for (optim::ZeroOptimizer* z : zero_parts_) z->wait_for(p);
   };
   if (s.ep > 1) {
-    const auto is_expert = [](const nn::Parameter& p) { return p.kind == nn::ParallelKind::expert; };
+    const auto is_expert = [](const nn::Parameter& p) {
+      return p.kind == nn::ParallelKind::expert;
+    };
     parts.push_back({std::make_unique<optim::Optimizer>(model_->params(), oo, is_expert), true});
   }
   if (parts.size() == 1) {
@@ -209,7 +233,8 @@ void Trainer::resume_from_latest() {
     const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
     for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
     for (const auto& bad : skipped) {
-      std::cerr << "warning: moved the damaged checkpoint to '" << ckpt::quarantine_checkpoint(bad) << "'\n";
+      std::cerr << "warning: moved the damaged checkpoint to '" << ckpt::quarantine_checkpoint(bad)
+                << "'\n";
     }
     if (dir) chosen.data<int64_t>()[0] = ckpt::checkpoint_step(*dir);
   }
@@ -217,7 +242,8 @@ void Trainer::resume_from_latest() {
   const int64_t step = chosen.data<int64_t>()[0];
   if (step < 0) {
     if (is_root()) {
-      std::cerr << "notice: --resume found no complete checkpoint in '" << run_dir_ << "'; starting from step 0\n";
+      std::cerr << "notice: --resume found no complete checkpoint in '" << run_dir_
+                << "'; starting from step 0\n";
     }
     return;
   }
@@ -226,7 +252,8 @@ void Trainer::resume_from_latest() {
   start_step_ = st.at("step").get<int64_t>();
   skipped_ = st.value("skipped_steps", int64_t{0});
   if (st.contains("loss_scale")) {
-    scaler_.restore(st.at("loss_scale").get<double>(), st.at("loss_scale_clean_steps").get<int64_t>(),
+    scaler_.restore(st.at("loss_scale").get<double>(),
+                    st.at("loss_scale_clean_steps").get<int64_t>(),
                     st.at("overflow_steps").get<int64_t>());
   }
   if (is_root()) std::cerr << "resumed from " << dir << " at step " << start_step_ << "\n";
@@ -241,15 +268,15 @@ double Trainer::flops_per_token() const {
 double Trainer::evaluate() {
   const int64_t s = cfg_.train.seq_len, b = cfg_.train.micro_batch;
   const int64_t span = val_tokens_->size() - (s + 1);
-  MOETRON_CHECK(span >= 0, "validation split has ", val_tokens_->size(), " tokens, fewer than one window of ",
-                s + 1);
+  MOETRON_CHECK(span >= 0, "validation split has ", val_tokens_->size(),
+                " tokens, fewer than one window of ", s + 1);
   // Batch j is global: rows [j * mb * dp, (j + 1) * mb * dp) of the
   // validation windows, rank r taking mb of them, so every dp (with the
   // global batch fixed) sees the same windows, and every rank runs the same
   // forwards (the expert-parallel exchange is collective).
   Tensor sums = Tensor::zeros({2}, DType::f64, MemTag::comm);
   Tensor inputs = Tensor::empty({b, s}, DType::i32), targets = Tensor::empty({b, s}, DType::i32);
-    for (int64_t batch = 0; batch < cfg_.train.eval_batches; ++batch) {
+  for (int64_t batch = 0; batch < cfg_.train.eval_batches; ++batch) {
     for (int64_t r = 0; r < b; ++r) {
       const int64_t j = (batch * plan_->dp() + at().dp) * b + r;
       const int64_t start = span > 0 ? (j * (s + 1)) % span : 0;
@@ -257,8 +284,9 @@ double Trainer::evaluate() {
       std::copy(w, w + s, inputs.data<int32_t>() + r * s);
       std::copy(w + 1, w + s + 1, targets.data<int32_t>() + r * s);
     }
-    const nn::LossStats st = pipeline_ ? pipeline_->forward_only(*ctx_, inputs, targets)
-                                       : model_->forward_backward(*ctx_, inputs, targets, 0, 0, false);
+    const nn::LossStats st = pipeline_
+                                 ? pipeline_->forward_only(*ctx_, inputs, targets)
+                                 : model_->forward_backward(*ctx_, inputs, targets, 0, 0, false);
     if (at().tp > 0) continue;  // the tp ranks computed the same losses (only the last stage any)
     sums.data<double>()[0] += st.ce_sum;
     sums.data<double>()[1] += static_cast<double>(st.tokens);
@@ -281,10 +309,12 @@ std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving) {
   // Residuals belong to one rank of one layout: named by rank, optional on
   // load (a run resumed on another dp starts its error feedback from zero).
   const std::string me = "rank-" + std::to_string(world_->rank()) + ".";
-  for (const auto& [r, infix] : {std::pair{reducer_.get(), ""}, std::pair{expert_reducer_.get(), "experts."},
-                                 std::pair{partial_reducer_.get(), "partial."}}) {
+  for (const auto& [r, infix] :
+       {std::pair{reducer_.get(), ""}, std::pair{expert_reducer_.get(), "experts."},
+        std::pair{partial_reducer_.get(), "partial."}}) {
     if (!r) continue;
-    for (auto& [name, t] : r->residuals()) out.push_back({me + infix + name, t, 0, t.numel(), false});
+    for (auto& [name, t] : r->residuals())
+      out.push_back({me + infix + name, t, 0, t.numel(), false});
   }
   return out;
 }

@@ -14,13 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "moetron/comm/communicator.h"
+#include "moetron/comm/process_mesh.h"
 #include "moetron/data/token_dataset.h"
 #include "moetron/kernels/context.h"
 #include "moetron/nn/transformer.h"
 #include "moetron/optim/loss_scaler.h"
 #include "moetron/optim/optimizer.h"
 #include "moetron/parallel/grad_reducer.h"
-#include "moetron/comm/process_mesh.h"
 #include "moetron/parallel/training_plan.h"
 #include "moetron/train/config.h"
 #include "moetron/train/pipeline_runner.h"
@@ -98,7 +98,7 @@ class Trainer {
   // Test hook: runs before each optimizer step with the gradients in place.
   std::function<void(int64_t step)> before_update;
 
- // The plan this job runs and this rank's part of it.
+  // The plan this job runs and this rank's part of it.
   const parallel::TrainingPlan& plan() const { return *plan_; }
   const parallel::RankPlan& rank_plan() const { return rank_; }
   // The trainer's communicator for a group of the plan (nullptr where the
@@ -122,8 +122,9 @@ class Trainer {
   void resume_from_latest();
   // One step (trainer_step.cpp).
   StepRecord train_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets);
-  void forward_backward_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
-                             const std::vector<int64_t>& mb_tokens, StepRecord& rec);
+  void forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
+                             std::vector<Tensor>& targets, const std::vector<int64_t>& mb_tokens,
+                             StepRecord& rec);
   void apply_update(int64_t step, StepRecord& rec);
   nlohmann::json metrics_line(const StepRecord& rec, int64_t grad_bytes_before);
   // After a step's loads are recorded: the aux-free bias update (or reset).
@@ -170,18 +171,20 @@ class Trainer {
   comm::Communicator* pp_comm_ = nullptr;
   comm::Communicator* stage_comm_ = nullptr;
   std::unique_ptr<comm::Communicator> balance_comm_;
-  std::unique_ptr<comm::Communicator> grad_comm_;          // dense gradients and ZeRO-1 gathers over dp
+  std::unique_ptr<comm::Communicator> grad_comm_;  // dense gradients and ZeRO-1 gathers over dp
   std::unique_ptr<comm::Communicator> partial_grad_comm_;  // tp-partial gradients over the stage
   std::unique_ptr<comm::Communicator> expert_grad_comm_;   // expert gradients over their replicas
   comm::Communicator& stage() { return *stage_comm_; }
 
   std::unique_ptr<nn::Transformer> model_;
   std::unique_ptr<PipelineRunner> pipeline_;
-  std::unique_ptr<parallel::GradReducer> reducer_;          // dense (dp > 1 or ZeRO-1)
-  std::unique_ptr<parallel::GradReducer> partial_reducer_;  // router, shared experts, norms under sp (tp > 1)
-  std::unique_ptr<parallel::GradReducer> expert_reducer_;   // routed experts' replicas (ep > 1)
+  std::unique_ptr<parallel::GradReducer> reducer_;  // dense (dp > 1 or ZeRO-1)
+  std::unique_ptr<parallel::GradReducer>
+      partial_reducer_;  // router, shared experts, norms under sp (tp > 1)
+  std::unique_ptr<parallel::GradReducer> expert_reducer_;  // routed experts' replicas (ep > 1)
   std::unique_ptr<optim::ParamOptimizer> opt_;
-  std::vector<optim::ZeroOptimizer*> zero_parts_;  // ZeRO-1's parts of opt_ (dense over dp, tp-partial over the stage)
+  std::vector<optim::ZeroOptimizer*>
+      zero_parts_;  // ZeRO-1's parts of opt_ (dense over dp, tp-partial over the stage)
   int64_t acc_ = 1;
   bool fp16_ = false;
   optim::LossScaler scaler_;

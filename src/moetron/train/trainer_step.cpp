@@ -33,27 +33,32 @@ TrainResult Trainer::run() {
     inputs.push_back(Tensor::empty({cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32));
     targets.push_back(Tensor::empty({cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32));
   }
-  if (peak_flops_ == 0) peak_flops_ = measure_peak_flops(prec_.compute, static_cast<int>(cfg_.train.threads));
+  if (peak_flops_ == 0)
+    peak_flops_ = measure_peak_flops(prec_.compute, static_cast<int>(cfg_.train.threads));
   print_memory_plan();
   cpu_allocator().reset_peaks();
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
     const int64_t grad_bytes_before = gradient_bytes_sent();
     StepRecord rec = train_step(step, inputs, targets);
-    if (res.history.empty()) res.first_step_memory = cpu_allocator().stats();  // before any evaluation
+    if (res.history.empty())
+      res.first_step_memory = cpu_allocator().stats();  // before any evaluation
     nlohmann::json line = metrics_line(rec, grad_bytes_before);
     advance_routers(rec.skipped);
-    if ((cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == cfg_.train.steps) {
+    if ((cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) ||
+        step == cfg_.train.steps) {
       res.val_loss = evaluate();
       line["val_loss"] = res.val_loss;
     }
     if (is_root()) {
       metrics << line.dump() << "\n" << std::flush;
-      if (step % cfg_.train.log_every == 0 || step == cfg_.train.steps || step == start_step_ + 1) log_line(rec);
+      if (step % cfg_.train.log_every == 0 || step == cfg_.train.steps || step == start_step_ + 1)
+        log_line(rec);
       if (line.contains("val_loss") && !::isatty(STDOUT_FILENO)) {
         std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
       }
     }
-    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) {
+    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 &&
+        step != cfg_.train.steps) {
       save_checkpoint(step);
     }
     if (res.history.empty() && is_root()) {
@@ -84,7 +89,8 @@ void Trainer::print_memory_plan() const {
   }
 }
 
-StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets) {
+StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
+                               std::vector<Tensor>& targets) {
   maybe_inject_failure(world_->rank(), step);
   const auto t0 = clock_type::now();
   std::vector<int64_t> mb_tokens(static_cast<size_t>(acc_), 0);
@@ -98,11 +104,13 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs, std::v
   apply_update(step, rec);
   rec.step_s = std::chrono::duration<double>(clock_type::now() - t0).count();
   rec.tokens_per_s = static_cast<double>(rec.tokens) / rec.step_s;
-  rec.mfu = rec.tokens_per_s * flops_per_token() / (peak_flops_ * static_cast<double>(world_->size()));
+  rec.mfu =
+      rec.tokens_per_s * flops_per_token() / (peak_flops_ * static_cast<double>(world_->size()));
   return rec;
 }
 
-void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
+void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
+                                    std::vector<Tensor>& targets,
                                     const std::vector<int64_t>& mb_tokens, StepRecord& rec) {
   // fp16: the loss (hence every gradient) is multiplied by the loss scale;
   // the optimizer divides it out.
@@ -124,7 +132,8 @@ void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs, s
   const auto arm = [&] { for_each_reducer([&](parallel::GradReducer& r) { r.arm(step); }); };
   if (pipeline_) {
     std::vector<double> weights;
-    for (int64_t n : mb_tokens) weights.push_back(static_cast<double>(n) / step_tokens * loss_scale);
+    for (int64_t n : mb_tokens)
+      weights.push_back(static_cast<double>(n) / step_tokens * loss_scale);
     const PipelineRunner::StepResult pr =
         pipeline_->train_step(*ctx_, inputs, targets, loss_scale / step_tokens, weights, arm);
     // The micro-batches' aux losses are already weighted by their shares (x loss scale).
@@ -138,8 +147,8 @@ void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs, s
       const auto mi = static_cast<size_t>(m);
       const double share = static_cast<double>(mb_tokens[mi]) / step_tokens;
       if (m == acc_ - 1) arm();
-      const nn::LossStats st = model_->forward_backward(*ctx_, inputs[mi], targets[mi], loss_scale / step_tokens,
-                                                        share * loss_scale, true);
+      const nn::LossStats st = model_->forward_backward(
+          *ctx_, inputs[mi], targets[mi], loss_scale / step_tokens, share * loss_scale, true);
       add_stats(st, share);
     }
   }
@@ -176,11 +185,18 @@ void Trainer::apply_update(int64_t step, StepRecord& rec) {
 }
 
 nlohmann::json Trainer::metrics_line(const StepRecord& rec, int64_t grad_bytes_before) {
-  nlohmann::json line = {{"step", rec.step},        {"loss", rec.loss},         {"lr", rec.lr},
-                         {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
-                         {"mfu", rec.mfu},          {"aux_loss", rec.aux_loss}, {"z_loss", rec.z_loss},
-                         {"skipped", rec.skipped},  {"tokens", rec.tokens},
-                         {"dropped_slots", rec.dropped}, {"step_s", rec.step_s}};
+  nlohmann::json line = {{"step", rec.step},
+                         {"loss", rec.loss},
+                         {"lr", rec.lr},
+                         {"grad_norm", rec.grad_norm},
+                         {"tokens_per_s", rec.tokens_per_s},
+                         {"mfu", rec.mfu},
+                         {"aux_loss", rec.aux_loss},
+                         {"z_loss", rec.z_loss},
+                         {"skipped", rec.skipped},
+                         {"tokens", rec.tokens},
+                         {"dropped_slots", rec.dropped},
+                         {"step_s", rec.step_s}};
   if (pipeline_) {
     line["pipeline_wait_s"] = rec.pipeline_wait_s;
     // Each stage's time not waiting on the pipeline (its first rank's):
@@ -221,9 +237,11 @@ void Trainer::log_line(const StepRecord& r) {
   const double eta = r.tokens_per_s > 0 ? remaining * tokens_per_step / r.tokens_per_s : 0;
   char buf[256];
   std::snprintf(buf, sizeof(buf),
-                "step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %7.0f tok/s | MFU %5.1f%% | ETA %4.0fs%s",
-                static_cast<long long>(r.step), static_cast<long long>(cfg_.train.steps), r.loss, r.lr,
-                r.grad_norm, r.tokens_per_s, 100.0 * r.mfu, eta, r.skipped ? " | skipped" : "");
+                "step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %7.0f tok/s | MFU %5.1f%% | "
+                "ETA %4.0fs%s",
+                static_cast<long long>(r.step), static_cast<long long>(cfg_.train.steps), r.loss,
+                r.lr, r.grad_norm, r.tokens_per_s, 100.0 * r.mfu, eta,
+                r.skipped ? " | skipped" : "");
   if (::isatty(STDOUT_FILENO)) {
     std::cout << "\r" << buf << "\033[K" << std::flush;
     if (r.step == cfg_.train.steps) std::cout << "\n";
@@ -243,12 +261,14 @@ double Trainer::grad_norm(double grad_scale) {
   // ZeRO-1: its gradients live reduced in its bucket chunks, each counted
   // once over its group.
   for (optim::ZeroOptimizer* z : zero_parts_) {
-    const optim::ZeroOptimizer::GradSquares sq = z->grad_squares(*ctx_);  // collective over its group
+    const optim::ZeroOptimizer::GradSquares sq =
+        z->grad_squares(*ctx_);  // collective over its group
     replicated += sq.replicated;
     sharded.data<double>()[0] += sq.blocks;
   }
   for (const auto& p : model_->params().all()) {
-    if (std::any_of(zero_parts_.begin(), zero_parts_.end(), [&](optim::ZeroOptimizer* z) { return z->holds(*p); })) {
+    if (std::any_of(zero_parts_.begin(), zero_parts_.end(),
+                    [&](optim::ZeroOptimizer* z) { return z->holds(*p); })) {
       continue;
     }
     const bool is_expert = ep() > 1 && p->kind == nn::ParallelKind::expert;
@@ -280,7 +300,8 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
   for (int64_t m = 0; m < acc_; ++m) {
     const auto mi = static_cast<size_t>(m);
     for (int64_t r = 0; r < mb; ++r) {
-      const auto index = static_cast<uint64_t>((step - 1) * mb * acc_ * dp + m * mb * dp + at().dp * mb + r);
+      const auto index =
+          static_cast<uint64_t>((step - 1) * mb * acc_ * dp + m * mb * dp + at().dp * mb + r);
       sampler_->fill(index, window.data());
       std::copy(window.begin(), window.end() - 1, inputs[mi].data<int32_t>() + r * s);
       std::copy(window.begin() + 1, window.end(), targets[mi].data<int32_t>() + r * s);

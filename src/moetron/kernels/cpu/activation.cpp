@@ -60,8 +60,7 @@ void swiglu_forward(Context&, const Tensor& gate_up, const Tensor& out) {
   });
 }
 
-void swiglu_backward(Context&, const Tensor& dout, const Tensor& gate_up,
-                     const Tensor& d_gate_up) {
+void swiglu_backward(Context&, const Tensor& dout, const Tensor& gate_up, const Tensor& d_gate_up) {
   const int64_t F = check_swiglu("swiglu_backward", gate_up, dout, "swiglu dout");
   check_tensor(d_gate_up, "swiglu d_gate_up", gate_up.shape(), gate_up.dtype());
   const int64_t T = gate_up.dim(0);
@@ -70,8 +69,7 @@ void swiglu_backward(Context&, const Tensor& dout, const Tensor& gate_up,
     const S* pgu = ptr<S>(gate_up);
     const S* pd = ptr<S>(dout);
     S* pdgu = ptr<S>(d_gate_up);
-#pragma omp parallel for schedule(static) firstprivate(F, pgu, pd, pdgu) \
-    if (T * F > kParallelElems)
+#pragma omp parallel for schedule(static) firstprivate(F, pgu, pd, pdgu) if (T * F > kParallelElems)
     for (int64_t t = 0; t < T; ++t) {
       const S* g = pgu + t * 2 * F;
       const S* u = g + F;
@@ -100,16 +98,16 @@ void softmax_forward(Context&, const Tensor& x, const Tensor& y) {
   // f32 (the row stays in L1), in a per-thread f32 row for bf16, so every
   // element costs one exp and y is rounded only once.
   const bool need_scratch = x.dtype() != DType::f32;
-  Tensor scratch = need_scratch ? Tensor::empty({omp_get_max_threads(), C}, DType::f32,
-                                                MemTag::workspace)
-                                : Tensor();
+  Tensor scratch = need_scratch
+                       ? Tensor::empty({omp_get_max_threads(), C}, DType::f32, MemTag::workspace)
+                       : Tensor();
   float* pscratch = need_scratch ? ptr<float>(scratch) : nullptr;
   dispatch_f32_bf16(x.dtype(), "softmax_forward", [&](auto tag) {
     using S = decltype(tag);
     const S* px = ptr<S>(x);
     S* py = ptr<S>(y);
-#pragma omp parallel for schedule(static) firstprivate(C, px, py, pscratch) \
-    if (R * C > kParallelElems)
+#pragma omp parallel for schedule(static) \
+    firstprivate(C, px, py, pscratch) if (R * C > kParallelElems)
     for (int64_t r = 0; r < R; ++r) {
       const S* xr = px + r * C;
       S* yr = py + r * C;

@@ -25,10 +25,14 @@ Factors make_factors(const AdamWArgs& a) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
   const auto f = [](double x) { return simd::set1(static_cast<float>(x)); };
-  return {f(a.beta1),      f(1.0 - static_cast<double>(a.beta1)),
-          f(a.beta2),      f(1.0 - static_cast<double>(a.beta2)),
-          f(1.0 / bc1),    f(1.0 / std::sqrt(bc2)),
-          f(a.eps),        f(a.lr),
+  return {f(a.beta1),
+          f(1.0 - static_cast<double>(a.beta1)),
+          f(a.beta2),
+          f(1.0 - static_cast<double>(a.beta2)),
+          f(1.0 / bc1),
+          f(1.0 / std::sqrt(bc2)),
+          f(a.eps),
+          f(a.lr),
           f(static_cast<double>(a.lr) * static_cast<double>(a.weight_decay)),
           f(a.grad_scale)};
 }
@@ -38,16 +42,16 @@ Factors make_factors(const AdamWArgs& a) {
 template <typename G, typename M, typename P>
 void adamw_loop(float* w, const G* grad, M* m, M* v, P* copy, int64_t n, const Factors& k) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) firstprivate(w, grad, m, v, copy, n, k) \
-    if (n > kParallelElems)
+#pragma omp parallel for schedule(static) \
+    firstprivate(w, grad, m, v, copy, n, k) if (n > kParallelElems)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t end = std::min(n, (b + 1) * kBlock);
     for (int64_t i = b * kBlock; i < end; i += 16) {
       const simd::mask16 mk = lane_mask(end - i);
       const simd::vf g = simd::mul(k.scale, load16(grad + i, mk));
       const simd::vf mi = simd::fmadd(k.b1, load16(m + i, mk), simd::mul(k.one_minus_b1, g));
-      const simd::vf vi = simd::fmadd(k.b2, load16(v + i, mk),
-                                        simd::mul(k.one_minus_b2, simd::mul(g, g)));
+      const simd::vf vi =
+          simd::fmadd(k.b2, load16(v + i, mk), simd::mul(k.one_minus_b2, simd::mul(g, g)));
       // (m / bc1) / (sqrt(v / bc2) + eps) = (m / bc1) / (sqrt(v) / sqrt(bc2) + eps)
       const simd::vf denom = simd::fmadd(simd::sqrt(vi), k.inv_sqrt_bc2, k.eps);
       const simd::vf update = simd::div(simd::mul(mi, k.inv_bc1), denom);

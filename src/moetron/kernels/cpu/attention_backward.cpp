@@ -45,8 +45,7 @@ void grad_tile(const float* s, const float* dp, const float* L, const float* D, 
         const simd::vf x = simd::fmsub(simd::load(s + at), vscale, simd::set1(L[row]));
         pr[t] = exp16(x);
         if (partial) {
-          pr[t] = simd::keep(visible16(mask, mask.q_offset + i0 + row, j0 + 16 * v, Sk),
-                                      pr[t]);
+          pr[t] = simd::keep(visible16(mask, mask.q_offset + i0 + row, j0 + 16 * v, Sk), pr[t]);
         }
         const simd::vf g = simd::sub(simd::load(dp + at), simd::set1(D[row]));
         dsr[t] = simd::mul(simd::mul(pr[t], g), vscale);

@@ -1,8 +1,8 @@
 // Building blocks of the CPU attention kernels: tile sizes, packing of
 // [rows x head_dim] slices of q/k/v/dout into the layouts the 16-lane
 // micro-kernels read (simd.h), the micro-kernels themselves (f32 FMA, bf16
-// pair dot products: AVX512-BF16's dpbf16 where present), and the tile-level mask (classification of a whole
-// Bq x Bk tile, and the per-row visibility bits of a boundary tile).
+// pair dot products: AVX512-BF16's dpbf16 where present), and the tile-level mask (classification
+// of a whole Bq x Bk tile, and the per-row visibility bits of a boundary tile).
 //
 // Storage types: `float` for f32 tensors, `uint16_t` (bf16 bits) for bf16.
 // The bf16 micro-kernel consumes the reduction dimension in pairs (kPack = 2):
@@ -13,7 +13,6 @@
 // head_dim to a multiple of 16), so the kernels run only full tiles; padding
 // contributes zeros to every product and padded keys are masked.
 #pragma once
-
 
 #include <algorithm>
 #include <cstdint>

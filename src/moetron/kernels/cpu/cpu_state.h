@@ -3,8 +3,8 @@
 // growable scratch buffer for kernels that need an fp32 staging area.
 #pragma once
 
-#include <oneapi/dnnl/dnnl.hpp>
 #include <xxhash.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <array>
 #include <cstdint>

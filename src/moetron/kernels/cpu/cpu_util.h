@@ -11,14 +11,18 @@
 
 namespace moetron::kernels::cpu {
 
-inline float to_f32(float x) { return x; }
+inline float to_f32(float x) {
+  return x;
+}
 inline float to_f32(bf16 x) {
   uint32_t u = static_cast<uint32_t>(x.bits) << 16;
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline float to_f32(f16 x) { return f16_to_f32(x.bits); }
+inline float to_f32(f16 x) {
+  return f16_to_f32(x.bits);
+}
 
 template <typename T>
 inline T from_f32(float x);
@@ -39,10 +43,14 @@ inline f16 from_f32<f16>(float x) {
 template <typename Fn>
 decltype(auto) dispatch_float(DType dtype, const char* what, Fn&& fn) {
   switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::bf16: return fn(bf16{});
-    case DType::f16: return fn(f16{});
-    default: break;
+    case DType::f32:
+      return fn(float{});
+    case DType::bf16:
+      return fn(bf16{});
+    case DType::f16:
+      return fn(f16{});
+    default:
+      break;
   }
   MOETRON_FAIL(what, ": the CPU backend takes f32, bf16 or f16, got ", dtype_name(dtype));
 }

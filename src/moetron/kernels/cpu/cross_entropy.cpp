@@ -2,8 +2,6 @@
 // order (max, sum of exp, gradient), so the losses and dlogits do not depend
 // on the thread count; the fused version's GEMMs are the CPU matmul kernel.
 
-
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -56,8 +54,7 @@ void check_f32(const Tensor& t, const char* fn, const char* name) {
 // x itself: every 16-lane block is read before it is written), and also
 // rounded into dl_bf16[0, V) when that is not null.
 template <typename TX, typename TG>
-float xent_row(const TX* x, int64_t V, int32_t target, float grad_scale, TG* dl,
-               bf16* dl_bf16) {
+float xent_row(const TX* x, int64_t V, int32_t target, float grad_scale, TG* dl, bf16* dl_bf16) {
   if (target < 0) {
     for (int64_t v = 0; v < V && dl; v += 16) store16(dl + v, simd::zero(), V - v);
     for (int64_t v = 0; v < V && dl_bf16; v += 16) store16(dl_bf16 + v, simd::zero(), V - v);
@@ -124,8 +121,8 @@ void cross_entropy(Context&, const Tensor& logits, const Tensor& targets, float 
 
 Scratch cross_entropy_fused_scratch(const CrossEntropyFusedShape& s) {
   MOETRON_CHECK(s.tokens >= 0 && s.vocab >= 0 && s.dim >= 0 && s.chunk_tokens >= 1,
-                "cross_entropy_fused_scratch: bad shape T ", s.tokens, " V ", s.vocab, " D ",
-                s.dim, " chunk ", s.chunk_tokens);
+                "cross_entropy_fused_scratch: bad shape T ", s.tokens, " V ", s.vocab, " D ", s.dim,
+                " chunk ", s.chunk_tokens);
   if (s.tokens == 0) return {};  // the kernel returns before allocating
   const bool is_bf16 = s.dtype == DType::bf16;
   const int64_t C = std::min(s.chunk_tokens, s.tokens);

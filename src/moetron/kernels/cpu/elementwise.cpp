@@ -1,6 +1,5 @@
 #include "moetron/kernels/elementwise.h"
 
-
 #include "moetron/kernels/cpu/cpu_util.h"
 #include "moetron/kernels/cpu/simd.h"
 

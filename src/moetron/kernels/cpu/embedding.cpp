@@ -20,7 +20,8 @@ void check_ids(const char* fn, const Tensor& ids, const Tensor& table, const cha
                int64_t vocab_offset) {
   MOETRON_CHECK(ids.rank() == 1 && ids.dtype() == DType::i32, fn, ": ids must be i32 [T], got ",
                 ids.str());
-  MOETRON_CHECK(table.rank() == 2, fn, ": ", table_name, " must be [V_local, D], got ", table.str());
+  MOETRON_CHECK(table.rank() == 2, fn, ": ", table_name, " must be [V_local, D], got ",
+                table.str());
   MOETRON_CHECK(vocab_offset >= 0, fn, ": vocab_offset must be >= 0, got ", vocab_offset);
   const int32_t* p = ptr<int32_t>(ids);
   for (int64_t t = 0; t < ids.dim(0); ++t) {
@@ -100,8 +101,8 @@ void embedding_backward(Context&, const Tensor& ids, const Tensor& dout, const T
     using S = decltype(tag);
     const S* pd = ptr<S>(dout);
     // Dynamic: token counts per row are uneven (frequent tokens).
-#pragma omp parallel for schedule(dynamic, 64) firstprivate(D, pd, pdt, start, order) \
-    if (T * D > kParallelElems)
+#pragma omp parallel for schedule(dynamic, 64) \
+    firstprivate(D, pd, pdt, start, order) if (T * D > kParallelElems)
     for (int64_t r = 0; r < V; ++r) {
       if (start[r] == start[r + 1]) continue;
       // Token-major: each dout row streams once, the dtable row stays in L1;

@@ -19,7 +19,8 @@ char* bytes_at_mut(const Tensor& t, int64_t elements) {
 }
 }  // namespace
 
-void matmul(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c, const MatmulArgs& args) {
+void matmul(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c,
+            const MatmulArgs& args) {
   const MatmulDims d = check_matmul(a, b, c, args, DtypePolicy::cpu);
   GemmSpec s;
   s.batch = d.batch;
@@ -42,8 +43,8 @@ void matmul(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& c, con
   gemm(ctx.cpu_state(), s, a.raw(), b.raw(), c.raw());
 }
 
-void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, std::span<const int64_t> offsets,
-                    const Tensor& y, bool trans_w, float beta) {
+void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w,
+                    std::span<const int64_t> offsets, const Tensor& y, bool trans_w, float beta) {
   const GroupedDims d = check_grouped_matmul(x, w, offsets, y, trans_w, DtypePolicy::cpu);
   CpuState& st = ctx.cpu_state();
   for (int64_t e = 0; e < d.groups; ++e) {

@@ -49,10 +49,12 @@ dnnl::primitive create(CpuState& st, const GemmSpec& s, VaryingDim runtime) {
     attr.set_post_ops(po);
   }
   try {
-    return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), attr, st.engine));
+    return dnnl::matmul(
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), attr, st.engine));
   } catch (const dnnl::error& e) {
     MOETRON_FAIL("gemm: oneDNN cannot create a matmul for m=", s.m, " n=", s.n, " k=", s.k,
-                 " batch=", s.batch, " ", dtype_name(s.ab), " -> ", dtype_name(s.c), ": ", e.what());
+                 " batch=", s.batch, " ", dtype_name(s.ab), " -> ", dtype_name(s.c), ": ",
+                 e.what());
   }
 }
 
@@ -66,7 +68,8 @@ CachedPrimitive& lookup(CpuState& st, const GemmSpec& s, VaryingDim varying) {
     // repeat the uninterrupted one bit for bit.
     const PrimitiveKey rt = make_key(s, varying, kRuntime);
     auto it = cache.find(rt);
-    if (it == cache.end()) it = cache.emplace(rt, CachedPrimitive{create(st, s, varying), {}}).first;
+    if (it == cache.end())
+      it = cache.emplace(rt, CachedPrimitive{create(st, s, varying), {}}).first;
     return it->second;
   }
   const PrimitiveKey exact = make_key(s, VaryingDim::none, 0);
@@ -86,17 +89,18 @@ void store_bf16(const float* src, uint16_t* c, int64_t n, float beta) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < full; i += 16) {
     simd::vf v = simd::load(src + i);
-    if (beta != 0.0f) v = simd::fmadd(simd::set1(beta), simd::load(reinterpret_cast<const bf16*>(c + i)), v);
+    if (beta != 0.0f)
+      v = simd::fmadd(simd::set1(beta), simd::load(reinterpret_cast<const bf16*>(c + i)), v);
     simd::store(reinterpret_cast<bf16*>(c + i), v);
   }
   if (full < n) {
     const simd::mask16 m = simd::first_lanes(n - full);
     simd::vf v = simd::load(src + full, m);
-    if (beta != 0.0f) v = simd::fmadd(simd::set1(beta), simd::load(reinterpret_cast<const bf16*>(c + full), m), v);
+    if (beta != 0.0f)
+      v = simd::fmadd(simd::set1(beta), simd::load(reinterpret_cast<const bf16*>(c + full), m), v);
     simd::store(reinterpret_cast<bf16*>(c + full), v, m);
   }
 }
-
 
 // n bf16 values widened to fp32 (exact).
 void widen_bf16(const void* src, float* dst, int64_t n) {
@@ -128,9 +132,12 @@ void scale_only(const GemmSpec& s, void* c) {
 
 memory::data_type to_dnnl(DType t) {
   switch (t) {
-    case DType::f32: return memory::data_type::f32;
-    case DType::bf16: return memory::data_type::bf16;
-    default: break;
+    case DType::f32:
+      return memory::data_type::f32;
+    case DType::bf16:
+      return memory::data_type::bf16;
+    default:
+      break;
   }
   MOETRON_FAIL("gemm: oneDNN matmul takes f32 or bf16, got ", dtype_name(t));
 }
@@ -185,7 +192,8 @@ GemmSlots gemm_slots(const GemmSpec& s, bool widens) {
   return g;
 }
 
-void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c, VaryingDim varying) {
+void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c,
+          VaryingDim varying) {
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
   if (s.k == 0) return scale_only(s, c);
   if (s.ab == DType::bf16 && !has_native_bf16_matmul(st)) {
@@ -218,12 +226,15 @@ void gemm(CpuState& st, const GemmSpec& s, const void* a, const void* b, void* c
     entry.primitive.execute(st.stream, entry.args);
   } else {
     const GemmDescs d = gemm_descs(p, to_dnnl(p.c));
-    entry.primitive.execute(st.stream, {{DNNL_ARG_SRC, memory(d.a, st.engine, const_cast<void*>(a))},
-                                        {DNNL_ARG_WEIGHTS, memory(d.b, st.engine, const_cast<void*>(b))},
-                                        {DNNL_ARG_DST, memory(d.c, st.engine, dst)}});
+    entry.primitive.execute(st.stream,
+                            {{DNNL_ARG_SRC, memory(d.a, st.engine, const_cast<void*>(a))},
+                             {DNNL_ARG_WEIGHTS, memory(d.b, st.engine, const_cast<void*>(b))},
+                             {DNNL_ARG_DST, memory(d.c, st.engine, dst)}});
   }
   st.stream.wait();
-  if (staged) store_bf16(static_cast<const float*>(dst), static_cast<uint16_t*>(c), s.batch * s.m * s.n, s.beta);
+  if (staged)
+    store_bf16(static_cast<const float*>(dst), static_cast<uint16_t*>(c), s.batch * s.m * s.n,
+               s.beta);
 }
 
 }  // namespace moetron::kernels::cpu

@@ -21,8 +21,8 @@ struct GemmSpec {
   int64_t batch = 1;
   bool b_batched = false;  // b holds `batch` matrices; otherwise one b shared by all
   int64_t m = 0, n = 0, k = 0;
-  bool trans_a = false;  // a stored [k, m] instead of [m, k]
-  bool trans_b = false;  // b stored [n, k] instead of [k, n]
+  bool trans_a = false;   // a stored [k, m] instead of [m, k]
+  bool trans_b = false;   // b stored [n, k] instead of [k, n]
   DType ab = DType::f32;  // dtype of a and b: f32 or bf16
   DType c = DType::f32;   // f32 or bf16
   float alpha = 1.0f;

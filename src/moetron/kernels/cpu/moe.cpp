@@ -1,8 +1,6 @@
 // CPU MoE routing and row movement. Every output element is produced by one
 // thread in a fixed order, so results do not depend on the thread count.
 
-
-
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -52,8 +50,7 @@ void score_row(const float* x, int64_t E, RouterScore score, float* s) {
     const simd::vf one = simd::set1(1.0f);
     for (int64_t e = 0; e < E; e += 16) {
       const simd::vf v = load16(x + e, E - e);
-      store16(s + e, simd::div(one, simd::add(one, exp16(simd::sub(simd::zero(), v)))),
-              E - e);
+      store16(s + e, simd::div(one, simd::add(one, exp16(simd::sub(simd::zero(), v)))), E - e);
     }
     return;
   }
@@ -80,7 +77,8 @@ void score_row(const float* x, int64_t E, RouterScore score, float* s) {
 void router_topk(Context&, const Tensor& logits, const Tensor& bias, const RouterArgs& args,
                  const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight) {
   const char* fn = "router_topk";
-  moe_detail::check_router_topk_args(fn, check_f32, logits, bias, scores, topk_idx, topk_weight, args);
+  moe_detail::check_router_topk_args(fn, check_f32, logits, bias, scores, topk_idx, topk_weight,
+                                     args);
   const int64_t T = logits.dim(0), E = logits.dim(1);
   const int64_t K = args.k;
   const float* px = ptr<float>(logits);
@@ -114,7 +112,8 @@ void router_topk(Context&, const Tensor& logits, const Tensor& bias, const Route
       }
       float chosen_sum = 0;
       for (int64_t k = 0; k < K; ++k) chosen_sum += s[id[k]];
-      for (int64_t k = 0; k < K; ++k) pw[t * K + k] = args.renormalize ? s[id[k]] / chosen_sum : s[id[k]];
+      for (int64_t k = 0; k < K; ++k)
+        pw[t * K + k] = args.renormalize ? s[id[k]] / chosen_sum : s[id[k]];
     }
   }
 }
@@ -123,8 +122,8 @@ void router_topk_backward(Context&, const Tensor& d_topk_weight, const Tensor& d
                           const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight,
                           const RouterArgs& args, const Tensor& d_logits) {
   const char* fn = "router_topk_backward";
-  moe_detail::check_router_backward_args(fn, check_f32, d_topk_weight, d_scores_extra, scores, topk_idx,
-                                         topk_weight, args, d_logits);
+  moe_detail::check_router_backward_args(fn, check_f32, d_topk_weight, d_scores_extra, scores,
+                                         topk_idx, topk_weight, args, d_logits);
   const int64_t T = scores.dim(0), E = scores.dim(1), K = args.k;
   const int32_t* pi = ptr<int32_t>(topk_idx);
   for (int64_t i = 0; i < T * K; ++i) {
@@ -240,7 +239,8 @@ void moe_unpermute_backward(Context&, const Tensor& dout, const Tensor& expert_o
   moe_detail::check_weights(fn, plan, topk_weight, "topk_weight");
   check_row_dtype(dout, fn);
   check_f32(topk_weight, fn, "topk_weight");
-  if (d_expert_out.defined()) moe_detail::check_rows(fn, plan, dout, "dout", d_expert_out, "d_expert_out");
+  if (d_expert_out.defined())
+    moe_detail::check_rows(fn, plan, dout, "dout", d_expert_out, "d_expert_out");
   if (d_topk_weight.defined()) {
     moe_detail::check_weights(fn, plan, d_topk_weight, "d_topk_weight");
     check_f32(d_topk_weight, fn, "d_topk_weight");

@@ -67,8 +67,8 @@ void rmsnorm_forward(Context&, const Tensor& x, const Tensor& w, float eps, cons
     const float* pw = ptr<float>(w);
     float* pr = ptr<float>(rstd);
     const int64_t D = d.cols;
-#pragma omp parallel for schedule(static) firstprivate(D, px, py, pw, pr, eps) \
-    if (d.rows * D > kParallelElems)
+#pragma omp parallel for schedule(static) \
+    firstprivate(D, px, py, pw, pr, eps) if (d.rows * D > kParallelElems)
     for (int64_t t = 0; t < d.rows; ++t) {
       const T* xr = px + t * D;
       T* yr = py + t * D;
@@ -86,8 +86,8 @@ void rmsnorm_forward(Context&, const Tensor& x, const Tensor& w, float eps, cons
 }
 
 Scratch rmsnorm_backward_scratch(int64_t rows, int64_t cols) {
-  MOETRON_CHECK(rows >= 0 && cols >= 0, "rmsnorm_backward_scratch: bad shape [", rows, ", ",
-                cols, "]");
+  MOETRON_CHECK(rows >= 0 && cols >= 0, "rmsnorm_backward_scratch: bad shape [", rows, ", ", cols,
+                "]");
   if (rows == 0 || cols == 0) return {};  // the kernel returns before allocating
   const int64_t chunk_rows = dw_chunk_rows(rows);
   Scratch s;
@@ -118,8 +118,8 @@ void rmsnorm_backward(Context&, const Tensor& dy, const Tensor& x, const Tensor&
     const float inv_d = 1.0f / static_cast<float>(D);
     // firstprivate: shared scalars would be re-read after every store
     // through a float pointer (the compiler cannot rule out aliasing).
-#pragma omp parallel for schedule(static) firstprivate(D, inv_d, px, pdy, pdx, pw, pr, pp) \
-    if (d.rows * D > kParallelElems)
+#pragma omp parallel for schedule(static) \
+    firstprivate(D, inv_d, px, pdy, pdx, pw, pr, pp) if (d.rows * D > kParallelElems)
     for (int64_t c = 0; c < chunks; ++c) {
       float* acc = pp + c * D;
       std::fill(acc, acc + D, 0.0f);

@@ -38,7 +38,8 @@ inline void sincos16(simd::vf a, simd::vf* sin_out, simd::vf* cos_out) {
   simd::vf cos_r = simd::mul(simd::mul(pc, z), z);
   cos_r = simd::fnmadd(simd::set1(0.5f), z, cos_r);
   cos_r = simd::add(cos_r, simd::set1(1.0f));
-  // quadrant q mod 4: sin a = (sin r, cos r, -sin r, -cos r), cos a = (cos r, -sin r, -cos r, sin r)
+  // quadrant q mod 4: sin a = (sin r, cos r, -sin r, -cos r), cos a = (cos r, -sin r, -cos r, sin
+  // r)
   const simd::vi qi = simd::to_int(q), qi1 = simd::to_int(simd::add(q, simd::set1(1.0f)));
   const simd::mask16 odd = simd::test_bits(qi, 1);
   const simd::mask16 sin_neg = simd::test_bits(qi, 2);
@@ -62,8 +63,8 @@ void rope_rotate(const char* fn, const Tensor& src, const Tensor& positions, flo
   Tensor freq = Tensor::empty({half}, DType::f32, MemTag::workspace);
   float* inv_freq = ptr<float>(freq);
   for (int64_t i = 0; i < half; ++i) {
-    inv_freq[i] = static_cast<float>(
-        std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(hd)));
+    inv_freq[i] = static_cast<float>(std::pow(
+        static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(hd)));
   }
   // Per-thread cos/sin of the current token's angles: [threads, 2 * half].
   Tensor table = Tensor::empty({omp_get_max_threads(), 2 * half}, DType::f32, MemTag::workspace);
@@ -73,8 +74,8 @@ void rope_rotate(const char* fn, const Tensor& src, const Tensor& positions, flo
     using S = decltype(tag);
     const S* ps = ptr<S>(src);
     S* pd = ptr<S>(dst);
-#pragma omp parallel for schedule(static) firstprivate(H, hd, half, ps, pd, pos, inv_freq, ptable, direction) \
-    if (T * H * hd > kParallelElems)
+#pragma omp parallel for schedule(static) firstprivate(H, hd, half, ps, pd, pos, inv_freq, ptable, \
+                                                       direction) if (T * H * hd > kParallelElems)
     for (int64_t t = 0; t < T; ++t) {
       float* cs = ptable + omp_get_thread_num() * 2 * half;
       float* sn = cs + half;

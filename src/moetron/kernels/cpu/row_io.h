@@ -11,11 +11,17 @@
 
 namespace moetron::kernels::cpu::row_io {
 
-inline simd::mask16 tail_mask(int64_t n) { return simd::first_lanes(n); }
+inline simd::mask16 tail_mask(int64_t n) {
+  return simd::first_lanes(n);
+}
 
 // The first min(n, 16) elements at p as f32; lanes past n are 0.
-inline simd::vf load16(const float* p, int64_t n) { return n >= 16 ? simd::load(p) : simd::load(p, tail_mask(n)); }
-inline simd::vf load16(const bf16* p, int64_t n) { return n >= 16 ? simd::load(p) : simd::load(p, tail_mask(n)); }
+inline simd::vf load16(const float* p, int64_t n) {
+  return n >= 16 ? simd::load(p) : simd::load(p, tail_mask(n));
+}
+inline simd::vf load16(const bf16* p, int64_t n) {
+  return n >= 16 ? simd::load(p) : simd::load(p, tail_mask(n));
+}
 // Lanes past n read `fill` instead (e.g. -inf for a max or a softmax).
 template <typename T>
 inline simd::vf load16_or(const T* p, int64_t n, simd::vf fill) {

@@ -18,7 +18,8 @@
 
 #include "moetron/core/dtype.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512BF16__)
 #define MOETRON_SIMD_AVX512 1
 #include <immintrin.h>
 #else
@@ -43,55 +44,116 @@ inline mask16 first_lanes(int64_t n) {
 using vf = __m512;
 using vi = __m512i;
 
-inline vf set1(float x) { return _mm512_set1_ps(x); }
-inline vf zero() { return _mm512_setzero_ps(); }
-inline vf load(const float* p) { return _mm512_loadu_ps(p); }
-inline vf load(const float* p, mask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline void store(float* p, vf v) { _mm512_storeu_ps(p, v); }
-inline void store(float* p, vf v, mask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline vf set1(float x) {
+  return _mm512_set1_ps(x);
+}
+inline vf zero() {
+  return _mm512_setzero_ps();
+}
+inline vf load(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline vf load(const float* p, mask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+inline void store(float* p, vf v) {
+  _mm512_storeu_ps(p, v);
+}
+inline void store(float* p, vf v, mask16 m) {
+  _mm512_mask_storeu_ps(p, m, v);
+}
 
-inline vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
-inline vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-inline vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-inline vf div(vf a, vf b) { return _mm512_div_ps(a, b); }
-inline vf max(vf a, vf b) { return _mm512_max_ps(a, b); }
-inline vf min(vf a, vf b) { return _mm512_min_ps(a, b); }
-inline vf sqrt(vf a) { return _mm512_sqrt_ps(a); }
-inline vf fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }    // a b + c
-inline vf fmsub(vf a, vf b, vf c) { return _mm512_fmsub_ps(a, b, c); }    // a b - c
-inline vf fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
-inline float reduce_add(vf a) { return _mm512_reduce_add_ps(a); }
-inline float reduce_max(vf a) { return _mm512_reduce_max_ps(a); }
+inline vf add(vf a, vf b) {
+  return _mm512_add_ps(a, b);
+}
+inline vf sub(vf a, vf b) {
+  return _mm512_sub_ps(a, b);
+}
+inline vf mul(vf a, vf b) {
+  return _mm512_mul_ps(a, b);
+}
+inline vf div(vf a, vf b) {
+  return _mm512_div_ps(a, b);
+}
+inline vf max(vf a, vf b) {
+  return _mm512_max_ps(a, b);
+}
+inline vf min(vf a, vf b) {
+  return _mm512_min_ps(a, b);
+}
+inline vf sqrt(vf a) {
+  return _mm512_sqrt_ps(a);
+}
+inline vf fmadd(vf a, vf b, vf c) {
+  return _mm512_fmadd_ps(a, b, c);
+}  // a b + c
+inline vf fmsub(vf a, vf b, vf c) {
+  return _mm512_fmsub_ps(a, b, c);
+}  // a b - c
+inline vf fnmadd(vf a, vf b, vf c) {
+  return _mm512_fnmadd_ps(a, b, c);
+}  // c - a b
+inline float reduce_add(vf a) {
+  return _mm512_reduce_add_ps(a);
+}
+inline float reduce_max(vf a) {
+  return _mm512_reduce_max_ps(a);
+}
 
 // Lane i: m_i ? b_i : a_i.
-inline vf blend(mask16 m, vf a, vf b) { return _mm512_mask_blend_ps(m, a, b); }
+inline vf blend(mask16 m, vf a, vf b) {
+  return _mm512_mask_blend_ps(m, a, b);
+}
 // Lane i: m_i ? a_i : 0.
-inline vf keep(mask16 m, vf a) { return _mm512_maskz_mov_ps(m, a); }
+inline vf keep(mask16 m, vf a) {
+  return _mm512_maskz_mov_ps(m, a);
+}
 // Lane i: m_i ? -a_i : a_i.
-inline vf negate_where(mask16 m, vf a) { return _mm512_mask_xor_ps(a, m, a, _mm512_set1_ps(-0.0f)); }
-inline mask16 less(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+inline vf negate_where(mask16 m, vf a) {
+  return _mm512_mask_xor_ps(a, m, a, _mm512_set1_ps(-0.0f));
+}
+inline mask16 less(vf a, vf b) {
+  return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ);
+}
 
 // Nearest integer (ties to even), as a float.
-inline vf round_even(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf round_even(vf a) {
+  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 // a * 2^n for integral n.
-inline vf scale_pow2(vf a, vf n) { return _mm512_scalef_ps(a, n); }
+inline vf scale_pow2(vf a, vf n) {
+  return _mm512_scalef_ps(a, n);
+}
 // Integral-valued lanes to int32, and the bits of an int32 test.
-inline vi to_int(vf integral) { return _mm512_cvtps_epi32(integral); }
-inline mask16 test_bits(vi a, int32_t bits) { return _mm512_test_epi32_mask(a, _mm512_set1_epi32(bits)); }
+inline vi to_int(vf integral) {
+  return _mm512_cvtps_epi32(integral);
+}
+inline mask16 test_bits(vi a, int32_t bits) {
+  return _mm512_test_epi32_mask(a, _mm512_set1_epi32(bits));
+}
 
 inline vf widen_bf16(__m256i raw) {
   // Zero-masked forms: GCC 12 reports the unmasked ones' undefined
   // pass-through as maybe-uninitialized once inlined.
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, raw), 16));
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, raw), 16));
 }
-inline vf load(const bf16* p) { return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline vf load(const bf16* p, mask16 m) { return widen_bf16(_mm256_maskz_loadu_epi16(m, p)); }
+inline vf load(const bf16* p) {
+  return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline vf load(const bf16* p, mask16 m) {
+  return widen_bf16(_mm256_maskz_loadu_epi16(m, p));
+}
 inline void store(bf16* p, vf v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
 }
-inline void store(bf16* p, vf v, mask16 m) { _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v)); }
+inline void store(bf16* p, vf v, mask16 m) {
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
 
-inline vf load(const f16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline vf load(const f16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 inline void store(f16* p, vf v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -124,8 +186,12 @@ typedef float vf __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
 typedef uint32_t vu_ __attribute__((vector_size(64)));
 
-inline vf set1(float x) { return vf{} + x; }
-inline vf zero() { return vf{}; }
+inline vf set1(float x) {
+  return vf{} + x;
+}
+inline vf zero() {
+  return vf{};
+}
 inline vf load(const float* p) {
   vf v;
   std::memcpy(&v, p, sizeof(v));
@@ -138,26 +204,46 @@ inline vf load(const float* p, mask16 m) {
     if (m >> i & 1) v[i] = p[i];
   return v;
 }
-inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+inline void store(float* p, vf v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 inline void store(float* p, vf v, mask16 m) {
   if (m == kAll) return store(p, v);
   for (int i = 0; i < 16; ++i)
     if (m >> i & 1) p[i] = v[i];
 }
 
-inline vf add(vf a, vf b) { return a + b; }
-inline vf sub(vf a, vf b) { return a - b; }
-inline vf mul(vf a, vf b) { return a * b; }
-inline vf div(vf a, vf b) { return a / b; }
-inline vf max(vf a, vf b) { return a > b ? a : b; }
-inline vf min(vf a, vf b) { return a < b ? a : b; }
+inline vf add(vf a, vf b) {
+  return a + b;
+}
+inline vf sub(vf a, vf b) {
+  return a - b;
+}
+inline vf mul(vf a, vf b) {
+  return a * b;
+}
+inline vf div(vf a, vf b) {
+  return a / b;
+}
+inline vf max(vf a, vf b) {
+  return a > b ? a : b;
+}
+inline vf min(vf a, vf b) {
+  return a < b ? a : b;
+}
 inline vf sqrt(vf a) {
   for (int i = 0; i < 16; ++i) a[i] = __builtin_sqrtf(a[i]);
   return a;
 }
-inline vf fmadd(vf a, vf b, vf c) { return a * b + c; }
-inline vf fmsub(vf a, vf b, vf c) { return a * b - c; }
-inline vf fnmadd(vf a, vf b, vf c) { return c - a * b; }
+inline vf fmadd(vf a, vf b, vf c) {
+  return a * b + c;
+}
+inline vf fmsub(vf a, vf b, vf c) {
+  return a * b - c;
+}
+inline vf fnmadd(vf a, vf b, vf c) {
+  return c - a * b;
+}
 inline float reduce_add(vf a) {
   // Halving tree, the order AVX-512's reduction uses.
   float s[16];
@@ -181,10 +267,18 @@ inline mask16 mask_of(vi lanes) {
   for (int i = 0; i < 16; ++i) m = static_cast<mask16>(m | ((lanes[i] != 0 ? 1u : 0u) << i));
   return m;
 }
-inline vf blend(mask16 m, vf a, vf b) { return lanes_of(m) ? b : a; }
-inline vf keep(mask16 m, vf a) { return lanes_of(m) ? a : vf{}; }
-inline vf negate_where(mask16 m, vf a) { return lanes_of(m) ? -a : a; }
-inline mask16 less(vf a, vf b) { return mask_of(a < b); }
+inline vf blend(mask16 m, vf a, vf b) {
+  return lanes_of(m) ? b : a;
+}
+inline vf keep(mask16 m, vf a) {
+  return lanes_of(m) ? a : vf{};
+}
+inline vf negate_where(mask16 m, vf a) {
+  return lanes_of(m) ? -a : a;
+}
+inline mask16 less(vf a, vf b) {
+  return mask_of(a < b);
+}
 
 inline vf round_even(vf a) {
   // Adding and removing 1.5 * 2^23 rounds to nearest even in the current
@@ -205,8 +299,12 @@ inline vf scale_pow2(vf a, vf n) {
   std::memcpy(&p, &bits, sizeof(p));
   return a * p;
 }
-inline vi to_int(vf integral) { return __builtin_convertvector(integral, vi); }
-inline mask16 test_bits(vi a, int32_t bits) { return mask_of((a & bits) != 0); }
+inline vi to_int(vf integral) {
+  return __builtin_convertvector(integral, vi);
+}
+inline mask16 test_bits(vi a, int32_t bits) {
+  return mask_of((a & bits) != 0);
+}
 
 inline vf load(const bf16* p) {
   uint16_t raw[16];
@@ -264,8 +362,10 @@ inline void store(f16* p, vf v) {
   __m256 lo, hi;
   std::memcpy(&lo, &v, 32);
   std::memcpy(&hi, reinterpret_cast<const char*>(&v) + 32, 32);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8),
+                   _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #else
   auto* q = reinterpret_cast<uint16_t*>(p);
   for (int i = 0; i < 16; ++i) q[i] = f32_to_f16(v[i]);

@@ -11,7 +11,9 @@
 namespace moetron::kernels::reference {
 
 namespace {
-double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+double sigmoid(double g) {
+  return 1.0 / (1.0 + std::exp(-g));
+}
 
 int64_t check_swiglu(const char* fn, const Tensor& gate_up, const Tensor& out) {
   MOETRON_CHECK(gate_up.rank() == 2 && gate_up.dim(1) % 2 == 0, fn,
@@ -42,8 +44,7 @@ void swiglu_forward(Context&, const Tensor& gate_up, const Tensor& out) {
   }
 }
 
-void swiglu_backward(Context&, const Tensor& dout, const Tensor& gate_up,
-                     const Tensor& d_gate_up) {
+void swiglu_backward(Context&, const Tensor& dout, const Tensor& gate_up, const Tensor& d_gate_up) {
   const int64_t F = check_swiglu("swiglu_backward", gate_up, dout);
   check_tensor(d_gate_up, "swiglu d_gate_up", gate_up.shape(), gate_up.dtype());
   for (int64_t t = 0; t < gate_up.dim(0); ++t) {

@@ -19,7 +19,8 @@ void check_float(const Tensor& t, const char* fn, const char* name) {
                 " must be a float tensor, got ", describe(t));
 }
 
-// Loss of one row of logits z; with grad, overwrites z with grad_scale (softmax(z) - onehot) into it.
+// Loss of one row of logits z; with grad, overwrites z with grad_scale (softmax(z) - onehot) into
+// it.
 double softmax_xent(std::vector<double>& z, int64_t target, double grad_scale, bool grad) {
   if (target < 0) {
     if (grad) std::fill(z.begin(), z.end(), 0.0);
@@ -99,7 +100,8 @@ void cross_entropy_fused(Context&, const Tensor& hidden, const Tensor& head_w,
     }
   }
   if (d_head_w.defined()) {
-    for (int64_t i = 0; i < V * D; ++i) store(d_head_w, i, load(d_head_w, i) + dw[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < V * D; ++i)
+      store(d_head_w, i, load(d_head_w, i) + dw[static_cast<size_t>(i)]);
   }
 }
 

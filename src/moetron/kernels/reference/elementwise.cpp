@@ -23,7 +23,8 @@ void scale(Context&, const Tensor& x, float alpha, const Tensor& out) {
 
 void axpy(Context&, float alpha, const Tensor& x, const Tensor& y) {
   check_same_numel(x, y, "axpy");
-  for (int64_t i = 0; i < y.numel(); ++i) store(y, i, load(y, i) + static_cast<double>(alpha) * load(x, i));
+  for (int64_t i = 0; i < y.numel(); ++i)
+    store(y, i, load(y, i) + static_cast<double>(alpha) * load(x, i));
 }
 
 void convert(Context&, const Tensor& src, const Tensor& dst) {

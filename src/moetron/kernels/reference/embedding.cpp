@@ -10,7 +10,8 @@ namespace {
 std::vector<int64_t> checked_ids(const char* fn, const Tensor& ids, const Tensor& table,
                                  const char* table_name, int64_t vocab_offset) {
   MOETRON_CHECK(ids.rank() == 1, fn, ": ids must be [T], got ", ids.str());
-  MOETRON_CHECK(table.rank() == 2, fn, ": ", table_name, " must be [V_local, D], got ", table.str());
+  MOETRON_CHECK(table.rank() == 2, fn, ": ", table_name, " must be [V_local, D], got ",
+                table.str());
   MOETRON_CHECK(is_floating(table.dtype()), fn, ": ", table_name, " must be a float tensor, got ",
                 table.str());
   MOETRON_CHECK(vocab_offset >= 0, fn, ": vocab_offset must be >= 0, got ", vocab_offset);

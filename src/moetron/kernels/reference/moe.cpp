@@ -22,7 +22,8 @@ void check_float(const Tensor& t, const char* fn, const char* name) {
 void router_topk(Context&, const Tensor& logits, const Tensor& bias, const RouterArgs& args,
                  const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight) {
   const char* fn = "router_topk";
-  moe_detail::check_router_topk_args(fn, check_float, logits, bias, scores, topk_idx, topk_weight, args);
+  moe_detail::check_router_topk_args(fn, check_float, logits, bias, scores, topk_idx, topk_weight,
+                                     args);
   const int64_t T = logits.dim(0), E = logits.dim(1);
   const int64_t K = args.k;
   std::vector<double> s(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
@@ -39,7 +40,8 @@ void router_topk(Context&, const Tensor& logits, const Tensor& bias, const Route
     }
     for (int64_t e = 0; e < E; ++e) {
       if (args.score == RouterScore::softmax) s[static_cast<size_t>(e)] /= sum;
-      sel[static_cast<size_t>(e)] = s[static_cast<size_t>(e)] + (bias.defined() ? load(bias, e) : 0);
+      sel[static_cast<size_t>(e)] =
+          s[static_cast<size_t>(e)] + (bias.defined() ? load(bias, e) : 0);
       taken[static_cast<size_t>(e)] = false;
       store(scores, t * E + e, s[static_cast<size_t>(e)]);
     }
@@ -68,8 +70,8 @@ void router_topk_backward(Context&, const Tensor& d_topk_weight, const Tensor& d
                           const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_weight,
                           const RouterArgs& args, const Tensor& d_logits) {
   const char* fn = "router_topk_backward";
-  moe_detail::check_router_backward_args(fn, check_float, d_topk_weight, d_scores_extra, scores, topk_idx,
-                                         topk_weight, args, d_logits);
+  moe_detail::check_router_backward_args(fn, check_float, d_topk_weight, d_scores_extra, scores,
+                                         topk_idx, topk_weight, args, d_logits);
   const int64_t T = scores.dim(0), E = scores.dim(1), K = args.k;
   const std::vector<int64_t> idx = load_ids(topk_idx);
   for (int64_t i = 0; i < T * K; ++i) {
@@ -96,7 +98,8 @@ void router_topk_backward(Context&, const Tensor& d_topk_weight, const Tensor& d
       }
     }
     double s_dot_ds = 0;
-    for (int64_t e = 0; e < E; ++e) s_dot_ds += s[static_cast<size_t>(e)] * ds[static_cast<size_t>(e)];
+    for (int64_t e = 0; e < E; ++e)
+      s_dot_ds += s[static_cast<size_t>(e)] * ds[static_cast<size_t>(e)];
     for (int64_t e = 0; e < E; ++e) {
       const double se = s[static_cast<size_t>(e)], g = ds[static_cast<size_t>(e)];
       store(d_logits, t * E + e,

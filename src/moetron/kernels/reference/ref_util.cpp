@@ -4,13 +4,20 @@ namespace moetron::kernels::reference {
 
 double load(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::f32: return static_cast<const float*>(t.raw())[i];
-    case DType::f64: return static_cast<const double*>(t.raw())[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(t.raw())[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(t.raw())[i]);
-    case DType::i32: return static_cast<const int32_t*>(t.raw())[i];
-    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(t.raw())[i]);
-    case DType::u8: return static_cast<const uint8_t*>(t.raw())[i];
+    case DType::f32:
+      return static_cast<const float*>(t.raw())[i];
+    case DType::f64:
+      return static_cast<const double*>(t.raw())[i];
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::i32:
+      return static_cast<const int32_t*>(t.raw())[i];
+    case DType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(t.raw())[i]);
+    case DType::u8:
+      return static_cast<const uint8_t*>(t.raw())[i];
   }
   return 0;
 }
@@ -23,15 +30,20 @@ std::vector<double> load_all(const Tensor& t) {
 
 void store(const Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
-    case DType::f32: static_cast<float*>(t.raw())[i] = static_cast<float>(v); return;
-    case DType::f64: static_cast<double*>(t.raw())[i] = v; return;
+    case DType::f32:
+      static_cast<float*>(t.raw())[i] = static_cast<float>(v);
+      return;
+    case DType::f64:
+      static_cast<double*>(t.raw())[i] = v;
+      return;
     case DType::bf16:
       static_cast<uint16_t*>(t.raw())[i] = f32_to_bf16(static_cast<float>(v));
       return;
     case DType::f16:
       static_cast<uint16_t*>(t.raw())[i] = f32_to_f16(static_cast<float>(v));
       return;
-    default: MOETRON_FAIL("reference store into non-float tensor ", t.str());
+    default:
+      MOETRON_FAIL("reference store into non-float tensor ", t.str());
   }
 }
 

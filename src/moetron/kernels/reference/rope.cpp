@@ -12,8 +12,8 @@ namespace moetron::kernels::reference {
 namespace {
 void rope_rotate(const char* fn, const Tensor& src, const Tensor& positions, float theta,
                  const Tensor& dst, const char* dst_name, double direction) {
-  MOETRON_CHECK(src.rank() == 3 && src.dim(2) % 2 == 0, fn, ": x must be [T, H, hd] with hd even, got ",
-                src.str());
+  MOETRON_CHECK(src.rank() == 3 && src.dim(2) % 2 == 0, fn,
+                ": x must be [T, H, hd] with hd even, got ", src.str());
   MOETRON_CHECK(is_floating(src.dtype()), fn, ": x must be a float tensor, got ", src.str());
   check_tensor(dst, dst_name, src.shape(), src.dtype());
   const int64_t T = src.dim(0), H = src.dim(1), hd = src.dim(2), half = hd / 2;
@@ -21,8 +21,8 @@ void rope_rotate(const char* fn, const Tensor& src, const Tensor& positions, flo
   const std::vector<int64_t> pos = load_ids(positions);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq =
-          std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      const double inv_freq = std::pow(static_cast<double>(theta),
+                                       -2.0 * static_cast<double>(i) / static_cast<double>(hd));
       const double a = static_cast<double>(pos[static_cast<size_t>(t)]) * inv_freq;
       const double c = std::cos(a), s = direction * std::sin(a);
       for (int64_t h = 0; h < H; ++h) {
