@@ -90,26 +90,47 @@ int cmd_prepare(const data::PrepareOptions& opts) {
   return 0;
 }
 
+struct TrainCommand {
+  std::string config, out;
+  std::vector<std::string> sets;
+  bool resume = false;
+  bool dry_run = false;
+  int64_t ranks = 1;  // planned by --dry-run
+};
+
+CLI::App* add_train_command(CLI::App& app, TrainCommand& o) {
+  auto* train = app.add_subcommand("train", "train a model from a TOML config");
+  train->add_option("--config", o.config, "TOML config file")->required();
+  train->add_option("--out", o.out,
+                    "run directory (metrics, checkpoints); required unless --dry-run");
+  train->add_option("--set", o.sets, "override a config key: key=value (repeatable)");
+  train->add_flag("--resume", o.resume, "continue from the latest complete checkpoint in --out");
+  train->add_flag("--dry-run", o.dry_run,
+                  "print the plan for -n ranks (as `moetron plan`) and train nothing");
+  train->add_option("-n,--ranks", o.ranks, "ranks planned by --dry-run");
+  return train;
+}
+
+int run_train_command(const TrainCommand& o) {
+  if (o.dry_run) {
+    cli::PlanCommand p;
+    p.config = o.config;
+    p.sets = o.sets;
+    p.ranks = o.ranks;
+    return cli::run_plan_command(p);
+  }
+  MOETRON_CHECK(!o.out.empty(), "moetron train needs --out RUN_DIR (or --dry-run)");
+  return cmd_train(o.config, o.out, o.sets, o.resume);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"moetron: train Mixture-of-Experts transformers"};
   app.require_subcommand(1);
 
-  auto* train = app.add_subcommand("train", "train a model from a TOML config");
-  std::string config, out;
-  std::vector<std::string> sets;
-  bool resume = false;
-  train->add_option("--config", config, "TOML config file")->required();
-  train->add_option("--out", out,
-                    "run directory (metrics, checkpoints); required unless --dry-run");
-  train->add_option("--set", sets, "override a config key: key=value (repeatable)");
-  train->add_flag("--resume", resume, "continue from the latest complete checkpoint in --out");
-  bool dry_run = false;
-  int64_t dry_ranks = 1;
-  train->add_flag("--dry-run", dry_run,
-                  "print the plan for -n ranks (as `moetron plan`) and train nothing");
-  train->add_option("-n,--ranks", dry_ranks, "ranks planned by --dry-run");
+  TrainCommand train_opts;
+  auto* train = add_train_command(app, train_opts);
 
   auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
   std::string ckpt_dir, prompt, tok_path;
@@ -168,15 +189,7 @@ int main(int argc, char** argv) {
   const comm::LaunchEnv env = comm::detect_launch_env();
   try {
     if (*launch) return train::launch(lopts);
-    if (*train && dry_run) {
-      cli::PlanCommand p;
-      p.config = config;
-      p.sets = sets;
-      p.ranks = dry_ranks;
-      return cli::run_plan_command(p);
-    }
-    MOETRON_CHECK(!*train || !out.empty(), "moetron train needs --out RUN_DIR (or --dry-run)");
-    if (*train) return cmd_train(config, out, sets, resume);
+    if (*train) return run_train_command(train_opts);
     if (*plan) return cli::run_plan_command(plan_opts);
     if (*gen) return cmd_generate(ckpt_dir, prompt, tok_path, max_new, temperature, top_k, seed);
     if (*ev) return cmd_eval(ckpt_dir, tokens, eval_batch);
