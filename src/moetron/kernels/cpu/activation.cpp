@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "moetron/kernels/activation_checks.h"
 #include "moetron/kernels/cpu/cpu_util.h"
 #include "moetron/kernels/cpu/simd16.h"
 
@@ -22,14 +23,6 @@ inline simd::vf sigmoid16(simd::vf g) {
   return simd::div(one, simd::add(one, exp16(simd::sub(simd::zero(), g))));
 }
 
-int64_t check_swiglu(const char* fn, const Tensor& gate_up, const Tensor& out, const char* name) {
-  MOETRON_CHECK(gate_up.rank() == 2 && gate_up.dim(1) % 2 == 0, fn,
-                ": gate_up must be [T, 2F], got ", gate_up.str());
-  const int64_t F = gate_up.dim(1) / 2;
-  check_tensor(out, name, {gate_up.dim(0), F}, gate_up.dtype());
-  return F;
-}
-
 void check_softmax(const char* fn, const Tensor& a, const char* a_name, const Tensor& b,
                    const char* b_name) {
   MOETRON_CHECK(a.rank() == 2, fn, ": ", a_name, " must be [R, C], got ", a.str());
@@ -39,7 +32,7 @@ void check_softmax(const char* fn, const Tensor& a, const char* a_name, const Te
 }  // namespace
 
 void swiglu_forward(Context&, const Tensor& gate_up, const Tensor& out) {
-  const int64_t F = check_swiglu("swiglu_forward", gate_up, out, "swiglu out");
+  const int64_t F = activation_detail::check_swiglu("swiglu_forward", gate_up, out, "swiglu out");
   const int64_t T = gate_up.dim(0);
   dispatch_f32_bf16(gate_up.dtype(), "swiglu_forward", [&](auto tag) {
     using S = decltype(tag);
@@ -61,7 +54,8 @@ void swiglu_forward(Context&, const Tensor& gate_up, const Tensor& out) {
 }
 
 void swiglu_backward(Context&, const Tensor& dout, const Tensor& gate_up, const Tensor& d_gate_up) {
-  const int64_t F = check_swiglu("swiglu_backward", gate_up, dout, "swiglu dout");
+  const int64_t F =
+      activation_detail::check_swiglu("swiglu_backward", gate_up, dout, "swiglu dout");
   check_tensor(d_gate_up, "swiglu d_gate_up", gate_up.shape(), gate_up.dtype());
   const int64_t T = gate_up.dim(0);
   dispatch_f32_bf16(gate_up.dtype(), "swiglu_backward", [&](auto tag) {

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "moetron/kernels/adamw.h"
+#include "moetron/kernels/adamw_checks.h"
 #include "moetron/kernels/cpu/cpu_util.h"
 #include "moetron/kernels/cpu/simd16.h"
 
@@ -85,14 +86,7 @@ void adamw_with_grad(const Tensor& master, const G* grad, const Tensor& m, const
 
 void adamw_step(Context&, const Tensor& master, const Tensor& grad, const Tensor& m,
                 const Tensor& v, const AdamWArgs& args, const Tensor& param_copy) {
-  MOETRON_CHECK(args.step >= 1, "adamw_step: step is 1-based, got ", args.step);
-  MOETRON_CHECK(master.rank() == 1 && master.dtype() == DType::f32,
-                "adamw_step: master must be f32 [n], got ", master.str());
-  const Shape shape = master.shape();
-  check_shape(grad, "adamw grad", shape);
-  check_shape(m, "adamw m", shape);
-  check_tensor(v, "adamw v", shape, m.dtype());
-  if (param_copy.defined()) check_shape(param_copy, "adamw param_copy", shape);
+  adamw_detail::check_step_args(master, grad, m, v, args, param_copy);
   const Factors k = make_factors(args);
   dispatch_f32_bf16(grad.dtype(), "adamw_step grad", [&](auto gtag) {
     using G = decltype(gtag);

@@ -9,6 +9,7 @@
 #include "moetron/kernels/cpu/cpu_util.h"
 #include "moetron/kernels/cpu/simd16.h"
 #include "moetron/kernels/embedding.h"
+#include "moetron/kernels/embedding_checks.h"
 
 namespace moetron::kernels::cpu {
 
@@ -16,17 +17,19 @@ namespace {
 
 constexpr int64_t kParallelElems = 16384;
 
-void check_ids(const char* fn, const Tensor& ids, const Tensor& table, const char* table_name,
-               int64_t vocab_offset) {
-  MOETRON_CHECK(ids.rank() == 1 && ids.dtype() == DType::i32, fn, ": ids must be i32 [T], got ",
-                ids.str());
-  MOETRON_CHECK(table.rank() == 2, fn, ": ", table_name, " must be [V_local, D], got ",
-                table.str());
-  MOETRON_CHECK(vocab_offset >= 0, fn, ": vocab_offset must be >= 0, got ", vocab_offset);
+// Negative ids are errors: scanned on the host before any output is written.
+void check_id_values(const char* fn, const Tensor& ids) {
   const int32_t* p = ptr<int32_t>(ids);
   for (int64_t t = 0; t < ids.dim(0); ++t) {
     MOETRON_CHECK(p[t] >= 0, fn, ": token ", t, " has negative id ", p[t]);
   }
+}
+
+// The shared shape checks, then the id values.
+void check_ids(const char* fn, const Tensor& ids, const Tensor& table, const char* table_name,
+               int64_t vocab_offset) {
+  embedding_detail::check_ids_shapes(fn, ids, table, table_name, vocab_offset);
+  check_id_values(fn, ids);
 }
 
 }  // namespace

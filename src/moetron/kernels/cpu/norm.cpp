@@ -10,22 +10,11 @@
 
 #include "moetron/kernels/cpu/cpu_util.h"
 #include "moetron/kernels/cpu/simd16.h"
+#include "moetron/kernels/norm_checks.h"
 
 namespace moetron::kernels::cpu {
 
 namespace {
-
-struct Dims {
-  int64_t rows, cols;
-};
-
-Dims check_common(const char* fn, const Tensor& x, const Tensor& w, const Tensor& rstd) {
-  MOETRON_CHECK(x.rank() == 2, fn, ": x must be [T, D], got ", x.str());
-  const Dims d{x.dim(0), x.dim(1)};
-  check_tensor(w, "rmsnorm w", {d.cols}, DType::f32);
-  check_tensor(rstd, "rmsnorm rstd", {d.rows}, DType::f32);
-  return d;
-}
 
 // Parallelise only when the work pays for waking the team.
 constexpr int64_t kParallelElems = 16384;
@@ -58,7 +47,7 @@ float row_sum_squares(const T* xr, int64_t n) {
 
 void rmsnorm_forward(Context&, const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                      const Tensor& rstd) {
-  const Dims d = check_common("rmsnorm_forward", x, w, rstd);
+  const norm_detail::Dims d = norm_detail::check_common("rmsnorm_forward", x, w, rstd);
   check_tensor(y, "rmsnorm y", x.shape(), x.dtype());
   dispatch_f32_bf16(x.dtype(), "rmsnorm_forward", [&](auto tag) {
     using T = decltype(tag);
@@ -97,7 +86,7 @@ Scratch rmsnorm_backward_scratch(int64_t rows, int64_t cols) {
 
 void rmsnorm_backward(Context&, const Tensor& dy, const Tensor& x, const Tensor& w,
                       const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
-  const Dims d = check_common("rmsnorm_backward", x, w, rstd);
+  const norm_detail::Dims d = norm_detail::check_common("rmsnorm_backward", x, w, rstd);
   check_tensor(dy, "rmsnorm dy", x.shape(), x.dtype());
   check_tensor(dx, "rmsnorm dx", x.shape(), x.dtype());
   check_tensor(dw, "rmsnorm dw", {d.cols}, DType::f32);

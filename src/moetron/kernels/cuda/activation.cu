@@ -2,6 +2,7 @@
 // storage. Grid: one row of gate_up per blockIdx.x (2^31 - 1 rows), column
 // blocks along blockIdx.y, so no 64-bit division per element.
 #include "moetron/kernels/activation.h"
+#include "moetron/kernels/activation_checks.h"
 #include "moetron/kernels/cuda/cuda_util.cuh"
 
 namespace moetron::kernels::cuda {
@@ -9,14 +10,6 @@ namespace moetron::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-int64_t check_swiglu(const char* fn, const Tensor& gate_up, const Tensor& out, const char* name) {
-  MOETRON_CHECK(gate_up.rank() == 2 && gate_up.dim(1) % 2 == 0, fn,
-                ": gate_up must be [T, 2F], got ", gate_up.str());
-  const int64_t F = gate_up.dim(1) / 2;
-  check_tensor(out, name, {gate_up.dim(0), F}, gate_up.dtype());
-  return F;
-}
 
 // sigmoid(g) = 1 / (1 + exp(-g)); expf overflows to +inf for g < -88.7,
 // giving sigmoid 0 and silu -0, as in exact arithmetic.
@@ -58,7 +51,7 @@ dim3 grid(int64_t rows, int64_t F) {
 }  // namespace
 
 void swiglu_forward(Context& ctx, const Tensor& gate_up, const Tensor& out) {
-  const int64_t F = check_swiglu("swiglu_forward", gate_up, out, "swiglu out");
+  const int64_t F = activation_detail::check_swiglu("swiglu_forward", gate_up, out, "swiglu out");
   check_on_device("swiglu_forward", {&gate_up, &out});
   CudaState& s = ctx.cuda_state();
   if (gate_up.dim(0) == 0 || F == 0) return;
@@ -72,7 +65,8 @@ void swiglu_forward(Context& ctx, const Tensor& gate_up, const Tensor& out) {
 
 void swiglu_backward(Context& ctx, const Tensor& dout, const Tensor& gate_up,
                      const Tensor& d_gate_up) {
-  const int64_t F = check_swiglu("swiglu_backward", gate_up, dout, "swiglu dout");
+  const int64_t F =
+      activation_detail::check_swiglu("swiglu_backward", gate_up, dout, "swiglu dout");
   check_tensor(d_gate_up, "swiglu d_gate_up", gate_up.shape(), gate_up.dtype());
   check_on_device("swiglu_backward", {&dout, &gate_up, &d_gate_up});
   CudaState& s = ctx.cuda_state();

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "moetron/kernels/adamw.h"
+#include "moetron/kernels/adamw_checks.h"
 #include "moetron/kernels/cuda/cuda_util.cuh"
 
 namespace moetron::kernels::cuda {
@@ -68,14 +69,7 @@ void launch(CudaState& s, const Tensor& master, const Tensor& grad, const Tensor
 
 void adamw_step(Context& ctx, const Tensor& master, const Tensor& grad, const Tensor& m,
                 const Tensor& v, const AdamWArgs& args, const Tensor& param_copy) {
-  MOETRON_CHECK(args.step >= 1, "adamw_step: step is 1-based, got ", args.step);
-  MOETRON_CHECK(master.rank() == 1 && master.dtype() == DType::f32,
-                "adamw_step: master must be f32 [n], got ", master.str());
-  const Shape shape = master.shape();
-  check_shape(grad, "adamw grad", shape);
-  check_shape(m, "adamw m", shape);
-  check_tensor(v, "adamw v", shape, m.dtype());
-  if (param_copy.defined()) check_shape(param_copy, "adamw param_copy", shape);
+  adamw_detail::check_step_args(master, grad, m, v, args, param_copy);
   check_on_device("adamw_step", {&master, &grad, &m, &v, &param_copy});
   CudaState& s = ctx.cuda_state();
   if (master.numel() == 0) return;

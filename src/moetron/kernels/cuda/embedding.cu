@@ -9,6 +9,7 @@
 
 #include "moetron/kernels/cuda/cuda_util.cuh"
 #include "moetron/kernels/embedding.h"
+#include "moetron/kernels/embedding_checks.h"
 
 namespace moetron::kernels::cuda {
 
@@ -18,11 +19,7 @@ constexpr int kThreads = 256;
 
 void check_ids(const char* fn, const Tensor& ids, const Tensor& table, const char* table_name,
                int64_t vocab_offset) {
-  MOETRON_CHECK(ids.rank() == 1 && ids.dtype() == DType::i32, fn, ": ids must be i32 [T], got ",
-                ids.str());
-  MOETRON_CHECK(table.rank() == 2, fn, ": ", table_name, " must be [V_local, D], got ",
-                table.str());
-  MOETRON_CHECK(vocab_offset >= 0, fn, ": vocab_offset must be >= 0, got ", vocab_offset);
+  embedding_detail::check_ids_shapes(fn, ids, table, table_name, vocab_offset);
   MOETRON_CHECK(ids.dim(0) < kCheckNone, fn, ": ", ids.dim(0), " tokens exceed the CUDA backend's ",
                 kCheckNone);
 }

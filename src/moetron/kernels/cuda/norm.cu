@@ -6,6 +6,7 @@
 // every run.
 #include "moetron/kernels/cuda/cuda_util.cuh"
 #include "moetron/kernels/norm.h"
+#include "moetron/kernels/norm_checks.h"
 
 namespace moetron::kernels::cuda {
 
@@ -13,18 +14,6 @@ namespace {
 
 constexpr int64_t kChunkRows = 32;
 constexpr int kColThreads = 256;
-
-struct Dims {
-  int64_t rows, cols;
-};
-
-Dims check_common(const char* fn, const Tensor& x, const Tensor& w, const Tensor& rstd) {
-  MOETRON_CHECK(x.rank() == 2, fn, ": x must be [T, D], got ", x.str());
-  const Dims d{x.dim(0), x.dim(1)};
-  check_tensor(w, "rmsnorm w", {d.cols}, DType::f32);
-  check_tensor(rstd, "rmsnorm rstd", {d.rows}, DType::f32);
-  return d;
-}
 
 template <typename T>
 __global__ void forward_kernel(const T* x, const float* w, float eps, T* y, float* rstd,
@@ -92,7 +81,7 @@ __global__ void backward_dw_sum_kernel(const float* partial, int64_t chunks, flo
 
 void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                      const Tensor& rstd) {
-  const Dims d = check_common("rmsnorm_forward", x, w, rstd);
+  const norm_detail::Dims d = norm_detail::check_common("rmsnorm_forward", x, w, rstd);
   check_tensor(y, "rmsnorm y", x.shape(), x.dtype());
   check_on_device("rmsnorm_forward", {&x, &w, &y, &rstd});
   CudaState& s = ctx.cuda_state();
@@ -108,7 +97,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
 
 void rmsnorm_backward(Context& ctx, const Tensor& dy, const Tensor& x, const Tensor& w,
                       const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
-  const Dims d = check_common("rmsnorm_backward", x, w, rstd);
+  const norm_detail::Dims d = norm_detail::check_common("rmsnorm_backward", x, w, rstd);
   check_tensor(dy, "rmsnorm dy", x.shape(), x.dtype());
   check_tensor(dx, "rmsnorm dx", x.shape(), x.dtype());
   check_tensor(dw, "rmsnorm dw", {d.cols}, DType::f32);
