@@ -10,6 +10,7 @@
 
 #include "moetron/ckpt/export.h"
 #include "moetron/cli/memory_cmd.h"
+#include "moetron/cli/metrics_cmd.h"
 #include "moetron/cli/plan_cmd.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
@@ -165,6 +166,8 @@ int main(int argc, char** argv) {
 
   cli::PlanCommand plan_opts;
   auto* plan = cli::add_plan_command(app, plan_opts);
+  cli::MetricsCommand metrics_opts;
+  auto* metrics = cli::add_metrics_command(app, metrics_opts);
   cli::MemoryCommand memory_opts;
   auto* memory = cli::add_memory_command(app, memory_opts);
   auto* launch =
@@ -191,6 +194,7 @@ int main(int argc, char** argv) {
     if (*launch) return train::launch(lopts);
     if (*train) return run_train_command(train_opts);
     if (*plan) return cli::run_plan_command(plan_opts);
+    if (*metrics) return cli::run_metrics_command(metrics_opts);
     if (*gen) return cmd_generate(ckpt_dir, prompt, tok_path, max_new, temperature, top_k, seed);
     if (*ev) return cmd_eval(ckpt_dir, tokens, eval_batch);
     if (*prep) return cmd_prepare(popts);

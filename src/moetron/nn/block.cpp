@@ -17,6 +17,7 @@ std::string layer_prefix(int64_t i) {
 Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
              ParameterSet& params, ExpertParallel ep, const TensorParallel* tp)
     : tp_(tp ? tp : &no_tensor_parallel()),
+      index_(index),
       d_(model.d_model),
       eps_(static_cast<float>(model.norm_eps)),
       prec_(prec),
@@ -78,6 +79,10 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& posi
   if (drop_norm_ && moe_) moe_->drop_input();
   if (drop_norm_ && mlp_) mlp_->drop_input();
   kernels::add(ctx, out, s.h, out);
+  if (track_activations_) {
+    act_sum_squares_ += kernels::sum_squares(ctx, out);
+    act_count_ += out.numel();
+  }
   saved_ = std::move(s);
   return out;
 }
@@ -138,14 +143,17 @@ void Block::set_checkpointed(bool on) {
 
 Tensor Block::recompute_forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
                                 int64_t batch, int64_t seq, double loss_weight) {
-  MoeStats unused;  // counted by the first forward
+  MoeStats unused;  // counted by the first forward, as are the activation sums
   if (moe_) moe_->set_recompute_pass(true);
+  const bool tracking = std::exchange(track_activations_, false);
   try {
     Tensor out = forward(ctx, x, positions, batch, seq, loss_weight, unused);
     if (moe_) moe_->set_recompute_pass(false);
+    track_activations_ = tracking;
     return out;
   } catch (...) {
     if (moe_) moe_->set_recompute_pass(false);
+    track_activations_ = tracking;
     throw;
   }
 }

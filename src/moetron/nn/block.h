@@ -36,6 +36,15 @@ class Block {
   Tensor backward(kernels::Context& ctx, const Tensor& d_out);
   void release();
   MoeLayer* moe() { return moe_.get(); }
+  const MoeLayer* moe() const { return moe_.get(); }
+  int64_t index() const { return index_; }
+
+  // Monitoring: while on, forward (not recompute_forward) adds its output's
+  // sum of squares and element count, read and cleared by take_activation_sums.
+  void track_activations(bool on) { track_activations_ = on; }
+  std::pair<double, int64_t> take_activation_sums() {
+    return {std::exchange(act_sum_squares_, 0.0), std::exchange(act_count_, 0)};
+  }
 
   // Recompute flags of nn/recompute.h for this block's modules.
   void set_recompute(uint32_t modules);
@@ -54,6 +63,7 @@ class Block {
 
  private:
   const TensorParallel* tp_;
+  int64_t index_;
   int64_t d_;
   float eps_;
   Precision prec_;
@@ -62,6 +72,9 @@ class Block {
   std::unique_ptr<SwiGluMlp> mlp_;
   std::unique_ptr<MoeLayer> moe_;
   bool drop_norm_ = false;
+  bool track_activations_ = false;
+  double act_sum_squares_ = 0;
+  int64_t act_count_ = 0;
   Tensor rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const;
   // The MoE works on a token slice of the full activations without sequence parallelism.
   bool moe_slices_tokens() const { return moe_ && tp_->on() && !tp_->sequence_parallel; }

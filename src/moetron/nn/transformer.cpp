@@ -1,5 +1,7 @@
 #include "moetron/nn/transformer.h"
 
+#include <chrono>
+
 #include "moetron/kernels/cross_entropy.h"
 #include "moetron/kernels/embedding.h"
 #include "moetron/kernels/matmul.h"
@@ -179,9 +181,12 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
                                         double loss_weight, bool backward) {
   check_shape(targets, "targets", inputs.shape());
   LossStats stats;
+  const auto t0 = std::chrono::steady_clock::now();
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
   const Tensor h = hidden_states(ctx, inputs, loss_weight, stats);
   Tensor d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);
+  const auto t1 = std::chrono::steady_clock::now();
+  stats.forward_s = std::chrono::duration<double>(t1 - t0).count();
   if (!backward) {
     for (auto& blk : blocks_) blk->release();
     release_checkpoints();
@@ -199,6 +204,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, embed_->shard.row0);
   grad_ready(embed_);
   saved_ = Saved{};
+  stats.backward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return stats;
 }
 

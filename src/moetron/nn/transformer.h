@@ -20,6 +20,9 @@ struct LossStats {
   double aux_loss = 0;  // summed over MoE layers, coefficients applied
   double z_loss = 0;
   int64_t dropped = 0;  // capacity drops over MoE layers
+  // Wall time of the passes (forward_backward: forward up to the loss and its
+  // gradient, then backward), for monitoring.
+  double forward_s = 0, backward_s = 0;
 };
 
 // Pipeline parallelism: the layers this rank holds, as chunks (virtual
@@ -76,6 +79,8 @@ class Transformer {
                         bool final_grads);
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  // This rank's blocks (a pipeline stage's layers), in model order.
+  const std::vector<std::unique_ptr<Block>>& blocks() const { return blocks_; }
   bool holds_embedding() const { return embed_ != nullptr; }
   bool holds_head() const { return head_ != nullptr; }
 

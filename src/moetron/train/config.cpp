@@ -114,6 +114,15 @@ const std::vector<Field>& fields() {
       field("parallel.stage_balance", &Config::parallel, &ParallelConfig::stage_balance),
       field("parallel.microbatches", &Config::parallel, &ParallelConfig::microbatches),
       field("parallel.cp", &Config::parallel, &ParallelConfig::cp),
+      field("monitor.enabled", &Config::monitor, &MonitorConfig::enabled),
+      field("monitor.serve", &Config::monitor, &MonitorConfig::serve),
+      field("monitor.host", &Config::monitor, &MonitorConfig::host),
+      field("monitor.port", &Config::monitor, &MonitorConfig::port),
+      field("monitor.required", &Config::monitor, &MonitorConfig::required),
+      field("monitor.layer_stats_every", &Config::monitor, &MonitorConfig::layer_stats_every),
+      field("monitor.update_stats", &Config::monitor, &MonitorConfig::update_stats),
+      field("monitor.straggler_margin", &Config::monitor, &MonitorConfig::straggler_margin),
+      field("monitor.straggler_intervals", &Config::monitor, &MonitorConfig::straggler_intervals),
   };
   return table;
 }
@@ -404,6 +413,14 @@ void validate_train(const Config& c) {
                             c.recompute.segment);
   check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
   check_rule(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+  const MonitorConfig& mon = c.monitor;
+  check_rule(mon.port >= 0 && mon.port <= 65535, "monitor.port",
+             "must be a TCP port in 0..65535 (0: any free port)");
+  check_rule(!mon.host.empty(), "monitor.host", "must not be empty");
+  check_rule(!mon.serve || mon.enabled, "monitor.serve", "needs monitor.enabled = true");
+  check_rule(mon.layer_stats_every >= 0, "monitor.layer_stats_every", "must be >= 0 (0: never)");
+  check_rule(mon.straggler_margin > 0, "monitor.straggler_margin", "must be positive");
+  check_rule(mon.straggler_intervals >= 1, "monitor.straggler_intervals", "must be >= 1");
 }
 
 // Rules that hold on any number of ranks (the plan checks the rest against

@@ -134,6 +134,25 @@ struct CheckpointConfig {
   int64_t keep = 2;   // complete checkpoints kept
 };
 
+// Monitoring (monitor/ and train/training_metrics.h): the metrics registry
+// behind metrics.jsonl's "series" and events.jsonl, and rank 0's HTTP server
+// for Prometheus and the live dashboard.
+struct MonitorConfig {
+  bool enabled = true;             // the registry and its series in metrics.jsonl
+  bool serve = false;              // rank 0 serves /metrics (Prometheus) and the dashboard at /
+  std::string host = "127.0.0.1";  // the address the server binds
+  int64_t port = 9464;             // 0: any free port (printed and written to RUN_DIR/monitor.url)
+  bool required = true;            // false: a server that cannot start is a warning, not an error
+  // Per-layer gradient, parameter and update norms and activation RMS every
+  // N steps (0: never): a world all-reduce and a pass over the parameters.
+  int64_t layer_stats_every = 10;
+  // Update norms need the parameters before the update: a copy of this
+  // rank's parameters on the statistics steps (off by default: it costs memory).
+  bool update_stats = false;
+  double straggler_margin = 0.15;   // a rank this much slower than the median (busy time)...
+  int64_t straggler_intervals = 3;  // ...for this many steps in a row is named a straggler
+};
+
 struct Config {
   ModelConfig model;
   MoeConfig moe;
@@ -143,6 +162,7 @@ struct Config {
   RecomputeConfig recompute;
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
+  MonitorConfig monitor;
 };
 
 // Micro-batches per step on each of `dp` ranks; throws naming train.global_batch

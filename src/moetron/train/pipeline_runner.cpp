@@ -67,6 +67,7 @@ PipelineRunner::StepResult PipelineRunner::train_step(
     const int64_t j = virtual_stage(op.chunk);
     const int64_t batch = inputs[mi].dim(0), seq = inputs[mi].dim(1),
                   rows = activation_rows(batch * seq);
+    const auto op_start = std::chrono::steady_clock::now();
     if (op.forward) {
       const Tensor in =
           j == 0 ? inputs[mi] : receive(rows, static_cast<int>((j - 1) % pp), tag(op.mb, j, true));
@@ -95,6 +96,7 @@ PipelineRunner::StepResult PipelineRunner::train_step(
       const Tensor d_in = model_.chunk_backward(ctx, op.chunk, op.mb, d_out, final_grads);
       if (j > 0) send(d_in, static_cast<int>((j - 1) % pp), tag(op.mb, j - 1, false));
     }
+    (op.forward ? res.forward_s : res.backward_s) += since(op_start);
   }
   finish_sends();
   res.wait_s = wait_s_;

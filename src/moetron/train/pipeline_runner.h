@@ -27,6 +27,8 @@ class PipelineRunner {
     // balancing losses weighted by loss_weights.
     nn::LossStats stats;
     double wait_s = 0;  // blocked on receives and on sends completing: the bubble plus transfers
+    // Compute and transfers of the forward and backward ops (wait included).
+    double forward_s = 0, backward_s = 0;
   };
   // One optimizer step's micro-batches. grad_scale, loss_weights[m] as for
   // Transformer::forward_backward; before_backward runs once, before the

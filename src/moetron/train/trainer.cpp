@@ -30,6 +30,20 @@ namespace moetron::train {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
+namespace {
+
+// Bytes of the regular files under `dir` (a checkpoint's size on disk).
+int64_t directory_bytes(const std::string& dir) {
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (e.is_regular_file(ec)) total += static_cast<int64_t>(e.file_size(ec));
+  }
+  return total;
+}
+
+}  // namespace
+
 Trainer::Trainer(Config cfg, std::string run_dir, bool resume,
                  std::shared_ptr<comm::Communicator> world)
     : cfg_(std::move(cfg)), run_dir_(std::move(run_dir)), world_(std::move(world)) {
@@ -48,6 +62,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume,
   build_reducers();
   build_optimizer();
   fs::create_directories(run_dir_);
+  monitor_ = std::make_unique<TrainerMonitor>(cfg_, run_dir_, *world_, at());
   if (resume) resume_from_latest();
 }
 
@@ -248,7 +263,16 @@ void Trainer::resume_from_latest() {
     return;
   }
   const std::string dir = ckpt::checkpoint_dir(run_dir_, step);
+  const auto t0 = std::chrono::steady_clock::now();
   const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices(false));
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (monitor_->enabled() && is_root()) {
+    const int64_t bytes = directory_bytes(dir);
+    monitor_->metrics().record_checkpoint_load(load_s, bytes);
+    monitor_->event(step, "resume", "resumed from " + dir,
+                    {{"path", dir}, {"seconds", load_s}, {"bytes", bytes}});
+  }
   start_step_ = st.at("step").get<int64_t>();
   skipped_ = st.value("skipped_steps", int64_t{0});
   if (st.contains("loss_scale")) {
@@ -342,7 +366,31 @@ void Trainer::save_checkpoint(int64_t step) {
   req.world = world_.get();
   req.extra = feedback_slices(true);
   req.writes = [this](const std::string& n) { return writes_checkpoint_tensor(n); };
+  const auto t0 = clock_type::now();
   ckpt::save_checkpoint(req, *model_, *opt_);
+  const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  if (monitor_->enabled() && is_root()) {
+    const std::string dir = ckpt::checkpoint_dir(run_dir_, step);
+    const int64_t bytes = directory_bytes(dir);
+    monitor_->metrics().record_checkpoint_save(seconds, bytes);
+    monitor_->event(step, "checkpoint", "saved " + dir,
+                    {{"path", dir}, {"seconds", seconds}, {"bytes", bytes}});
+  }
+}
+
+std::vector<std::pair<std::string, const comm::Communicator*>> Trainer::named_comms() const {
+  std::vector<std::pair<std::string, const comm::Communicator*>> out = {
+      {"world", world_.get()},
+      {"tp", tp_comm_},
+      {"ep", ep_comm_},
+      {"pp", pp_comm_},
+      {"stage", stage_comm_},
+      {"moe_balance", balance_comm_.get()},
+      {"dp", grad_comm_.get()},
+      {"dp_partial", partial_grad_comm_.get()},
+      {"expert_dp", expert_grad_comm_.get()}};
+  std::erase_if(out, [](const auto& e) { return e.second == nullptr; });
+  return out;
 }
 
 bool Trainer::writes_checkpoint_tensor(const std::string& name) const {

@@ -26,29 +26,14 @@
 #include "moetron/train/pipeline_runner.h"
 #include "moetron/train/plan_config.h"
 #include "moetron/train/stage_costs.h"
+#include "moetron/train/step_record.h"
+#include "moetron/train/trainer_monitor.h"
 
 namespace moetron::optim {
 class ZeroOptimizer;
 }
 
 namespace moetron::train {
-
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0;  // mean token cross-entropy of the step
-  double aux_loss = 0, z_loss = 0;
-  double lr = 0, grad_norm = 0;
-  double tokens_per_s = 0, mfu = 0;
-  double loss_scale = 1;
-  int64_t tokens = 0;
-  int64_t dropped = 0;  // (token, expert) slots dropped by the capacity factor, all MoE layers
-  bool skipped = false;
-  // Data parallelism: seconds from the end of backward to the start of the
-  // optimizer, blocked on gradient reductions (the exposed communication),
-  // and the whole step's wall time.
-  double comm_wait_s = 0, step_s = 0;
-  double pipeline_wait_s = 0;  // pp > 1: blocked on stage-to-stage transfers (bubble + transfer)
-};
 
 struct TrainResult {
   int64_t steps_done = 0;
@@ -104,6 +89,10 @@ class Trainer {
   // The trainer's communicator for a group of the plan (nullptr where the
   // layout has none): what tests compare with plan().group().
   comm::Communicator* group_comm(parallel::Group g);
+  // Metrics, events and the server (nullptr before construction ends).
+  TrainerMonitor& monitor() { return *monitor_; }
+  // This rank's communicators by the axis label its metrics carry.
+  std::vector<std::pair<std::string, const comm::Communicator*>> named_comms() const;
   // The reducer carrying one kind of gradient (nullptr where the layout has none).
   parallel::GradReducer* reducer_for(parallel::GradGroup g) {
     return g == parallel::GradGroup::expert    ? expert_reducer_.get()
@@ -130,6 +119,11 @@ class Trainer {
   // After a step's loads are recorded: the aux-free bias update (or reset).
   void advance_routers(bool skipped);
   void print_memory_plan() const;
+  // The step's metrics into the registry (rank 0) and the rank exchange (all ranks).
+  void record_metrics(const StepRecord& rec);
+  void record_router_metrics();
+  // The layout into the registry and a "start" event (rank 0).
+  void announce_start();
   void log_line(const StepRecord& r);
   void fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
                     std::vector<int64_t>& mb_tokens);
@@ -191,6 +185,7 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t skipped_ = 0;
   double peak_flops_ = 0;  // measured on the first run() (train/peak_flops.h)
+  std::unique_ptr<TrainerMonitor> monitor_;
 };
 
 }  // namespace moetron::train

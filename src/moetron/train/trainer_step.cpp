@@ -36,6 +36,7 @@ TrainResult Trainer::run() {
   if (peak_flops_ == 0)
     peak_flops_ = measure_peak_flops(prec_.compute, static_cast<int>(cfg_.train.threads));
   print_memory_plan();
+  announce_start();
   cpu_allocator().reset_peaks();
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
     const int64_t grad_bytes_before = gradient_bytes_sent();
@@ -43,23 +44,29 @@ TrainResult Trainer::run() {
     if (res.history.empty())
       res.first_step_memory = cpu_allocator().stats();  // before any evaluation
     nlohmann::json line = metrics_line(rec, grad_bytes_before);
+    record_router_metrics();  // the step's loads, before the routers move on
     advance_routers(rec.skipped);
     if ((cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) ||
         step == cfg_.train.steps) {
       res.val_loss = evaluate();
       line["val_loss"] = res.val_loss;
+      if (monitor_->enabled() && is_root()) monitor_->metrics().record_validation(res.val_loss);
     }
+    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 &&
+        step != cfg_.train.steps) {
+      const auto t0 = clock_type::now();
+      save_checkpoint(step);
+      rec.checkpoint_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    }
+    record_metrics(rec);
     if (is_root()) {
+      monitor_->finish_line(line);
       metrics << line.dump() << "\n" << std::flush;
       if (step % cfg_.train.log_every == 0 || step == cfg_.train.steps || step == start_step_ + 1)
         log_line(rec);
       if (line.contains("val_loss") && !::isatty(STDOUT_FILENO)) {
         std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
       }
-    }
-    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 &&
-        step != cfg_.train.steps) {
-      save_checkpoint(step);
     }
     if (res.history.empty() && is_root()) {
       // On a terminal the progress line has no newline yet (it redraws in place).
@@ -74,6 +81,9 @@ TrainResult Trainer::run() {
     ++res.steps_done;
   }
   if (res.steps_done > 0) save_checkpoint(cfg_.train.steps);
+  monitor_->finish();
+  monitor_->event(cfg_.train.steps, "stop", "trained " + std::to_string(res.steps_done) + " steps",
+                  {{"steps_done", res.steps_done}, {"skipped_steps", skipped_}});
   res.skipped_steps = skipped_;
   res.final_loss_scale = fp16_ ? scaler_.scale() : 1.0;
   return res;
@@ -97,11 +107,20 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
   fill_batches(step, inputs, targets, mb_tokens);
   StepRecord rec;
   rec.step = step;
+  rec.data_s = std::chrono::duration<double>(clock_type::now() - t0).count();
   for (int64_t n : mb_tokens) rec.tokens += n;
   model_->params().zero_grads();
+  monitor_->before_step(step, *model_);
   forward_backward_step(step, inputs, targets, mb_tokens, rec);
   if (before_update) before_update(step);
+  const auto t_update = clock_type::now();
   apply_update(step, rec);
+  rec.optimizer_s = std::chrono::duration<double>(clock_type::now() - t_update).count();
+  monitor_->after_update(step, *ctx_, *model_, 1.0 / rec.loss_scale,
+                         [this](const nn::Parameter& p) {
+                           return std::any_of(zero_parts_.begin(), zero_parts_.end(),
+                                              [&](optim::ZeroOptimizer* z) { return z->holds(p); });
+                         });
   rec.step_s = std::chrono::duration<double>(clock_type::now() - t0).count();
   rec.tokens_per_s = static_cast<double>(rec.tokens) / rec.step_s;
   rec.mfu =
@@ -142,6 +161,8 @@ void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
     st.z_loss /= loss_scale;
     add_stats(st, 1.0);
     rec.pipeline_wait_s = pr.wait_s;
+    rec.forward_s = pr.forward_s;
+    rec.backward_s = pr.backward_s;
   } else {
     for (int64_t m = 0; m < acc_; ++m) {
       const auto mi = static_cast<size_t>(m);
@@ -150,6 +171,8 @@ void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
       const nn::LossStats st = model_->forward_backward(
           *ctx_, inputs[mi], targets[mi], loss_scale / step_tokens, share * loss_scale, true);
       add_stats(st, share);
+      rec.forward_s += st.forward_s;
+      rec.backward_s += st.backward_s;
     }
   }
   for_each_reducer([&](parallel::GradReducer& r) {

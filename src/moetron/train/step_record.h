@@ -1,0 +1,30 @@
+// What one optimizer step did: the numbers the trainer logs and the
+// monitor turns into metrics.
+#pragma once
+
+#include <cstdint>
+
+namespace moetron::train {
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;  // mean token cross-entropy of the step
+  double aux_loss = 0, z_loss = 0;
+  double lr = 0, grad_norm = 0;
+  double tokens_per_s = 0, mfu = 0;
+  double loss_scale = 1;
+  int64_t tokens = 0;
+  int64_t dropped = 0;  // (token, expert) slots dropped by the capacity factor, all MoE layers
+  bool skipped = false;
+  // Data parallelism: seconds from the end of backward to the start of the
+  // optimizer, blocked on gradient reductions (the exposed communication),
+  // and the whole step's wall time.
+  double comm_wait_s = 0, step_s = 0;
+  double pipeline_wait_s = 0;  // pp > 1: blocked on stage-to-stage transfers (bubble + transfer)
+  // Where the step's time went (seconds): reading the batch, the forward and
+  // backward passes (pipeline transfers and waits included under pp),
+  // clipping and the optimizer, and a checkpoint written after the step.
+  double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, checkpoint_s = 0;
+};
+
+}  // namespace moetron::train
