@@ -23,6 +23,7 @@
 #include "moetron/kernels/elementwise.h"
 #include "moetron/train/generate.h"
 #include "util/test_util.h"
+#include "util/tiny_corpus.h"
 
 namespace moetron::train {
 namespace {
@@ -30,40 +31,11 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string& corpus_dir() {
-  static const std::string dir = [] {
-    const std::string root =
-        (fs::temp_directory_path() / ("moetron_trainer_" + std::to_string(::getpid()))).string();
-    remove_tree(root);
-    fs::create_directories(root + "/text");
-    const char* words[] = {"the",   "cat",   "sat",  "on",    "a",     "mat",
-                           "while", "dogs",  "bark", "at",    "night", "and",
-                           "stars", "shine", "over", "quiet", "hills", "river"};
-    std::ofstream f(root + "/text/quotes");
-    PhiloxStream rng(5, "corpus");
-    for (int d = 0; d < 600; ++d) {
-      // A learnable structure: each document repeats a short pattern.
-      const int a = static_cast<int>(rng.next_u32() % 18),
-                b = static_cast<int>(rng.next_u32() % 18);
-      for (int l = 0; l < 3; ++l)
-        f << words[a] << " " << words[b] << " " << words[(a + b) % 18] << ".\n";
-      f << "%\n";
-    }
-    f.close();
-    data::PrepareOptions o;
-    o.input = root + "/text";
-    o.out_dir = root + "/prepared";
-    o.vocab_size = 300;
-    o.val_fraction = 0.1;
-    data::prepare_data(o);
-    return root;
-  }();
-  return dir;
+  return test::tiny_corpus_root();
 }
 
 Config tiny_config(const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> sets = {"data.path=" + corpus_dir() + "/prepared"};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  return load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
+  return test::tiny_train_config(extra);
 }
 
 std::string run_dir(const std::string& name) {

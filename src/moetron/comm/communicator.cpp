@@ -18,6 +18,7 @@ CommStats Communicator::total_stats() const {
     t.calls += s.calls;
     t.bytes_sent += s.bytes_sent;
     t.seconds += s.seconds;
+    t.blocked_seconds += s.blocked_seconds;
   }
   return t;
 }

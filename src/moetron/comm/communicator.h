@@ -30,6 +30,10 @@ struct CommStats {
   int64_t calls = 0;
   int64_t bytes_sent = 0;  // payload this rank put on the wire, by the algorithm's own count
   double seconds = 0;      // wall time from start to completion observed by wait()/test()
+  // Wall time callers spent blocked inside wait() (a blocking call is a
+  // start and a wait): what this rank lost waiting for others, unlike
+  // `seconds`, which overlapped work also fills.
+  double blocked_seconds = 0;
 };
 
 class Communicator {

@@ -102,11 +102,14 @@ class MpiWork final : public Work {
   MPI_Request& add_request() { return requests_.emplace_back(MPI_REQUEST_NULL); }
   void wait() override {
     if (done_) return;
+    const auto blocked_from = clock_type::now();
     if (!requests_.empty()) {
       check_mpi(
           MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
           "wait");
     }
+    stats_.blocked_seconds +=
+        std::chrono::duration<double>(clock_type::now() - blocked_from).count();
     finish();
   }
   bool test() override {

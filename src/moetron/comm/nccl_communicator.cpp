@@ -169,8 +169,11 @@ class NcclWork final : public Work {
   }
   void wait() override {
     if (done_) return;
+    const auto blocked_from = clock_type::now();
     state_->flush_p2p();
     state_->cuda(cudaEventSynchronize(*event_), "cudaEventSynchronize");
+    stats_.blocked_seconds +=
+        std::chrono::duration<double>(clock_type::now() - blocked_from).count();
     finish();
   }
   bool test() override {

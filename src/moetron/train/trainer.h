@@ -122,6 +122,8 @@ class Trainer {
   // The step's metrics into the registry (rank 0) and the rank exchange (all ranks).
   void record_metrics(const StepRecord& rec);
   void record_router_metrics();
+  // Seconds this rank's communicators have spent blocked in wait() so far.
+  double blocked_seconds() const;
   // The layout into the registry and a "start" event (rank 0).
   void announce_start();
   void log_line(const StepRecord& r);

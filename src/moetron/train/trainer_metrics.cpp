@@ -34,6 +34,12 @@ void Trainer::announce_start() {
                    {"config", to_toml(cfg_)}});
 }
 
+double Trainer::blocked_seconds() const {
+  double total = 0;
+  for (const auto& [axis, c] : named_comms()) total += c->total_stats().blocked_seconds;
+  return total;
+}
+
 void Trainer::record_router_metrics() {
   if (!monitor_->enabled() || !is_root()) return;
   for (nn::MoeLayer* l : model_->moe_layers()) {

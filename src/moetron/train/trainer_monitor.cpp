@@ -7,7 +7,7 @@
 namespace moetron::train {
 
 namespace {
-// step, busy, data, comm wait (seconds): one row of the rank table.
+// step, busy, data, blocked in communication (seconds): one row of the rank table.
 constexpr int64_t kRankValues = 4;
 }  // namespace
 
@@ -58,8 +58,8 @@ void TrainerMonitor::after_update(int64_t step, kernels::Context& ctx, nn::Trans
 
 void TrainerMonitor::exchange_rank_times(const StepRecord& rec) {
   if (!cfg_.enabled) return;
-  const double busy = rec.step_s - rec.comm_wait_s - rec.pipeline_wait_s;
-  const std::vector<double> mine = {rec.step_s, busy, rec.data_s, rec.comm_wait_s};
+  const double busy = rec.step_s - rec.blocked_s;
+  const std::vector<double> mine = {rec.step_s, busy, rec.data_s, rec.blocked_s};
   if (!gather_) {
     if (root_) record_rank_table(rec.step, {mine});
     return;

@@ -102,6 +102,7 @@ void Trainer::print_memory_plan() const {
 StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
                                std::vector<Tensor>& targets) {
   maybe_inject_failure(world_->rank(), step);
+  const double blocked_before = blocked_seconds();
   const auto t0 = clock_type::now();
   std::vector<int64_t> mb_tokens(static_cast<size_t>(acc_), 0);
   fill_batches(step, inputs, targets, mb_tokens);
@@ -122,6 +123,7 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
                                               [&](optim::ZeroOptimizer* z) { return z->holds(p); });
                          });
   rec.step_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  rec.blocked_s = blocked_seconds() - blocked_before;
   rec.tokens_per_s = static_cast<double>(rec.tokens) / rec.step_s;
   rec.mfu =
       rec.tokens_per_s * flops_per_token() / (peak_flops_ * static_cast<double>(world_->size()));

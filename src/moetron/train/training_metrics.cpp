@@ -98,11 +98,11 @@ const std::vector<MetricDef>& catalogue() {
         def("moetron_rank_step_seconds", G, "seconds", "a rank's last step wall time", {"rank"},
             kRankSeries),
         def("moetron_rank_busy_seconds", G, "seconds",
-            "a rank's last step minus its waits on other ranks", {"rank"}, kRankSeries),
+            "a rank's last step minus its time blocked in communication", {"rank"}, kRankSeries),
         def("moetron_rank_data_seconds", G, "seconds", "a rank's last step's data loading",
             {"rank"}, kRankSeries),
         def("moetron_rank_comm_wait_seconds", G, "seconds",
-            "a rank's last step blocked on gradient reductions", {"rank"}, kRankSeries),
+            "a rank's last step blocked waiting in communication", {"rank"}, kRankSeries),
         def("moetron_straggler", G, "", "1 while the rank is named a straggler", {"rank"},
             kRankSeries),
         def("moetron_stragglers_total", C, "events", "times a rank was named a straggler"),
@@ -309,7 +309,7 @@ void TrainingMetrics::record_ranks(const std::vector<RankTimes>& ranks,
     rank_step_s_.set(rank, ranks[r].step_s);
     rank_busy_s_.set(rank, ranks[r].busy_s);
     rank_data_s_.set(rank, ranks[r].data_s);
-    rank_comm_s_.set(rank, ranks[r].comm_wait_s);
+    rank_comm_s_.set(rank, ranks[r].blocked_s);
     straggler_.set(rank, r < stragglers.size() && stragglers[r] ? 1.0 : 0.0);
   }
 }

@@ -21,7 +21,7 @@ void define_training_metrics(monitor::Registry& r);
 
 // One rank's times for the straggler view (a row of RankGather's table).
 struct RankTimes {
-  double step_s = 0, busy_s = 0, data_s = 0, comm_wait_s = 0;
+  double step_s = 0, busy_s = 0, data_s = 0, blocked_s = 0;
 };
 
 class TrainingMetrics {
