@@ -297,10 +297,12 @@ RunHistory read_run_history(const std::string& run_dir) {
   RunHistory h;
   h.run_dir = run_dir;
   const std::string metrics = (fs::path(run_dir) / "metrics.jsonl").string();
-  MOETRON_CHECK(fs::is_directory(run_dir), "run directory '", run_dir, "' does not exist");
+  if (!fs::is_directory(run_dir)) MOETRON_FAIL("run directory '", run_dir, "' does not exist");
   std::ifstream m(metrics);
-  MOETRON_CHECK(fs::exists(metrics) && m.good(), "no metrics file '", metrics,
-                "': not a moetron run directory, or its first step has not finished");
+  if (!fs::exists(metrics) || !m.good()) {
+    MOETRON_FAIL("no metrics file '", metrics,
+                 "': not a moetron run directory, or its first step has not finished");
+  }
   read_metrics(m, metrics, h);
   const std::string events = (fs::path(run_dir) / "events.jsonl").string();
   if (fs::exists(events)) {
