@@ -29,7 +29,7 @@ td, th { border: 1px solid #ddd; padding: 4px 10px; text-align: left; vertical-a
 th { background: #f0f0f0; }
 .grid { display: flex; flex-wrap: wrap; gap: 16px; }
 figure { margin: 0; background: #fff; border: 1px solid #e3e3e3; padding: 6px; }
-figcaption { font-size: 12px; color: #555; max-width: 760px; padding: 2px 4px; }
+figcaption { font-size: 12px; color: #555; max-width: 700px; padding: 2px 4px; }
 svg { display: block; max-width: 100%; height: auto; }
 </style>
 )";

@@ -99,7 +99,9 @@ void draw_legend(std::string& s, const std::vector<LegendEntry>& entries, double
 
 std::vector<LegendEntry> legend_of(const LineChart& c, const std::vector<std::string>& colors) {
   std::vector<LegendEntry> out;
-  for (size_t i = 0; i < c.series.size(); ++i)
+  // One line needs no legend (the title names it).
+  const bool lone = c.series.size() == 1 && !c.stacked;
+  for (size_t i = 0; i < c.series.size() && !lone; ++i)
     out.push_back({c.series[i].name, colors[i], c.series[i].dashed, false, c.stacked});
   for (const auto& p : c.points) out.push_back({p.name, p.color, false, true, false});
   std::vector<std::string> kinds;
@@ -152,7 +154,9 @@ void fit_frame(const LineChart& c, const std::vector<std::vector<double>>& ys, F
   f.x0 = xt.front(), f.x1 = xt.back();
   f.log_y = c.log_y;
   if (!c.log_y) {
-    yt = nice_ticks(ymin, ymax, 5);
+    // A little headroom, so that no line runs along the frame (not below a zero baseline).
+    const double pad = (ymax - ymin) * 0.03;
+    yt = nice_ticks(ymin >= 0 ? std::max(0.0, ymin - pad) : ymin - pad, ymax + pad, 5);
     f.y0 = yt.front(), f.y1 = yt.back();
     return;
   }

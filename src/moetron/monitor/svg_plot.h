@@ -41,7 +41,7 @@ struct LineChart {
   std::vector<LineSeries> series;
   std::vector<PointSet> points;
   std::vector<EventMarker> events;
-  int width = 760, height = 320;
+  int width = 700, height = 320;
 };
 
 struct Heatmap {
@@ -50,7 +50,7 @@ struct Heatmap {
   std::vector<std::string> rows;            // row labels, top to bottom
   std::vector<std::vector<double>> values;  // values[row][column]; NaN: no data
   double vmin = NAN, vmax = NAN;            // colour range; NaN: the data's
-  int width = 760, height = 260;
+  int width = 700, height = 260;
 };
 
 std::string render_line_chart(const LineChart& chart);
