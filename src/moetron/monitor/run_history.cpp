@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "moetron/core/error.h"
 #include "moetron/core/manifest.h"
@@ -104,7 +105,11 @@ void put_plain_keys(const nlohmann::json& j, double step, const std::set<std::st
   }
 }
 
-void add_metrics_line(const nlohmann::json& j, const std::string& where, RunHistory& h) {
+// A series key as written -> its metric name and canonical key.
+using KeyCache = std::unordered_map<std::string, std::pair<std::string, std::string>>;
+
+void add_metrics_line(const nlohmann::json& j, const std::string& where, KeyCache& keys,
+                      RunHistory& h) {
   MOETRON_CHECK(j.contains("step") && j["step"].is_number_integer(), where,
                 ": a metrics line needs an integer \"step\"");
   const auto step = static_cast<double>(j["step"].get<int64_t>());
@@ -123,14 +128,19 @@ void add_metrics_line(const nlohmann::json& j, const std::string& where, RunHist
   if (j.contains("series")) {
     MOETRON_CHECK(j["series"].is_object(), where, ": \"series\" must be an object");
     for (const auto& [k, v] : j["series"].items()) {
-      SeriesKey key;
-      try {
-        key = parse_series_key(k);
-      } catch (const Error& e) {
-        MOETRON_FAIL(where, ": ", e.what());
+      // Every line repeats the same keys: each is parsed once.
+      auto it = keys.find(k);
+      if (it == keys.end()) {
+        SeriesKey key;
+        try {
+          key = parse_series_key(k);
+        } catch (const Error& e) {
+          MOETRON_FAIL(where, ": ", e.what());
+        }
+        it = keys.emplace(k, std::make_pair(key.name, series_key(key.name, key.labels))).first;
       }
-      in_series.insert(key.name);
-      put(h, series_key(key.name, key.labels), step, number_of(v));
+      in_series.insert(it->second.first);
+      put(h, it->second.second, step, number_of(v));
     }
   }
   put_plain_keys(j, step, in_series, h);
@@ -283,9 +293,11 @@ std::vector<std::pair<SeriesKey, const Series*>> RunHistory::named(const std::st
 }
 
 void read_metrics(std::istream& in, const std::string& name, RunHistory& h) {
-  h.truncated_tail = for_each_json_line(
-      in, name,
-      [&](const nlohmann::json& j, const std::string& where) { add_metrics_line(j, where, h); });
+  KeyCache keys;
+  h.truncated_tail =
+      for_each_json_line(in, name, [&](const nlohmann::json& j, const std::string& where) {
+        add_metrics_line(j, where, keys, h);
+      });
 }
 
 void read_events(std::istream& in, const std::string& name, RunHistory& h) {
