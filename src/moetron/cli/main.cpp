@@ -1,4 +1,4 @@
-// moetron: train / eval / generate / prepare-data / memory / launch / export.
+// moetron: train / eval / generate / prepare-data / memory / launch / export / report.
 // Library code throws moetron::Error; this is the one place that turns an
 // error into a message and a non-zero exit. Started by mpirun or srun, a
 // rank prefixes its errors with "rank R: " and aborts every rank of the job,
@@ -12,6 +12,7 @@
 #include "moetron/cli/memory_cmd.h"
 #include "moetron/cli/metrics_cmd.h"
 #include "moetron/cli/plan_cmd.h"
+#include "moetron/cli/report_cmd.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
 #include "moetron/core/threading.h"
@@ -170,6 +171,8 @@ int main(int argc, char** argv) {
   auto* metrics = cli::add_metrics_command(app, metrics_opts);
   cli::MemoryCommand memory_opts;
   auto* memory = cli::add_memory_command(app, memory_opts);
+  cli::ReportCommand report_opts;
+  auto* report = cli::add_report_command(app, report_opts);
   auto* launch =
       app.add_subcommand("launch", "run a moetron command on N ranks of this machine under mpirun");
   train::LaunchOptions lopts;
@@ -204,6 +207,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*memory) return cli::run_memory_command(memory_opts);
+    if (*report) return cli::run_report_command(report_opts);
   } catch (const std::exception& e) {  // moetron::Error and the standard library's
     const std::string who = env.under_mpi ? "rank " + std::to_string(env.rank) + ": " : "";
     std::cerr << who << "error: " << e.what() << std::endl;
