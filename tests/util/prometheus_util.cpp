@@ -48,29 +48,50 @@ PrometheusServer::PrometheusServer(const std::string& dir, const std::vector<std
               read_text_file(log_path_));
 }
 
-std::string PrometheusServer::get(const std::string& path, const std::string& query_param) {
+std::string PrometheusServer::get(const std::string& path, const QueryParams& params) {
   httplib::Client c("127.0.0.1", port_);
   c.set_read_timeout(30);
-  httplib::Params params;
-  if (!query_param.empty()) params.emplace("query", query_param);
-  auto res = c.Get(path, params, httplib::Headers{});
+  httplib::Params query;
+  for (const auto& [k, v] : params) query.emplace(k, v);
+  auto res = c.Get(path, query, httplib::Headers{});
   if (!res) throw Error("prometheus " + path + ": " + httplib::to_string(res.error()));
   if (res->status != 200) {
-    throw Error("prometheus " + path + " " + query_param + ": HTTP " + std::to_string(res->status) +
-                ": " + res->body);
+    throw Error("prometheus " + path + ": HTTP " + std::to_string(res->status) + ": " + res->body);
   }
   return res->body;
 }
 
+namespace {
+nlohmann::json result_of(const std::string& body) {
+  const nlohmann::json answer = nlohmann::json::parse(body);
+  if (answer.value("status", "") != "success") throw Error("prometheus query failed: " + body);
+  return answer["data"]["result"];
+}
+}  // namespace
+
 std::vector<double> PrometheusServer::query(const std::string& promql) {
-  const nlohmann::json answer = nlohmann::json::parse(get("/api/v1/query", promql));
-  if (answer.value("status", "") != "success")
-    throw Error("prometheus query failed: " + answer.dump());
   std::vector<double> values;
-  for (const auto& r : answer["data"]["result"]) {
+  for (const auto& r : result_of(get("/api/v1/query", {{"query", promql}}))) {
     values.push_back(std::stod(r["value"][1].get<std::string>()));
   }
   return values;
+}
+
+std::vector<std::pair<double, double>> PrometheusServer::samples(const std::string& selector,
+                                                                 double window_s, double at) {
+  const std::string promql = selector + "[" + std::to_string(static_cast<int>(window_s)) + "s]";
+  char time[32];
+  std::snprintf(time, sizeof(time), "%.3f", at);
+  const nlohmann::json result =
+      result_of(get("/api/v1/query", {{"query", promql}, {"time", time}}));
+  if (result.size() > 1)
+    throw Error(selector + " matches " + std::to_string(result.size()) + " series");
+  std::vector<std::pair<double, double>> out;
+  if (result.empty()) return out;
+  for (const auto& v : result[0]["values"]) {
+    out.emplace_back(v[0].get<double>(), std::stod(v[1].get<std::string>()));
+  }
+  return out;
 }
 
 std::vector<double> PrometheusServer::wait_for_samples(const std::string& promql, size_t min_count,

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "util/subprocess.h"
@@ -13,6 +14,9 @@ namespace moetron::test {
 
 inline constexpr const char* kPrometheusBinary = "/usr/bin/prometheus";
 bool prometheus_installed();
+
+// Query parameters (name, value) of an HTTP API call.
+using QueryParams = std::vector<std::pair<std::string, std::string>>;
 
 class PrometheusServer {
  public:
@@ -24,6 +28,12 @@ class PrometheusServer {
   // The values of an instant query's result ([] when it has none yet);
   // throws when the query itself fails.
   std::vector<double> query(const std::string& promql);
+  // The samples of one series over the `window_s` seconds before `at`
+  // (unix seconds), as (timestamp, value), oldest first: a range query
+  // `selector[window]` evaluated at a fixed time, so two selectors see the
+  // same scrapes. Throws when the selector matches more than one series.
+  std::vector<std::pair<double, double>> samples(const std::string& selector, double window_s,
+                                                 double at);
   // Polls `query` until it answers at least `min_count` samples or
   // `timeout_s` passes; the last answer.
   std::vector<double> wait_for_samples(const std::string& promql, size_t min_count,
@@ -34,7 +44,7 @@ class PrometheusServer {
   int port() const { return port_; }
 
  private:
-  std::string get(const std::string& path, const std::string& query_param = "");
+  std::string get(const std::string& path, const QueryParams& params = {});
 
   std::string log_path_;
   int port_ = 0;

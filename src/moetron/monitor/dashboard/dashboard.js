@@ -100,12 +100,14 @@ function updateHeader() {
   };
   document.getElementById('latest-loss').textContent = fmt(last('moetron_loss'));
   document.getElementById('latest-tps').textContent = fmt(last('moetron_tokens_per_second'));
+  const n = store.stragglers.length;
+  const text = n === 0 ? '' : `Straggler${n > 1 ? 's' : ''}: rank ` +
+                              `${store.stragglers.join(', rank ')} (step ${line.step})`;
   const note = document.getElementById('stragglers');
-  note.classList.toggle('hidden', store.stragglers.length === 0);
-  note.textContent = `Straggler${store.stragglers.length > 1 ? 's' : ''}: rank ` +
-                     `${store.stragglers.join(', rank ')} (step ${line.step})`;
+  note.classList.toggle('hidden', n === 0);
+  note.textContent = text;
   const sn = document.getElementById('straggler-note');
-  if (sn) sn.textContent = note.textContent;
+  if (sn) sn.textContent = text;
 }
 
 function updateEvents(events) {
