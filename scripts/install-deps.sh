@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages moetron needs to build, test and run.
+# libjs-chart.js is compiled into the binary (the monitor's dashboard);
+# prometheus and chromium (with a font) run in the monitor's tests.
 # Idempotent: runs `apt-get update` once, and only when something is missing.
 set -euo pipefail
 
@@ -12,6 +14,8 @@ packages=(
   libxxhash-dev
   libsentencepiece-dev
   libcpp-httplib-dev
+  libjs-chart.js
+  prometheus chromium fonts-dejavu-core
   fortunes
   clang-format python3
 )

@@ -1,7 +1,10 @@
 #include "moetron/train/trainer_monitor.h"
 
+#include <fstream>
 #include <iostream>
 
+#include "moetron/core/error.h"
+#include "moetron/monitor/http_server.h"
 #include "moetron/monitor/json_series.h"
 
 namespace moetron::train {
@@ -26,6 +29,36 @@ TrainerMonitor::TrainerMonitor(const Config& cfg, const std::string& run_dir,
     gather_ = std::make_unique<monitor::RankGather>(world.split(0, world.rank()), kRankValues);
   }
   layer_stats_ = std::make_unique<LayerStatistics>(cfg.model, cfg.moe, at);
+  if (root_ && cfg_.serve) start_server();
+}
+
+// Rank 0's HTTP server: /metrics for Prometheus, the dashboard at /. Its URL
+// is printed and written to RUN_DIR/monitor.url (monitor.port = 0 picks a
+// free port). A port that cannot be bound stops the run unless
+// monitor.required = false.
+void TrainerMonitor::start_server() {
+  monitor::ServerOptions opts;
+  opts.host = cfg_.host;
+  opts.port = static_cast<int>(cfg_.port);
+  try {
+    server_ = std::make_unique<monitor::MonitorServer>(registry_, opts);
+  } catch (const Error& e) {
+    if (cfg_.required) throw;
+    std::cerr << "warning: " << e.what() << "; training goes on without the server"
+              << " (monitor.required = false)\n";
+    return;
+  }
+  monitor::MonitorServer* server = server_.get();
+  if (events_)
+    events_->on_event = [server](const nlohmann::json& ev) { server->publish_event(ev); };
+  std::ofstream(run_dir_ + "/monitor.url") << server_url() << "\n";
+  std::cout << "monitor: dashboard " << server_url() << "  Prometheus " << server_url() << "metrics"
+            << std::endl;
+}
+
+std::string TrainerMonitor::server_url() const {
+  if (!server_) return "";
+  return "http://" + server_->host() + ":" + std::to_string(server_->port()) + "/";
 }
 
 TrainerMonitor::~TrainerMonitor() = default;
@@ -102,6 +135,7 @@ void TrainerMonitor::finish_line(nlohmann::json& line) {
   if (!cfg_.enabled || !root_) return;
   line["time"] = monitor::unix_time();
   line["series"] = monitor::json_series(registry_.snapshot());
+  if (server_) server_->publish_step(line);
 }
 
 void TrainerMonitor::event(int64_t step, const std::string& kind, const std::string& message,

@@ -23,6 +23,10 @@
 #include "moetron/train/layer_stats.h"
 #include "moetron/train/training_metrics.h"
 
+namespace moetron::monitor {
+class MonitorServer;
+}
+
 namespace moetron::train {
 
 class TrainerMonitor {
@@ -49,11 +53,15 @@ class TrainerMonitor {
   void finish_line(nlohmann::json& line);
   void event(int64_t step, const std::string& kind, const std::string& message,
              nlohmann::json extra = nlohmann::json::object());
+  // The HTTP server's URL ("http://host:port/"), "" when this rank serves
+  // nothing (monitor.serve = false, not rank 0, or it could not bind).
+  std::string server_url() const;
   // Completes the gather in flight (collective at the end of run()).
   void finish();
 
  private:
   void record_rank_table(int64_t step, const monitor::RankGather::Table& table);
+  void start_server();
 
   MonitorConfig cfg_;
   std::string run_dir_;
@@ -66,6 +74,8 @@ class TrainerMonitor {
   std::unique_ptr<LayerStatistics> layer_stats_;
   comm::Communicator* world_;
   bool tracking_ = false;
+  // Last: it reads registry_ until it is destroyed.
+  std::unique_ptr<monitor::MonitorServer> server_;
 };
 
 }  // namespace moetron::train
