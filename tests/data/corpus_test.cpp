@@ -128,5 +128,37 @@ TEST(WindowSampler, IsAPureFunctionOfTheSampleIndex) {
   fs::remove(path);
 }
 
+// The fortune files hold more distinct characters than a small vocabulary
+// has room for beside its 256 byte pieces ("Vocabulary size is smaller than
+// required_chars"): the rarest are spelled in bytes instead.
+TEST(Corpus, ASmallVocabularyPreparesACorpusOfManyCharacters) {
+  const std::string dir = make_corpus_dir("many_chars");
+  {
+    std::ofstream f(dir + "/text/quotes", std::ios::app);
+    // 100 rare distinct characters (Greek and Cyrillic letters), three of each.
+    for (int d = 0; d < 3; ++d) {
+      for (int c = 0; c < 100; ++c) {
+        const int cp = (c < 50 ? 0x391 : 0x410 - 50) + c;
+        f << static_cast<char>(0xC0 | (cp >> 6)) << static_cast<char>(0x80 | (cp & 0x3F));
+        if (c % 10 == 9) f << " ";
+      }
+      f << "\n%\n";
+    }
+  }
+  PrepareOptions opts;
+  opts.input = dir + "/text";
+  opts.out_dir = dir + "/out";
+  opts.vocab_size = 320;
+  testing::internal::CaptureStderr();
+  const PrepareReport r = prepare_data(opts);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.vocab_size, 320);
+  EXPECT_NE(err.find("spelled in bytes"), std::string::npos) << err;
+  Tokenizer tok(opts.out_dir + "/tokenizer.model");
+  const std::string text = "the cat \xce\x91\xce\x92 sat";
+  EXPECT_EQ(tok.decode(tok.encode(text)), text);  // byte fallback round-trips every character
+  remove_tree(dir);
+}
+
 }  // namespace
 }  // namespace moetron::data

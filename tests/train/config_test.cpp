@@ -1,6 +1,7 @@
 #include "moetron/train/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,75 @@ TEST(Config, MissingFileAndSyntaxErrorsNameTheFile) {
   const std::string e2 = error_of([&] { load_config(path); });
   EXPECT_NE(e2.find(path + ":2"), std::string::npos) << e2;
   std::filesystem::remove(path);
+}
+
+TEST(Config, ADirectoryOrAnEmptyFileIsNotAConfig) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("moetron_cfg_dir_" + std::to_string(::getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  const std::string e1 = error_of([&] { load_config(dir); });
+  EXPECT_NE(e1.find("config '" + dir + "' is a directory"), std::string::npos) << e1;
+  for (const char* text : {"", "# only a comment\n\n"}) {
+    const std::string path = dir + "/empty.toml";
+    std::ofstream(path) << text;
+    const std::string e2 = error_of([&] { load_config(path); });
+    EXPECT_NE(e2.find("config file '" + path + "' is empty"), std::string::npos) << e2;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Config, AnUnknownKeySuggestsAKeyOfItsOwnSection) {
+  const std::string e = error_of([] { parse_config("", "a.toml", {"model.foo=3"}); });
+  EXPECT_NE(e.find("unknown config key 'model.foo'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'model."), std::string::npos) << e;
+  // An unknown section still gets the nearest key of any section.
+  const std::string e2 = error_of([] { parse_config("", "a.toml", {"modle.d_model=3"}); });
+  EXPECT_NE(e2.find("did you mean 'model.d_model'"), std::string::npos) << e2;
+}
+
+TEST(Config, DivergenceLimitsAreValidated) {
+  const Config d = parse_config("", "x.toml");
+  EXPECT_EQ(d.train.max_skipped_steps, 10);
+  EXPECT_EQ(d.train.max_skipped_fraction, 0.5);
+  const auto msg = [](const std::string& set) {
+    return error_of([&] { parse_config("", "x.toml", {set}); });
+  };
+  EXPECT_NE(msg("train.max_skipped_steps=-1").find("'train.max_skipped_steps'"), std::string::npos);
+  EXPECT_NE(msg("train.max_skipped_fraction=1.5").find("'train.max_skipped_fraction'"),
+            std::string::npos);
+  EXPECT_NE(msg("train.loss_spike_factor=0.5").find("'train.loss_spike_factor'"),
+            std::string::npos);
+}
+
+TEST(Config, EveryShippedConfigLoadsAndNamesTheTextToPrepareItsCorpusFrom) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(MOETRON_SOURCE_DIR "/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    const Config c = load_config(e.path().string());
+    EXPECT_FALSE(c.data.source.empty()) << e.path() << ": data.path is prepared by nothing";
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+}
+
+TEST(Config, ErrorsAreSentencesWithTheLocationApart) {
+  try {
+    parse_config("", "x.toml", {"model.d_model=0"});
+    FAIL() << "d_model = 0 accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find("check failed"), std::string::npos) << what;
+    EXPECT_EQ(what.find(".cpp:"), std::string::npos) << what;
+    EXPECT_NE(e.where().find("config.cpp:"), std::string::npos) << e.where();
+  }
+  try {
+    load_config("/nonexistent/cfg.toml");
+    FAIL() << "a missing file accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.where().find("check failed: "), std::string::npos) << e.where();
+    EXPECT_EQ(std::string(e.what()).find("check failed"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

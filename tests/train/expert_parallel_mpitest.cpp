@@ -20,6 +20,10 @@
 namespace moetron::train {
 namespace {
 
+// tiny.toml has a dense first layer, which Mixtral cannot represent: the
+// layouts are compared on the assembled tensors alone.
+const ckpt::ExportOptions kTensorsOnly{true};
+
 namespace fs = std::filesystem;
 
 comm::Communicator& world() {
@@ -157,8 +161,8 @@ TEST(ExpertParallel, CheckpointsResumeInAnotherLayout) {
     // `moetron export` of the ep checkpoint: one file with every tensor of
     // the one-rank model, the same shapes, values equal to the shards'.
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
-    EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
-              ckpt::export_hf(one, saved + "/export-one"));
+    EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export", kTensorsOnly),
+              ckpt::export_hf(one, saved + "/export-one", kTensorsOnly));
     ckpt::SafetensorsReader got(saved + "/export/model.safetensors"),
         want(saved + "/export-one/model.safetensors");
     EXPECT_EQ(got.names().size(), want.names().size());
@@ -171,7 +175,7 @@ TEST(ExpertParallel, CheckpointsResumeInAnotherLayout) {
       const Tensor a = got.view(name), b = shard.view(name);
       EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << name;
     }
-    EXPECT_THROW(ckpt::export_hf(one, saved + "/export"), Error);  // never overwrites
+    EXPECT_THROW(ckpt::export_hf(one, saved + "/export", kTensorsOnly), Error);  // never overwrites
   }
   {
     Trainer t(ep_config(kGlobalRows / dp(), common), copy_step5(saved, "ckpt-ep-to-dp"), true,

@@ -254,5 +254,48 @@ TEST(Launch, MalformedInjectionIsAnErrorOnEveryRank) {
       << r.err;
 }
 
+TEST(LaunchPlan, AHostfileGoesToMpirun) {
+  const std::string hosts = root() + "/hosts";
+  std::ofstream(hosts) << "node1 slots=4\nnode2 slots=4\n";
+  LaunchOptions o;
+  o.mpirun = "/x/mpirun";
+  o.program = "/x/moetron";
+  o.command = {"train", "--out", "runs/a"};
+  o.ranks = 8;
+  o.hostfile = hosts;
+  const LaunchPlan p = plan_launch(o);
+  const auto at = std::find(p.argv.begin(), p.argv.end(), "--hostfile");
+  ASSERT_NE(at, p.argv.end());
+  EXPECT_EQ(*(at + 1), fs::absolute(hosts).string());
+  o.hostfile = root() + "/no_such_hostfile";
+  EXPECT_THROW(plan_launch(o), Error);
+}
+
+// A rank killed by a signal is named with the signal, not an exit code.
+TEST(Launch, ARankKilledByASignalIsNamedWithTheSignal) {
+  const std::string out = root() + "/run_killed";
+  const Outcome r = run("MOETRON_INJECT_FAILURE=rank=1,step=2,signal=KILL timeout 120 " +
+                        std::string(MOETRON_BINARY) + " launch -n 2 -- " + train_args(out, 100000));
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.code, 124) << "launch hung until the timeout";
+  EXPECT_NE(r.err.find("launch: rank 1 was killed by SIGKILL (signal 9)"), std::string::npos)
+      << r.err;
+}
+
+// A stopped rank leaves the others waiting in a collective: launch names it
+// after --silent-timeout and ends the job.
+TEST(Launch, AStoppedRankIsNamedAfterTheSilentTimeout) {
+  const std::string out = root() + "/run_stopped";
+  const Outcome r = run("MOETRON_INJECT_FAILURE=rank=1,step=3,signal=STOP timeout 120 " +
+                        std::string(MOETRON_BINARY) + " launch -n 2 --silent-timeout 10 -- " +
+                        train_args(out, 100000));
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.code, 124) << "launch hung until the timeout";
+  EXPECT_LT(r.seconds, 90.0);
+  EXPECT_NE(r.err.find("no rank has started a training step for 10 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1 (pid"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is stopped"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace moetron::train

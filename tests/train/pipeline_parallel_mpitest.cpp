@@ -21,6 +21,10 @@
 namespace moetron::train {
 namespace {
 
+// tiny.toml has a dense first layer, which Mixtral cannot represent: the
+// layouts are compared on the assembled tensors alone.
+const ckpt::ExportOptions kTensorsOnly{true};
+
 namespace fs = std::filesystem;
 
 comm::Communicator& world() {
@@ -163,8 +167,8 @@ TEST(PipelineParallel, CheckpointsResumeInAnotherLayout) {
   }
   if (world().rank() == 0) {
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
-    EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
-              ckpt::export_hf(one, saved + "/export-one"));
+    EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export", kTensorsOnly),
+              ckpt::export_hf(one, saved + "/export-one", kTensorsOnly));
     ckpt::SafetensorsReader got(saved + "/export/model.safetensors"),
         want(saved + "/export-one/model.safetensors");
     EXPECT_EQ(got.names(), want.names());

@@ -23,6 +23,10 @@
 namespace moetron::train {
 namespace {
 
+// tiny.toml has a dense first layer, which Mixtral cannot represent: the
+// layouts are compared on the assembled tensors alone.
+const ckpt::ExportOptions kTensorsOnly{true};
+
 comm::Communicator& world() {
   return test::mpi_world();
 }
@@ -208,8 +212,8 @@ TEST(TensorParallel, CheckpointsResumeInAnotherLayout) {
     // the one-rank export, same shapes, values within the runs' rounding.
     // (No ASSERT here: rank 0 leaving early would strand the other ranks.)
     const std::string one = job_dir() + "/runs/ref-ckpt-rank0/checkpoints/step-5";
-    EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export"),
-              ckpt::export_hf(one, saved + "/export-one"));
+    EXPECT_EQ(ckpt::export_hf(saved + "/checkpoints/step-5", saved + "/export", kTensorsOnly),
+              ckpt::export_hf(one, saved + "/export-one", kTensorsOnly));
     ckpt::SafetensorsReader got(saved + "/export/model.safetensors"),
         want(saved + "/export-one/model.safetensors");
     EXPECT_EQ(got.names().size(), want.names().size());

@@ -1,6 +1,10 @@
 #include "moetron/ckpt/checkpoint.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -194,6 +198,20 @@ std::vector<optim::StateSlice> slices_to_write(optim::ParamOptimizer& opt, const
   return slices;
 }
 
+// The model signature a checkpoint's manifest records (nullopt: unreadable
+// or written before signatures; such a checkpoint is never pruned).
+std::optional<std::string> model_signature_of(const std::string& dir) {
+  try {
+    std::ifstream f(dir + "/" + kManifestName);
+    const nlohmann::json m = nlohmann::json::parse(f);
+    const auto& st = m.at("state");
+    if (!st.contains("model_signature")) return std::nullopt;
+    return st.at("model_signature").get<std::string>();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 // Rank 0: the manifest over every rank's files, the atomic commit, then
 // pruning to req.keep checkpoints (only once the new one is durable).
 void publish(StagedDir& staged, const SaveRequest& req, int world_size, const Tensor& writers) {
@@ -212,12 +230,16 @@ void publish(StagedDir& staged, const SaveRequest& req, int world_size, const Te
                  {{"step", req.step},
                   {"optimizer_ranks", world_size},
                   {"model_files", model_files},
-                  {"layout", layout}});
+                  {"layout", layout},
+                  {"model_signature", req.model_signature}});
   staged.commit();
-  const auto dirs = checkpoint_dirs(req.run_dir);
-  for (size_t i = static_cast<size_t>(std::max<int64_t>(req.keep, 1)); i < dirs.size(); ++i) {
-    remove_tree(dirs[i].second);
+  // Prune only checkpoints of this model (never another model's, whatever its step).
+  int64_t kept = 0;
+  for (const auto& [step, dir] : checkpoint_dirs(req.run_dir)) {
+    if (model_signature_of(dir) != req.model_signature) continue;
+    if (++kept > std::max<int64_t>(req.keep, 1)) remove_tree(dir);
   }
+  remove_dead_staging_dirs(req.run_dir);
 }
 
 }  // namespace
@@ -284,6 +306,39 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir,
     }
   }
   return std::nullopt;
+}
+
+std::string resolve_checkpoint_dir(const std::string& path) {
+  if (fs::exists(fs::path(path) / kManifestName)) return path;
+  MOETRON_CHECK(fs::is_directory(fs::path(path) / "checkpoints"), "'", path,
+                "' is neither a checkpoint (no ", kManifestName,
+                ") nor a run directory (no checkpoints/)");
+  std::vector<std::string> warnings;
+  const auto dir = latest_checkpoint(path, &warnings);
+  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+  MOETRON_CHECK(dir.has_value(), "run directory '", path, "' has no complete checkpoint");
+  std::cerr << "using " << *dir << "\n";
+  return *dir;
+}
+
+std::vector<std::string> remove_dead_staging_dirs(const std::string& run_dir) {
+  std::vector<std::string> removed;
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return removed;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.find(".tmp-");
+    if (!name.starts_with("step-") || at == std::string::npos) continue;
+    const std::string digits = name.substr(at + 5);
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    const pid_t pid = static_cast<pid_t>(std::stoll(digits));
+    // Alive (or not ours to signal): another process may still be writing it.
+    if (pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM)) continue;
+    remove_tree(e.path().string());
+    removed.push_back(e.path().string());
+  }
+  return removed;
 }
 
 std::string quarantine_checkpoint(const std::string& dir) {

@@ -51,9 +51,13 @@ nlohmann::json hf_config(const nn::ModelConfig& model, const nn::MoeConfig& moe)
 struct SaveRequest {
   std::string run_dir;
   int64_t step = 0;
-  nlohmann::json trainer_state;         // trainer.json
-  std::string config_toml;              // config.toml: the run's full configuration
-  int64_t keep = 2;                     // complete checkpoints kept
+  nlohmann::json trainer_state;  // trainer.json
+  std::string config_toml;       // config.toml: the run's full configuration
+  int64_t keep = 2;              // complete checkpoints kept (of this model)
+  // Identifies the model (train::model_signature); recorded in the manifest.
+  // Pruning removes only checkpoints recorded with the same signature, so a
+  // run resumed with another model never deletes the original's checkpoints.
+  std::string model_signature;
   comm::Communicator* world = nullptr;  // nullptr: one rank
   // More per-rank state saved beside the optimizer's (error-feedback residuals).
   std::vector<optim::StateSlice> extra;
@@ -64,9 +68,9 @@ struct SaveRequest {
 };
 
 // Saves step req.step and then deletes all but the newest req.keep complete
-// checkpoints. On any failure the previous checkpoints are untouched and the
-// partial one is removed; the error propagates (on every rank). Collective
-// over req.world.
+// checkpoints of the same model (and the staging directories of dead writers). On any failure the
+// previous checkpoints are untouched and the partial one is removed; the error propagates (on every
+// rank). Collective over req.world.
 void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::ParamOptimizer& opt);
 
 // The newest checkpoint whose manifest verifies; each skipped (corrupt or
@@ -75,6 +79,16 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
 std::optional<std::string> latest_checkpoint(const std::string& run_dir,
                                              std::vector<std::string>* warnings,
                                              std::vector<std::string>* skipped = nullptr);
+
+// A checkpoint directory from what a user gave: a checkpoint (it has a
+// manifest.json) as is, or a run directory (it has checkpoints/): its newest
+// complete checkpoint. Throws naming the path and what it lacks.
+std::string resolve_checkpoint_dir(const std::string& path);
+
+// Removes RUN_DIR/checkpoints/step-N.tmp-PID staging directories whose
+// writer (process PID on this machine) is no longer alive: what a save killed
+// mid-way leaves behind. Returns the paths removed.
+std::vector<std::string> remove_dead_staging_dirs(const std::string& run_dir);
 
 // Renames a corrupt checkpoint to step-N.corrupt[-k] so the step can be saved
 // again while the damaged files stay available for inspection (nothing is

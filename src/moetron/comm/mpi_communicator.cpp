@@ -2,12 +2,14 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "moetron/core/error.h"
 
@@ -395,18 +397,44 @@ int env_int(const char* name) {
 }  // namespace
 
 LaunchEnv detect_launch_env() {
-  const std::pair<const char*, const char*> pairs[] = {
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-      {"PMI_RANK", "PMI_SIZE"},
-      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS"},  // a job step: srun, not the batch script
-      {"PMIX_RANK", nullptr},
+  struct Vars {
+    const char* rank;
+    std::vector<const char*> sizes;  // the first one set
+    const char* local_rank;
+    const char* local_size;
   };
-  for (const auto& [rank_var, size_var] : pairs) {
-    const int rank = env_int(rank_var);
+  const Vars launchers[] = {
+      {"OMPI_COMM_WORLD_RANK",
+       {"OMPI_COMM_WORLD_SIZE"},
+       "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"PMI_RANK", {"PMI_SIZE"}, "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+      // A job step (srun), not the batch script: SLURM_PROCID is per task.
+      {"SLURM_PROCID",
+       {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"},
+       "SLURM_LOCALID",
+       "SLURM_STEP_TASKS_PER_NODE"},
+      {"PMIX_RANK", {}, nullptr, nullptr},
+  };
+  for (const Vars& v : launchers) {
+    const int rank = env_int(v.rank);
     if (rank < 0) continue;
-    const int size = size_var ? env_int(size_var) : 0;
-    if (size_var && size < 1) continue;
-    return {true, rank, size};
+    int size = v.sizes.empty() ? 0 : -1;
+    for (const char* s : v.sizes) {
+      if ((size = env_int(s)) >= 1) break;
+    }
+    if (!v.sizes.empty() && size < 1) continue;
+    LaunchEnv e{true, rank, size, 0, 1};
+    if (v.local_rank && env_int(v.local_rank) >= 0) e.local_rank = env_int(v.local_rank);
+    // SLURM_STEP_TASKS_PER_NODE reads e.g. "4" or "4(x2),3": this node's is
+    // approximated by the first count.
+    if (v.local_size) {
+      const char* ls = std::getenv(v.local_size);
+      const int n = ls ? std::atoi(ls) : 0;
+      if (n >= 1) e.local_size = n;
+    }
+    e.local_size = std::max(e.local_size, e.local_rank + 1);
+    return e;
   }
   return {};
 }

@@ -21,12 +21,16 @@ std::unique_ptr<Communicator> make_mpi_world();
 // What the process launcher said about this process, read from the
 // environment before MPI is initialised: OpenMPI's mpirun (OMPI_COMM_WORLD_*),
 // PMI starters such as MPICH's hydra or `srun --mpi=pmi2` (PMI_RANK/PMI_SIZE),
-// a Slurm job step (SLURM_PROCID/SLURM_STEP_NUM_TASKS), PMIx (PMIX_RANK; no
-// size: 0 means unknown).
+// a Slurm job step (`srun -n N moetron ...`: SLURM_PROCID, and
+// SLURM_STEP_NUM_TASKS or SLURM_NTASKS; SLURM_LOCALID and
+// SLURM_STEP_TASKS_PER_NODE for the ranks on this node), PMIx (PMIX_RANK;
+// no size: 0 means unknown).
 struct LaunchEnv {
   bool under_mpi = false;
   int rank = 0;
   int size = 1;
+  int local_rank = 0;  // among the ranks on this machine
+  int local_size = 1;  // ranks on this machine (1 when the launcher does not say)
 };
 LaunchEnv detect_launch_env();
 

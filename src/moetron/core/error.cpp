@@ -4,9 +4,10 @@
 
 namespace moetron {
 
-void throw_error(const char* file, int line, const std::string& msg) {
+void throw_error(const char* file, int line, const std::string& msg, const char* expr) {
   const char* base = std::strrchr(file, '/');
-  throw Error(str_cat(msg, " [", base ? base + 1 : file, ":", line, "]"));
+  const std::string at = str_cat("[", base ? base + 1 : file, ":", line, "]");
+  throw Error(msg, expr ? str_cat("check failed: ", expr, " ", at) : at);
 }
 
 }  // namespace moetron

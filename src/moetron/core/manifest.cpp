@@ -48,10 +48,10 @@ void write_manifest(const std::string& dir, const std::vector<std::string>& file
   MOETRON_CHECK(f.good(), "cannot write '", path, "'");
 }
 
-nlohmann::json verify_manifest(const std::string& dir) {
+nlohmann::json verify_manifest(const std::string& dir, const std::string& kind) {
   const std::string path = dir + "/" + kManifestName;
   std::ifstream f(path);
-  MOETRON_CHECK(f.good(), "checkpoint '", dir, "' has no ", kManifestName);
+  MOETRON_CHECK(f.good(), kind, " '", dir, "' has no ", kManifestName);
   nlohmann::json m;
   try {
     m = nlohmann::json::parse(f);
@@ -62,11 +62,11 @@ nlohmann::json verify_manifest(const std::string& dir) {
                 "' is not a moetron manifest");
   for (const auto& [name, info] : m.at("files").items()) {
     const std::string p = dir + "/" + name;
-    MOETRON_CHECK(fs::exists(p), "checkpoint file '", p, "' is missing");
+    MOETRON_CHECK(fs::exists(p), kind, " file '", p, "' is missing");
     const auto bytes = info.at("bytes").get<uintmax_t>();
-    MOETRON_CHECK(fs::file_size(p) == bytes, "checkpoint file '", p, "' has ", fs::file_size(p),
+    MOETRON_CHECK(fs::file_size(p) == bytes, kind, " file '", p, "' has ", fs::file_size(p),
                   " bytes, the manifest says ", bytes, ": truncated");
-    MOETRON_CHECK(file_checksum(p) == info.at("xxh64").get<std::string>(), "checkpoint file '", p,
+    MOETRON_CHECK(file_checksum(p) == info.at("xxh64").get<std::string>(), kind, " file '", p,
                   "' fails its checksum: corrupt");
   }
   return m.value("state", nlohmann::json::object());

@@ -21,7 +21,7 @@ void write_manifest(const std::string& dir, const std::vector<std::string>& file
 
 // Reads the manifest and verifies every file's size and checksum; returns the
 // "state" object. Throws moetron::Error naming the first missing, truncated or
-// corrupt file.
-nlohmann::json verify_manifest(const std::string& dir);
+// corrupt file, called a `kind` file ("checkpoint", "corpus").
+nlohmann::json verify_manifest(const std::string& dir, const std::string& kind = "checkpoint");
 
 }  // namespace moetron

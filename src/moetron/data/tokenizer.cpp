@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "moetron/core/error.h"
 
@@ -85,16 +86,36 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
     for (const auto& d : documents) f << escape_newlines(d) << "\n";
     MOETRON_CHECK(f.good(), "cannot write '", input, "'");
   }
-  const std::string args =
-      str_cat("--input=", input, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
-              " --model_type=bpe --character_coverage=1.0 --byte_fallback=true",
-              " --normalization_rule_name=identity --remove_extra_whitespaces=false",
-              " --split_digits=true --user_defined_symbols=", kNewlinePiece,
-              " --max_sentence_length=65536 --num_threads=", num_threads,
-              " --minloglevel=2 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1");
-  const auto status = sentencepiece::SentencePieceTrainer::Train(args);
+  // Every character gets a piece when the vocabulary has room; a small one
+  // (its 256 byte pieces come first) covers fewer, the rare rest spelled in
+  // bytes (byte fallback), instead of failing with "Vocabulary size is
+  // smaller than required_chars".
+  sentencepiece::util::Status status;
+  for (const double coverage :
+       {1.0, 0.9995, 0.999, 0.995, 0.99, 0.98}) {  // 0.98: SentencePiece's least
+    const std::string args =
+        str_cat("--input=", input, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
+                " --model_type=bpe --character_coverage=", coverage, " --byte_fallback=true",
+                " --normalization_rule_name=identity --remove_extra_whitespaces=false",
+                " --split_digits=true --user_defined_symbols=", kNewlinePiece,
+                " --max_sentence_length=65536 --num_threads=", num_threads,
+                " --minloglevel=2 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1");
+    status = sentencepiece::SentencePieceTrainer::Train(args);
+    if (status.ok() || status.ToString().find("required_chars") == std::string::npos) {
+      if (status.ok() && coverage < 1.0) {
+        std::cerr << "notice: a vocabulary of " << vocab_size
+                  << " cannot give every character of the corpus a piece: the rarest "
+                  << 100.0 * (1.0 - coverage) << "% of characters are spelled in bytes\n";
+      }
+      break;
+    }
+  }
   std::filesystem::remove(input);
-  MOETRON_CHECK(status.ok(), "tokenizer training failed: ", status.ToString());
+  MOETRON_CHECK(status.ok(), "tokenizer training failed: ", status.ToString(),
+                status.ToString().find("required_chars") == std::string::npos
+                    ? ""
+                    : " (even with 2% of the characters spelled in bytes: give a larger "
+                      "--vocab-size / model.vocab_size)");
 }
 
 }  // namespace moetron::data

@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <sstream>
 #include <variant>
@@ -75,6 +76,7 @@ const std::vector<Field>& fields() {
       field("optim.moment_dtype", &Config::optim, &OptimConfig::moment_dtype),
       field("data.path", &Config::data, &DataConfig::path),
       field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
+      field("data.source", &Config::data, &DataConfig::source),
       field("train.seq_len", &Config::train, &TrainingConfig::seq_len),
       field("train.micro_batch", &Config::train, &TrainingConfig::micro_batch),
       field("train.grad_accum", &Config::train, &TrainingConfig::grad_accum),
@@ -89,6 +91,9 @@ const std::vector<Field>& fields() {
       field("train.eval_every", &Config::train, &TrainingConfig::eval_every),
       field("train.eval_batches", &Config::train, &TrainingConfig::eval_batches),
       field("train.nan_policy", &Config::train, &TrainingConfig::nan_policy),
+      field("train.max_skipped_steps", &Config::train, &TrainingConfig::max_skipped_steps),
+      field("train.max_skipped_fraction", &Config::train, &TrainingConfig::max_skipped_fraction),
+      field("train.loss_spike_factor", &Config::train, &TrainingConfig::loss_spike_factor),
       field("train.threads", &Config::train, &TrainingConfig::threads),
       field("train.memory_budget", &Config::train, &TrainingConfig::memory_budget),
       field("recompute.policy", &Config::recompute, &RecomputeConfig::policy),
@@ -141,10 +146,21 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+std::string section_of(const std::string& key) {
+  const size_t dot = key.find('.');
+  return dot == std::string::npos ? "" : key.substr(0, dot);
+}
+
 std::string nearest_key(const std::string& key) {
+  // A key in a known section ("model.foo") gets a key of that section.
+  const std::string section = section_of(key);
+  const bool known_section = std::any_of(fields().begin(), fields().end(), [&](const Field& f) {
+    return !section.empty() && section_of(f.key) == section;
+  });
   std::string best;
   size_t best_d = SIZE_MAX;
   for (const auto& f : fields()) {
+    if (known_section && section_of(f.key) != section) continue;
     // Compare against the full key and against the leaf name, so "d_modle"
     // and "model.d_modle" both find "model.d_model".
     const std::string full = f.key;
@@ -299,6 +315,9 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  MOETRON_CHECK(!std::filesystem::is_directory(path), "config '", path,
+                "' is a directory; give a TOML file, e.g. configs/demo.toml");
+  MOETRON_CHECK(std::filesystem::exists(path), "config file '", path, "' does not exist");
   toml::table table;
   try {
     table = toml::parse_file(path);
@@ -308,6 +327,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
       MOETRON_FAIL("cannot read config file '", path, "': ", e.description());
     MOETRON_FAIL(path, ":", src.begin.line, ": TOML syntax error: ", e.description());
   }
+  // An empty file would train the built-in defaults: almost surely not what was meant.
+  MOETRON_CHECK(!table.empty(), "config file '", path,
+                "' is empty (no settings); give a TOML file such as configs/demo.toml");
   Config cfg;
   apply_table(cfg, table, "", path);
   for (const auto& o : overrides) apply_override(cfg, o);
@@ -405,6 +427,11 @@ void validate_train(const Config& c) {
   check_rule(t.eval_batches > 0, "train.eval_batches", "must be positive");
   check_rule(t.nan_policy == "skip" || t.nan_policy == "stop", "train.nan_policy",
              str_cat("must be \"skip\" or \"stop\", got \"", t.nan_policy, "\""));
+  check_rule(t.max_skipped_steps >= 0, "train.max_skipped_steps", "must be >= 0 (0: no limit)");
+  check_rule(t.max_skipped_fraction >= 0 && t.max_skipped_fraction <= 1,
+             "train.max_skipped_fraction", "must be in [0, 1] (0: no limit)");
+  check_rule(t.loss_spike_factor == 0 || t.loss_spike_factor > 1, "train.loss_spike_factor",
+             "must be 0 (off) or > 1");
   check_rule(t.threads >= 0, "train.threads", "must be >= 0 (0: all cores)");
   if (t.memory_budget != "auto")
     planner::parse_bytes(t.memory_budget, "invalid config: 'train.memory_budget'");
@@ -504,6 +531,39 @@ int64_t accumulation_steps(const Config& cfg, int64_t dp) {
   return parallel::accumulation_steps(batch, dp);
 }
 
+namespace {
+
+std::string value_text(const Value& v) {
+  std::ostringstream os;
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          os << (*p ? "true" : "false");
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          os << toml::value<std::string>(*p);
+        } else if constexpr (std::is_same_v<T, double>) {
+          std::ostringstream num;
+          num.precision(17);
+          num << *p;
+          std::string s = num.str();
+          if (s.find_first_of(".en") == std::string::npos) s += ".0";
+          os << s;
+        } else {
+          os << *p;
+        }
+      },
+      v);
+  return os.str();
+}
+
+}  // namespace
+
+std::string config_value(const Config& cfg, const std::string& key, const std::string& origin) {
+  Config copy = cfg;
+  return value_text(find_field(key, origin).bind(copy));
+}
+
 std::string to_toml(const Config& cfg) {
   Config copy = cfg;
   std::ostringstream os;
@@ -515,27 +575,7 @@ std::string to_toml(const Config& cfg) {
       os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
       section = sec;
     }
-    os << key.substr(key.find('.') + 1) << " = ";
-    std::visit(
-        [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, bool>) {
-            os << (*p ? "true" : "false");
-          } else if constexpr (std::is_same_v<T, std::string>) {
-            os << toml::value<std::string>(*p);
-          } else if constexpr (std::is_same_v<T, double>) {
-            std::ostringstream num;
-            num.precision(17);
-            num << *p;
-            std::string s = num.str();
-            if (s.find_first_of(".en") == std::string::npos) s += ".0";
-            os << s;
-          } else {
-            os << *p;
-          }
-        },
-        f.bind(copy));
-    os << "\n";
+    os << key.substr(key.find('.') + 1) << " = " << value_text(f.bind(copy)) << "\n";
   }
   return os.str();
 }

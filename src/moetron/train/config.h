@@ -46,6 +46,10 @@ struct OptimConfig {
 struct DataConfig {
   std::string path = "data/demo";  // a directory written by `moetron prepare-data`
   double val_fraction = 0.02;
+  // Text to prepare `path` from on first use when it does not exist yet
+  // (a file or folder, e.g. "/usr/share/games/fortunes"; the vocabulary is
+  // model.vocab_size). Empty: `path` must already be prepared.
+  std::string source;
 };
 
 struct TrainingConfig {
@@ -69,7 +73,15 @@ struct TrainingConfig {
   int64_t eval_every = 50;
   int64_t eval_batches = 4;         // global batches of micro_batch * dp windows
   std::string nan_policy = "skip";  // skip | stop
-  int64_t threads = 0;              // 0: all cores
+  // A diverged run stops with an error (train/divergence_guard.h): after
+  // max_skipped_steps consecutive skipped steps, or when more than
+  // max_skipped_fraction of the last 20 steps were skipped (0 disables
+  // either); a finite loss above loss_spike_factor x its recent mean is
+  // flagged (a warning, counted in metrics.jsonl).
+  int64_t max_skipped_steps = 10;
+  double max_skipped_fraction = 0.5;
+  double loss_spike_factor = 4.0;
+  int64_t threads = 0;  // 0: all cores
   // Memory the run may use per rank ("auto": the machine's available memory;
   // else e.g. "24GiB"): the trainer reports the largest micro-batch that fits.
   std::string memory_budget = "auto";
@@ -187,5 +199,10 @@ std::vector<std::string> split_list(const std::string& list);
 nn::RecomputePolicy recompute_policy(const Config& cfg);
 // All valid keys, "section.name".
 std::vector<std::string> config_keys();
+// One key's value as TOML writes it (e.g. "4", "\"softmax\"", "0.01");
+// throws naming the key when there is no such key (with the nearest one;
+// `origin` says where the key came from).
+std::string config_value(const Config& cfg, const std::string& key,
+                         const std::string& origin = "config");
 
 }  // namespace moetron::train

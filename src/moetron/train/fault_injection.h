@@ -1,7 +1,8 @@
 // Fault injection for tests of rank failure: MOETRON_INJECT_FAILURE="rank=R,step=S"
 // makes rank R throw moetron::Error at the start of training step S (step 0:
-// at startup, before the trainer is built). Parsed in this one place; a
-// malformed value is an error that names the variable, on every rank.
+// at startup, before the trainer is built); ",signal=KILL" (or STOP, SEGV)
+// makes it raise that signal instead, as a crash or a stopped process would. Parsed in this one
+// place; a malformed value is an error that names the variable, on every rank.
 #pragma once
 
 #include <cstdint>
@@ -13,11 +14,13 @@ namespace moetron::train {
 struct InjectedFailure {
   int rank = 0;
   int64_t step = 0;
+  std::string signal;  // "KILL", "STOP", "SEGV": raise it instead of throwing
 };
 
 inline constexpr const char* kInjectFailureEnv = "MOETRON_INJECT_FAILURE";
 
-// "rank=R,step=S" (keys in either order, both required, R and S integers >= 0).
+// "rank=R,step=S[,signal=KILL|STOP|SEGV]" (keys in any order; rank and step
+// required, integers >= 0).
 // Empty text: no failure. Throws moetron::Error naming kInjectFailureEnv.
 std::optional<InjectedFailure> parse_injected_failure(const std::string& spec);
 

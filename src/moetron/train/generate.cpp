@@ -23,6 +23,11 @@ LoadedModel load_model(const std::string& checkpoint_dir) {
 std::vector<int32_t> sample_tokens(kernels::Context& ctx, nn::Transformer& model,
                                    const std::vector<int32_t>& prompt, const SampleOptions& opts) {
   MOETRON_CHECK(!prompt.empty(), "generation needs a non-empty prompt");
+  MOETRON_CHECK(std::isfinite(opts.temperature) && opts.temperature >= 0, "--temperature must be ",
+                ">= 0 (0: greedy), got ", opts.temperature);
+  MOETRON_CHECK(opts.top_k >= 0, "--top-k must be >= 0 (0: every token), got ", opts.top_k);
+  MOETRON_CHECK(opts.max_new_tokens >= 0, "--max-new-tokens must be >= 0, got ",
+                opts.max_new_tokens);
   std::vector<int32_t> seq = prompt, out;
   PhiloxStream rng(opts.seed, "generate");
   const int64_t ctx_len = model.config().max_seq_len;

@@ -21,6 +21,7 @@
 #include <memory>
 
 #include "moetron/core/error.h"
+#include "moetron/train/heartbeat.h"
 
 namespace moetron::train {
 
@@ -95,6 +96,17 @@ int rank_in_mpirun_message(const std::string& line) {
     if (q > p) return std::stoi(line.substr(p, q - p));
   }
   return -1;
+}
+
+// The signal an mpirun message says a rank died of ("... exited on signal 9
+// (Killed)."), or -1.
+int signal_in_mpirun_message(const std::string& line) {
+  const char* marker = "exited on signal ";
+  const size_t at = line.find(marker);
+  if (at == std::string::npos) return -1;
+  size_t p = at + std::strlen(marker), q = p;
+  while (q < line.size() && ::isdigit(static_cast<unsigned char>(line[q]))) ++q;
+  return q > p ? std::stoi(line.substr(p, q - p)) : -1;
 }
 
 // Splits mpirun's two output pipes into lines per rank and stream, and
@@ -176,6 +188,7 @@ class OutputRouter {
   }
   const std::vector<int>& failed_ranks() const { return failed_; }
   int blamed_by_mpirun() const { return blamed_; }
+  int signal_by_mpirun() const { return signal_; }
   const std::deque<std::string>& tail(int rank) { return tails_[rank]; }
   const std::deque<std::string>& mpirun_tail() { return mpirun_tail_; }
   std::string log_path(int rank) const {
@@ -198,6 +211,7 @@ class OutputRouter {
       mpirun_log_ << line << "\n" << std::flush;
       push(mpirun_tail_, line);
       if (blamed_ < 0) blamed_ = rank_in_mpirun_message(line);
+      if (signal_ < 0) signal_ = signal_in_mpirun_message(line);
       return;
     }
     rank_log(rank) << line << "\n" << std::flush;
@@ -230,6 +244,7 @@ class OutputRouter {
   std::deque<std::string> mpirun_tail_;
   std::vector<int> failed_;
   int blamed_ = -1;
+  int signal_ = -1;
 };
 
 void print_tail(const std::string& title, const std::deque<std::string>& lines) {
@@ -285,6 +300,11 @@ LaunchPlan plan_launch(const LaunchOptions& opts) {
 
   plan.argv = {opts.mpirun.empty() ? find_on_path("mpirun") : opts.mpirun, "-np",
                std::to_string(opts.ranks), "--tag-output"};
+  if (!opts.hostfile.empty()) {
+    MOETRON_CHECK(fs::is_regular_file(opts.hostfile), "launch: --hostfile '", opts.hostfile,
+                  "' is not a file");
+    plan.argv.insert(plan.argv.end(), {"--hostfile", fs::absolute(opts.hostfile).string()});
+  }
   if (plan.oversubscribed) plan.argv.push_back("--oversubscribe");
   // mpirun binds each rank to one core by default: right for one thread per
   // rank on its own core, wrong for several threads or shared cores.
@@ -309,12 +329,121 @@ LaunchPlan plan_launch(const LaunchOptions& opts) {
   return plan;
 }
 
+namespace {
+
+// Forks mpirun with its stdout / stderr on the two pipes' write ends.
+pid_t start_mpirun(const LaunchPlan& plan, int out_fd, int err_fd) {
+  std::vector<std::string> args = plan.argv;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  MOETRON_CHECK(pid >= 0, "launch: fork: ", std::strerror(errno));
+  if (pid == 0) {
+    // mpirun (and with it every rank) ends if the launcher dies.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);
+    ::dup2(out_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    for (const auto& [k, v] : plan.env) ::setenv(k.c_str(), v.c_str(), 1);
+    ::execv(argv[0], argv.data());
+    const std::string msg =
+        std::string("launch: cannot run ") + argv[0] + ": " + std::strerror(errno) + "\n";
+    (void)!::write(STDERR_FILENO, msg.data(), msg.size());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// No rank has started a step for the timeout: name the silent ones and stop
+// the job (a stopped rank cannot act on SIGTERM: it is killed outright).
+void stop_silent_job(pid_t mpirun, const std::vector<Heartbeat>& beats, int timeout_s) {
+  std::cerr << "launch: no rank has started a training step for " << timeout_s
+            << " s (--silent-timeout); silent:\n";
+  std::vector<int> blamed;
+  for (const auto& line : describe_silent_ranks(beats, &blamed)) std::cerr << "  " << line << "\n";
+  std::cerr << "launch: stopping the job" << std::endl;
+  for (const auto& h : beats) {
+    if (h.seen && (h.state == 'T' || h.state == 't')) ::kill(h.pid, SIGKILL);
+  }
+  ::kill(mpirun, SIGTERM);
+}
+
+// Routes mpirun's output until both pipes close; checks the heartbeats
+// every second. Returns true when it stopped a silent job.
+bool pump_output(OutputRouter& router, int out_fd, int err_fd, pid_t mpirun,
+                 const LaunchOptions& opts, const std::string& log_dir) {
+  pollfd fds[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
+  int open_fds = 2;
+  char buf[65536];
+  const double started = now_seconds();
+  double stopped_at = 0;
+  while (open_fds > 0) {
+    const int ready = ::poll(fds, 2, 1000);
+    if (ready < 0 && errno != EINTR) break;
+    for (int i = 0; ready > 0 && i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        router.feed(i, buf, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+    if (stopped_at > 0) {
+      if (now_seconds() - stopped_at > 10) ::kill(mpirun, SIGKILL);  // it did not stop
+      continue;
+    }
+    if (opts.silent_timeout_s <= 0) continue;
+    const auto beats = read_heartbeats(log_dir, opts.ranks, started);
+    double freshest = 1e300;
+    for (const auto& h : beats) freshest = std::min(freshest, h.age_s);
+    if (freshest > opts.silent_timeout_s) {
+      stop_silent_job(mpirun, beats, opts.silent_timeout_s);
+      stopped_at = now_seconds();
+    }
+  }
+  return stopped_at > 0;
+}
+
+int report_failure(OutputRouter& router, int code, const std::string& log_dir) {
+  std::vector<int> failed = router.failed_ranks();
+  if (failed.empty() && router.blamed_by_mpirun() >= 0) failed.push_back(router.blamed_by_mpirun());
+  const int sig = router.signal_by_mpirun();
+  if (failed.empty()) {
+    std::cerr << "launch: mpirun exited with code " << code
+              << (code > 128 ? " (" + signal_name(code - 128) + "?)" : "")
+              << " and no rank reported an error\n";
+    print_tail("last lines of " + log_dir + "/mpirun.log:", router.mpirun_tail());
+  }
+  for (int r : failed) {
+    if (sig > 0 && r == router.blamed_by_mpirun()) {
+      std::cerr << "launch: rank " << r << " was killed by " << signal_name(sig) << " (signal "
+                << sig << ")\n";
+    } else {
+      std::cerr << "launch: rank " << r << " failed (mpirun exit code " << code << ")\n";
+    }
+    if (router.tail(r).empty()) {
+      std::cerr << "rank " << r << " wrote nothing to " << router.log_path(r) << "\n";
+    } else {
+      print_tail("last lines of " + router.log_path(r) + ":", router.tail(r));
+    }
+  }
+  return code != 0 ? code : 1;
+}
+
+}  // namespace
+
 int launch(const LaunchOptions& opts) {
   const LaunchPlan plan = plan_launch(opts);
   const std::string log_dir = plan.run_dir + "/logs";
   fs::create_directories(log_dir);
   for (const auto& e : fs::directory_iterator(log_dir)) {  // a previous launch's
-    if (e.path().extension() == ".error") fs::remove(e.path());
+    if (e.path().extension() == ".error" || e.path().extension() == ".heartbeat")
+      fs::remove(e.path());
   }
   // Logs are appended (a resumed run keeps its history): mark where this launch starts.
   const std::time_t now = std::time(nullptr);
@@ -330,68 +459,19 @@ int launch(const LaunchOptions& opts) {
   int out_pipe[2], err_pipe[2];
   MOETRON_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
                 "launch: pipe: ", std::strerror(errno));
-  std::vector<std::string> args = plan.argv;
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  MOETRON_CHECK(pid >= 0, "launch: fork: ", std::strerror(errno));
-  if (pid == 0) {
-    // mpirun (and with it every rank) ends if the launcher dies.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);
-    ::dup2(out_pipe[1], STDOUT_FILENO);
-    ::dup2(err_pipe[1], STDERR_FILENO);
-    for (const auto& [k, v] : plan.env) ::setenv(k.c_str(), v.c_str(), 1);
-    ::execv(argv[0], argv.data());
-    const std::string msg =
-        std::string("launch: cannot run ") + argv[0] + ": " + std::strerror(errno) + "\n";
-    (void)!::write(STDERR_FILENO, msg.data(), msg.size());
-    ::_exit(127);
-  }
+  const pid_t pid = start_mpirun(plan, out_pipe[1], err_pipe[1]);
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
-
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  int open_fds = 2;
-  char buf[65536];
-  while (open_fds > 0) {
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
-      if (n > 0) {
-        router.feed(i, buf, static_cast<size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-      }
-    }
-  }
+  const bool stopped = pump_output(router, out_pipe[0], err_pipe[0], pid, opts, log_dir);
   router.flush();
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  if (stopped) return 1;  // the silent ranks are named above
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   router.add_error_files();
   if (code == 0 && router.failed_ranks().empty()) return 0;
-
-  std::vector<int> failed = router.failed_ranks();
-  if (failed.empty() && router.blamed_by_mpirun() >= 0) failed.push_back(router.blamed_by_mpirun());
-  if (failed.empty()) {
-    std::cerr << "launch: mpirun exited with code " << code << " and no rank reported an error\n";
-    print_tail("last lines of " + log_dir + "/mpirun.log:", router.mpirun_tail());
-  }
-  for (int r : failed) {
-    std::cerr << "launch: rank " << r << " failed (mpirun exit code " << code << ")\n";
-    print_tail("last lines of " + router.log_path(r) + ":", router.tail(r));
-  }
-  return code != 0 ? code : 1;
+  return report_failure(router, code, log_dir);
 }
 
 }  // namespace moetron::train

@@ -17,6 +17,12 @@ struct LaunchOptions {
   std::string program;  // the moetron binary the ranks run (default: this executable)
   std::string mpirun;   // default: `mpirun` found on PATH
   int cores = 0;        // 0: the CPUs this process may run on
+  // OpenMPI hostfile ("host slots=N" lines): the ranks run on those hosts
+  // (the run directory must be on a filesystem they all share); empty: here.
+  std::string hostfile;
+  // Seconds without any rank starting a training step (train/heartbeat.h)
+  // before launch names the silent rank(s) and stops the job; 0: never.
+  int silent_timeout_s = 600;
 };
 
 // The mpirun command line launch() runs (argv[0] is the mpirun path), and
@@ -33,8 +39,10 @@ LaunchPlan plan_launch(const LaunchOptions& opts);
 // Runs the plan: every rank's stdout and stderr go to RUN/logs/rank-R.log
 // (mpirun's own messages to RUN/logs/mpirun.log); rank 0's also to this
 // process's stdout / stderr. Returns 0 when every rank succeeded; otherwise
-// prints to stderr which rank failed and the last lines of its log, and
-// returns mpirun's exit code (1 if that was 0 or a signal).
+// prints to stderr which rank failed (and the signal that killed it, by
+// name) and the last lines of its log, and returns mpirun's exit code (1 if
+// that was 0). When no rank has started a step for opts.silent_timeout_s, it
+// names the silent rank(s), stops the job and returns 1.
 int launch(const LaunchOptions& opts);
 
 // Set by launch() for every rank: the absolute RUN/logs directory.

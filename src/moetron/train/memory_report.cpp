@@ -1,5 +1,7 @@
 #include "moetron/train/memory_report.h"
 
+#include "moetron/comm/mpi_communicator.h"
+
 #include <cstdio>
 #include <sstream>
 
@@ -92,9 +94,22 @@ std::string describe(const planner::Layout& l) {
 }
 
 int64_t memory_budget_bytes(const Config& cfg) {
-  if (cfg.train.memory_budget == "auto") return planner::available_memory_bytes();
+  // "auto": this rank's share of the machine, which its launcher's other local ranks share.
+  if (cfg.train.memory_budget == "auto")
+    return planner::available_memory_bytes() / comm::detect_launch_env().local_size;
   return planner::parse_bytes(cfg.train.memory_budget, "train.memory_budget");
 }
+
+namespace {
+
+std::string budget_origin(const Config& cfg) {
+  if (cfg.train.memory_budget != "auto") return " (train.memory_budget)";
+  const int local = comm::detect_launch_env().local_size;
+  return local > 1 ? " (available memory / " + std::to_string(local) + " ranks on this machine)"
+                   : " (available memory)";
+}
+
+}  // namespace
 
 std::string memory_table(const std::vector<MemoryRow>& rows) {
   std::ostringstream os;
@@ -150,8 +165,7 @@ std::string memory_plan(const Config& cfg, const parallel::TrainingPlan& plan, i
      << " tokens, " << describe(layout) << (layout.ep > 1 ? " (balanced routing assumed)" : "")
      << "\n";
   os << memory_table({{"predicted peak", est}});
-  os << "memory budget " << planner::format_bytes(budget)
-     << (cfg.train.memory_budget == "auto" ? " (available memory)" : " (train.memory_budget)")
+  os << "memory budget " << planner::format_bytes(budget) << budget_origin(cfg)
      << ": largest micro-batch that fits " << fits << "\n";
   if (est.total_peak > budget) {
     os << "warning: the predicted peak " << planner::format_bytes(est.total_peak)

@@ -32,7 +32,8 @@ std::string describe(const planner::Layout& l);
 // "bf16", "bf16 (bf16 grads, bf16 moments)": the compute dtype and the
 // precision memory modes in use.
 std::string describe_precision(const planner::MemoryInputs& in);
-// train.memory_budget in bytes: "auto" is the machine's available memory now.
+// train.memory_budget in bytes: "auto" is this rank's share of the machine's available
+// memory now (divided by the ranks its launcher started on this machine).
 int64_t memory_budget_bytes(const Config& cfg);
 
 struct MemoryRow {

@@ -16,6 +16,7 @@ struct StepRecord {
   int64_t tokens = 0;
   int64_t dropped = 0;  // (token, expert) slots dropped by the capacity factor, all MoE layers
   bool skipped = false;
+  bool overflow = false;  // fp16: skipped for an overflow the loss scale absorbs
   // Data parallelism: seconds from the end of backward to the start of the
   // optimizer, blocked on gradient reductions (the exposed communication),
   // and the whole step's wall time.

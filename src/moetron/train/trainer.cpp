@@ -16,6 +16,7 @@
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/threading.h"
+#include "moetron/data/corpus.h"
 #include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/matmul.h"
 #include "moetron/nn/flops.h"
@@ -23,6 +24,7 @@
 #include "moetron/optim/zero_optimizer.h"
 #include "moetron/train/fault_injection.h"
 #include "moetron/train/memory_report.h"
+#include "moetron/train/resume_check.h"
 #include "moetron/train/stage_costs.h"
 
 namespace moetron::train {
@@ -44,10 +46,15 @@ int64_t directory_bytes(const std::string& dir) {
 
 }  // namespace
 
-Trainer::Trainer(Config cfg, std::string run_dir, bool resume,
+Trainer::Trainer(Config cfg, std::string run_dir, const ResumeOptions& resume,
                  std::shared_ptr<comm::Communicator> world)
-    : cfg_(std::move(cfg)), run_dir_(std::move(run_dir)), world_(std::move(world)) {
+    : cfg_(std::move(cfg)),
+      run_dir_(std::move(run_dir)),
+      world_(std::move(world)),
+      guard_({cfg_.train.max_skipped_steps, cfg_.train.max_skipped_fraction,
+              cfg_.train.loss_spike_factor}) {
   if (!world_) world_ = comm::make_local_communicator();
+  if (!resume.resume) refuse_existing_run();  // before anything is built or written
   std::string notice;
   prec_ = resolve_precision(cfg_.train, &notice);
   if (!notice.empty()) std::cerr << "notice: " << notice << "\n";
@@ -62,15 +69,62 @@ Trainer::Trainer(Config cfg, std::string run_dir, bool resume,
   build_reducers();
   build_optimizer();
   fs::create_directories(run_dir_);
+  if (is_root()) {
+    for (const auto& d : ckpt::remove_dead_staging_dirs(run_dir_))
+      std::cerr << "notice: removed '" << d << "', left by a save that did not finish\n";
+  }
   monitor_ = std::make_unique<TrainerMonitor>(cfg_, run_dir_, *world_, at());
-  if (resume) resume_from_latest();
+  if (resume.resume) resume_from_latest(resume);
+}
+
+void Trainer::refuse_existing_run() const {
+  const std::vector<std::string> found = existing_run_files(run_dir_);
+  if (found.empty()) return;
+  std::string list;
+  for (const auto& f : found) list.append(list.empty() ? "" : ", ").append(f);
+  MOETRON_FAIL("run directory '", run_dir_, "' already holds a run (", list,
+               "); continue it with --resume, or train into a new --out");
+}
+
+void Trainer::prepare_corpus_on_first_use() {
+  // Rank 0 decides and prepares; the others wait for its verdict (0:
+  // nothing to do, 1: prepared, -1: it failed), so no rank looks at a
+  // half-written corpus.
+  Tensor ok = Tensor::empty({1}, DType::i32, MemTag::comm);
+  ok.data<int32_t>()[0] = is_root() && !fs::exists(cfg_.data.path) ? 1 : 0;
+  std::string error;
+  if (ok.data<int32_t>()[0] == 1) {
+    data::PrepareOptions o;
+    o.input = cfg_.data.source;
+    o.out_dir = cfg_.data.path;
+    o.vocab_size = cfg_.model.vocab_size;
+    o.val_fraction = cfg_.data.val_fraction;
+    std::cerr << "data.path '" << o.out_dir << "' does not exist yet: preparing it from "
+              << "data.source '" << o.input << "' (vocabulary " << o.vocab_size << "), once ..."
+              << std::endl;
+    try {
+      const data::PrepareReport r = data::prepare_data(o);
+      std::cerr << "prepared " << o.out_dir << ": " << r.documents << " documents, "
+                << r.train_tokens << " train + " << r.val_tokens << " validation tokens"
+                << std::endl;
+    } catch (const Error& e) {
+      error = e.what();
+      ok.data<int32_t>()[0] = -1;
+    }
+  }
+  world_->broadcast(ok, 0);
+  if (!error.empty()) MOETRON_FAIL("preparing data.path from data.source failed: ", error);
+  MOETRON_CHECK(ok.data<int32_t>()[0] >= 0, "rank 0 could not prepare data.path '", cfg_.data.path,
+                "' (see its error)");
 }
 
 void Trainer::open_corpus() {
   const std::string data_dir = cfg_.data.path;
+  if (!cfg_.data.source.empty()) prepare_corpus_on_first_use();
   MOETRON_CHECK(fs::exists(data_dir + "/manifest.json"), "data.path '", data_dir,
-                "' is not a prepared corpus (no manifest.json); run `moetron prepare-data` first");
-  const nlohmann::json info = verify_manifest(data_dir);
+                "' is not a prepared corpus (no manifest.json); run `moetron prepare-data` first",
+                " (or set data.source to a text file or folder to prepare it from)");
+  const nlohmann::json info = verify_manifest(data_dir, "corpus");
   const int64_t corpus_vocab = info.at("vocab_size").get<int64_t>();
   MOETRON_CHECK(corpus_vocab <= cfg_.model.vocab_size, "corpus '", data_dir,
                 "' has a vocabulary of ", corpus_vocab, " but model.vocab_size is ",
@@ -238,30 +292,58 @@ void Trainer::build_optimizer() {
   }
 }
 
-void Trainer::resume_from_latest() {
+int64_t Trainer::pick_checkpoint(const ResumeOptions& ro) {
+  std::vector<std::string> warnings, skipped;
+  const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
+  if (!dir && skipped.empty()) {
+    std::cerr << "starting a new run in '" << run_dir_ << "' (no checkpoint there yet)\n";
+    return -1;
+  }
+  if (!dir && !ro.fresh_if_all_corrupt) {
+    std::string list;
+    for (const auto& w : warnings) list += "\n  " + w;
+    MOETRON_FAIL("--resume: every checkpoint in '", run_dir_,
+                 "' is damaged (nothing was moved):", list,
+                 "\nrepair or remove them, or pass --allow-fresh-start to set them aside ",
+                 "and train from step 0");
+  }
+  if (dir) {
+    // The model this run builds must be the checkpoint's (or the change allowed).
+    const Config saved = load_config(*dir + "/moetron.toml");
+    check_resume_config(saved, cfg_, ro.allow_config_change, *dir);
+  }
+  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+  for (const auto& bad : skipped) {
+    std::cerr << "warning: moved the damaged checkpoint to '" << ckpt::quarantine_checkpoint(bad)
+              << "'\n";
+  }
+  if (!dir) {
+    std::cerr << "notice: --allow-fresh-start: no usable checkpoint in '" << run_dir_
+              << "'; starting from step 0\n";
+    return -1;
+  }
+  return ckpt::checkpoint_step(*dir);
+}
+
+void Trainer::resume_from_latest(const ResumeOptions& ro) {
   // Rank 0 picks (and quarantines) for everyone, so ranks never race on
-  // renaming a damaged checkpoint and all resume from the same step.
+  // renaming a damaged checkpoint and all resume from the same step; -2: it
+  // refused (its error is the job's).
   Tensor chosen = Tensor::empty({1}, DType::i64, MemTag::comm);
-  chosen.data<int64_t>()[0] = -1;
+  chosen.data<int64_t>()[0] = -2;
+  std::string error;
   if (is_root()) {
-    std::vector<std::string> warnings, skipped;
-    const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
-    for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
-    for (const auto& bad : skipped) {
-      std::cerr << "warning: moved the damaged checkpoint to '" << ckpt::quarantine_checkpoint(bad)
-                << "'\n";
+    try {
+      chosen.data<int64_t>()[0] = pick_checkpoint(ro);
+    } catch (const Error& e) {
+      error = e.what();
     }
-    if (dir) chosen.data<int64_t>()[0] = ckpt::checkpoint_step(*dir);
   }
   world_->broadcast(chosen, 0);
   const int64_t step = chosen.data<int64_t>()[0];
-  if (step < 0) {
-    if (is_root()) {
-      std::cerr << "notice: --resume found no complete checkpoint in '" << run_dir_
-                << "'; starting from step 0\n";
-    }
-    return;
-  }
+  if (!error.empty()) MOETRON_FAIL(error);
+  MOETRON_CHECK(step >= -1, "rank 0 refused to resume from '", run_dir_, "' (see its error)");
+  if (step < 0) return;
   const std::string dir = ckpt::checkpoint_dir(run_dir_, step);
   const auto t0 = std::chrono::steady_clock::now();
   const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices(false));
@@ -363,6 +445,7 @@ void Trainer::save_checkpoint(int64_t step) {
   req.trainer_state = state;
   req.config_toml = to_toml(cfg_);
   req.keep = cfg_.checkpoint.keep;
+  req.model_signature = model_signature(cfg_);
   req.world = world_.get();
   req.extra = feedback_slices(true);
   req.writes = [this](const std::string& n) { return writes_checkpoint_tensor(n); };

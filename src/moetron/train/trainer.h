@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,6 +24,7 @@
 #include "moetron/parallel/grad_reducer.h"
 #include "moetron/parallel/training_plan.h"
 #include "moetron/train/config.h"
+#include "moetron/train/divergence_guard.h"
 #include "moetron/train/pipeline_runner.h"
 #include "moetron/train/plan_config.h"
 #include "moetron/train/stage_costs.h"
@@ -38,7 +40,9 @@ namespace moetron::train {
 struct TrainResult {
   int64_t steps_done = 0;
   int64_t skipped_steps = 0;
-  double final_loss_scale = 1;  // fp16 only
+  int64_t loss_spikes = 0;             // finite losses flagged by train.loss_spike_factor
+  int64_t metrics_write_failures = 0;  // metrics.jsonl lines that could not be written
+  double final_loss_scale = 1;         // fp16 only
   double first_loss = 0, last_loss = 0;
   double val_loss = 0;  // last validation loss (NaN if never evaluated)
   std::vector<StepRecord> history;
@@ -47,12 +51,28 @@ struct TrainResult {
   MemStats first_step_memory;
 };
 
+// How a Trainer treats what its run directory already holds.
+struct ResumeOptions {
+  // Continue from the newest complete checkpoint (a directory without one
+  // starts a new run). Without it, a directory that holds a run is refused.
+  bool resume = false;
+  // With resume: when every checkpoint is damaged, set them aside (renamed
+  // step-N.corrupt) and start from step 0 instead of stopping with an error.
+  bool fresh_if_all_corrupt = false;
+  // Model and routing keys a resume may change (train/resume_check.h).
+  std::vector<std::string> allow_config_change;
+};
+
 class Trainer {
  public:
   // world: every rank of the job (nullptr: one local rank). Ranks of a
   // data-parallel run each read their slice of the global batch.
-  Trainer(Config cfg, std::string run_dir, bool resume,
+  Trainer(Config cfg, std::string run_dir, const ResumeOptions& resume,
           std::shared_ptr<comm::Communicator> world = nullptr);
+  Trainer(Config cfg, std::string run_dir, bool resume,
+          std::shared_ptr<comm::Communicator> world = nullptr)
+      : Trainer(std::move(cfg), std::move(run_dir), ResumeOptions{resume, false, {}},
+                std::move(world)) {}
   ~Trainer();
   TrainResult run();
 
@@ -103,12 +123,17 @@ class Trainer {
  private:
   // Construction, in order (trainer.cpp).
   void open_corpus();
+  // data.source set: rank 0 prepares data.path if it is missing (collective).
+  void prepare_corpus_on_first_use();
   void make_plan_for_world();
   void build_communicators();
   void build_model();
   void build_reducers();
   void build_optimizer();
-  void resume_from_latest();
+  void refuse_existing_run() const;
+  void resume_from_latest(const ResumeOptions& ro);
+  // Rank 0: the step to resume from (-1: start at 0), or throws saying why not.
+  int64_t pick_checkpoint(const ResumeOptions& ro);
   // One step (trainer_step.cpp).
   StepRecord train_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets);
   void forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
@@ -127,6 +152,12 @@ class Trainer {
   // The layout into the registry and a "start" event (rank 0).
   void announce_start();
   void log_line(const StepRecord& r);
+  // Feeds the divergence guard; flags a loss spike in the metrics line.
+  void watch_divergence(const StepRecord& rec, nlohmann::json& line);
+  // checkpoint.every's save, unless the last step was skipped.
+  void save_periodic_checkpoint(int64_t step);
+  // Appends one line to metrics.jsonl; a failed write warns (once) and is counted.
+  void write_metrics(std::ofstream& metrics, const nlohmann::json& line);
   void fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
                     std::vector<int64_t>& mb_tokens);
   void reduce_expert_loads();
@@ -186,6 +217,9 @@ class Trainer {
   optim::LossScaler scaler_;
   int64_t start_step_ = 0;
   int64_t skipped_ = 0;
+  DivergenceGuard guard_;
+  bool spiking_ = false;  // the last step's loss was a spike
+  int64_t metrics_failures_ = 0;
   double peak_flops_ = 0;  // measured on the first run() (train/peak_flops.h)
   std::unique_ptr<TrainerMonitor> monitor_;
 };

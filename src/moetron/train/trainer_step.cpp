@@ -2,9 +2,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 
@@ -12,6 +14,7 @@
 #include "moetron/kernels/elementwise.h"
 #include "moetron/optim/zero_optimizer.h"
 #include "moetron/train/fault_injection.h"
+#include "moetron/train/heartbeat.h"
 #include "moetron/train/memory_report.h"
 #include "moetron/train/peak_flops.h"
 #include "moetron/train/trainer.h"
@@ -46,27 +49,34 @@ TrainResult Trainer::run() {
     nlohmann::json line = metrics_line(rec, grad_bytes_before);
     record_router_metrics();  // the step's loads, before the routers move on
     advance_routers(rec.skipped);
+    watch_divergence(rec, line);
     if ((cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) ||
         step == cfg_.train.steps) {
       res.val_loss = evaluate();
       line["val_loss"] = res.val_loss;
       if (monitor_->enabled() && is_root()) monitor_->metrics().record_validation(res.val_loss);
     }
-    if (cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 &&
-        step != cfg_.train.steps) {
+    // A diverged model is not saved: the last checkpoint stays the newest.
+    if (guard_.stop_reason().empty() && cfg_.checkpoint.every > 0 &&
+        step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) {
       const auto t0 = clock_type::now();
-      save_checkpoint(step);
+      save_periodic_checkpoint(step);
       rec.checkpoint_s = std::chrono::duration<double>(clock_type::now() - t0).count();
     }
     record_metrics(rec);
     if (is_root()) {
       monitor_->finish_line(line);
-      metrics << line.dump() << "\n" << std::flush;
+      write_metrics(metrics, line);
       if (step % cfg_.train.log_every == 0 || step == cfg_.train.steps || step == start_step_ + 1)
         log_line(rec);
       if (line.contains("val_loss") && !::isatty(STDOUT_FILENO)) {
         std::cout << "step " << step << " | validation loss " << res.val_loss << std::endl;
       }
+    }
+    if (!guard_.stop_reason().empty()) {
+      if (is_root() && ::isatty(STDOUT_FILENO)) std::cout << "\n";
+      monitor_->event(step, "stop", guard_.stop_reason());
+      MOETRON_FAIL(guard_.stop_reason(), "; no checkpoint of this model was saved");
     }
     if (res.history.empty() && is_root()) {
       // On a terminal the progress line has no newline yet (it redraws in place).
@@ -85,8 +95,53 @@ TrainResult Trainer::run() {
   monitor_->event(cfg_.train.steps, "stop", "trained " + std::to_string(res.steps_done) + " steps",
                   {{"steps_done", res.steps_done}, {"skipped_steps", skipped_}});
   res.skipped_steps = skipped_;
+  res.loss_spikes = guard_.spikes();
+  res.metrics_write_failures = metrics_failures_;
   res.final_loss_scale = fp16_ ? scaler_.scale() : 1.0;
   return res;
+}
+
+void Trainer::save_periodic_checkpoint(int64_t step) {
+  // While steps are being skipped the model may already be wrecked (its
+  // losses exploded first): the last checkpoint before stays the newest.
+  if (guard_.consecutive_skips() > 0) {
+    if (is_root()) {
+      std::cerr << "warning: not saving checkpoint step-" << step << ": the last "
+                << guard_.consecutive_skips() << " steps were skipped" << std::endl;
+    }
+    return;
+  }
+  save_checkpoint(step);
+}
+
+void Trainer::watch_divergence(const StepRecord& rec, nlohmann::json& line) {
+  // An fp16 overflow is the loss scale's business while it can still halve.
+  const bool counts = rec.skipped && !(rec.overflow && rec.loss_scale > 1);
+  const double recent = guard_.recent_mean();
+  const bool spike = guard_.record(rec.step, rec.loss, counts);
+  const bool first = spike && !spiking_;  // one warning per run of spikes
+  spiking_ = spike;
+  if (spike) {
+    line["loss_spike"] = true;
+    if (is_root() && first) {
+      if (::isatty(STDOUT_FILENO)) std::cout << "\n";
+      std::cerr << "warning: step " << rec.step << ": loss " << rec.loss << " is more than "
+                << cfg_.train.loss_spike_factor << " x its recent mean " << recent
+                << " (train.loss_spike_factor); the run may be diverging" << std::endl;
+    }
+  }
+}
+
+void Trainer::write_metrics(std::ofstream& metrics, const nlohmann::json& line) {
+  metrics << line.dump() << "\n" << std::flush;
+  if (metrics.good()) return;
+  // A full disk or a lost file: say so once, keep training, try again next step.
+  if (metrics_failures_++ == 0) {
+    std::cerr << "warning: writing '" << run_dir_ << "/metrics.jsonl' failed at step "
+              << line.value("step", int64_t{0}) << " (" << std::strerror(errno)
+              << "); its metrics are lost while this lasts" << std::endl;
+  }
+  metrics.clear();
 }
 
 void Trainer::print_memory_plan() const {
@@ -101,6 +156,7 @@ void Trainer::print_memory_plan() const {
 
 StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
                                std::vector<Tensor>& targets) {
+  write_heartbeat(world_->rank(), step);  // for `moetron launch` (train/heartbeat.h)
   maybe_inject_failure(world_->rank(), step);
   const double blocked_before = blocked_seconds();
   const auto t0 = clock_type::now();
@@ -126,7 +182,7 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
   rec.blocked_s = blocked_seconds() - blocked_before;
   rec.tokens_per_s = static_cast<double>(rec.tokens) / rec.step_s;
   rec.mfu =
-      rec.tokens_per_s * flops_per_token() / (peak_flops_ * static_cast<double>(world_->size()));
+      model_flops_utilization(rec.tokens_per_s, flops_per_token(), peak_flops_, world_->size());
   return rec;
 }
 
@@ -199,6 +255,7 @@ void Trainer::apply_update(int64_t step, StepRecord& rec) {
   if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
     // An fp16 overflow is expected now and then: skip, count, halve the scale.
     if (overflow) scaler_.update(false);
+    rec.overflow = overflow;
     rec.lr = opt_->options().schedule.at(step);
     rec.skipped = true;
     ++skipped_;

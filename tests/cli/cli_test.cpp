@@ -1,0 +1,174 @@
+// The moetron binary as a new user meets it: --version, --help with
+// defaults, errors as sentences (the location with --verbose), refused bad
+// input, a run directory where a checkpoint is asked for, export's
+// architecture, a simulated `srun` task, and the README's usage block.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "moetron/core/error.h"
+#include "moetron/core/staged_dir.h"
+
+namespace moetron {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string& root() {
+  static const std::string dir = [] {
+    const std::string r =
+        (fs::temp_directory_path() / ("moetron_cli_" + std::to_string(::getpid()))).string();
+    remove_tree(r);
+    fs::create_directories(r + "/text");
+    std::ofstream f(r + "/text/notes");
+    const char* words[] = {"red",  "fox",   "runs", "past", "old",
+                           "barn", "under", "grey", "sky",  "slowly"};
+    for (int d = 0; d < 300; ++d) {
+      f << words[d % 10] << " " << words[(d * 7) % 10] << " " << words[(d * 3 + 1) % 10]
+        << ".\n%\n";
+    }
+    return r;
+  }();
+  return dir;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+Outcome run(const std::string& args, const std::string& env = "") {
+  static int n = 0;
+  const std::string base = root() + "/cmd" + std::to_string(n++);
+  const int status = std::system(
+      (env + " " + MOETRON_BINARY + " " + args + " >" + base + ".out 2>" + base + ".err").c_str());
+  Outcome r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  return r;
+}
+
+const std::string& corpus() {
+  static const std::string dir = [] {
+    const std::string d = root() + "/prepared";
+    const Outcome r = run("prepare-data --input " + root() + "/text --out " + d +
+                          " --vocab-size 300 --val-fraction 0.1");
+    if (r.code != 0) throw Error("prepare-data failed: " + r.err);
+    return d;
+  }();
+  return dir;
+}
+
+std::string train_args(const std::string& out, const std::string& extra = "") {
+  return "train --config " MOETRON_SOURCE_DIR "/configs/tiny.toml --out " + out +
+         " --set data.path=" + corpus() + " --set train.steps=2 --set train.eval_batches=1 " +
+         extra;
+}
+
+TEST(Cli, VersionAndHelpWithDefaults) {
+  Outcome r = run("--version");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("moetron 0."), std::string::npos) << r.out;
+  r = run("generate --help");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("=0.8"), std::string::npos) << "no default shown: " << r.out;
+  EXPECT_NE(r.out.find("=40"), std::string::npos) << r.out;
+  r = run("launch --help");
+  EXPECT_NE(r.out.find("=600"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--hostfile"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ErrorsAreSentencesAndVerboseAddsTheLocation) {
+  const std::string dir = root() + "/a_directory";
+  fs::create_directories(dir);
+  Outcome r = run("train --config " + dir + " --out " + root() + "/never");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("error: config '" + dir + "' is a directory"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("check failed"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(".cpp:"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(root() + "/never"));
+  r = run("train --verbose --config " + dir + " --out " + root() + "/never");
+  EXPECT_NE(r.err.find("config.cpp:"), std::string::npos) << r.err;
+  const std::string empty = root() + "/empty.toml";
+  std::ofstream(empty).close();
+  r = run("train --config " + empty + " --out " + root() + "/never");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("is empty"), std::string::npos) << r.err;
+  r = run("train --config " MOETRON_SOURCE_DIR "/configs/tiny.toml --out x --set model.foo=3");
+  EXPECT_NE(r.err.find("did you mean 'model."), std::string::npos) << r.err;
+}
+
+TEST(Cli, GenerateTakesARunDirectoryAndRefusesANegativeTemperature) {
+  const std::string out = root() + "/gen_run";
+  Outcome r = run(train_args(out));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("generate --checkpoint " + out + " --prompt 'red fox' --max-new-tokens 4");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("red fox"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("checkpoints/step-2"), std::string::npos) << r.err;
+  r = run("generate --checkpoint " + out + " --prompt x --temperature -1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
+  r = run("generate --checkpoint " + root() + " --prompt x");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("neither a checkpoint"), std::string::npos) << r.err;
+}
+
+TEST(Cli, ExportNamesTheArchitectureItCanRepresent) {
+  // tiny.toml has a dense first layer: not a Mixtral.
+  const std::string dense = root() + "/export_dense";
+  ASSERT_EQ(run(train_args(dense)).code, 0);
+  Outcome r = run("export --checkpoint " + dense + " --out " + dense + "/hf");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("cannot export"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("dense layers ('model.layers.0.mlp."), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dense + "/hf"));
+  r = run("export --tensors-only --checkpoint " + dense + " --out " + dense + "/raw");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dense + "/raw/model.safetensors"));
+  EXPECT_FALSE(fs::exists(dense + "/raw/config.json"));
+  // Every layer routed: Mixtral, as before.
+  const std::string moe = root() + "/export_moe";
+  ASSERT_EQ(run(train_args(moe, "--set moe.first_dense_layers=0")).code, 0);
+  r = run("export --checkpoint " + moe + " --out " + moe + "/hf");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(slurp(moe + "/hf/config.json").find("MixtralForCausalLM"), std::string::npos);
+}
+
+TEST(Cli, ASrunTaskIsDetectedAsARank) {
+  // What `srun -n 1 moetron train ...` sets (no mpirun): the task joins MPI
+  // as rank 0 of 1 and reports for the job.
+  const std::string out = root() + "/srun_run";
+  const Outcome r = run(train_args(out), "SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("trained 2 steps"), std::string::npos) << r.out;
+}
+
+TEST(Cli, TheReadmeUsageBlockListsEveryCommand) {
+  const std::string readme = slurp(MOETRON_SOURCE_DIR "/README.md");
+  const size_t start = readme.find("The binary, `build/moetron`:");
+  ASSERT_NE(start, std::string::npos);
+  const size_t end = readme.find("```", readme.find("```", start) + 3);
+  const std::string block = readme.substr(start, end - start);
+  for (const char* cmd : {"moetron prepare-data", "moetron train", "moetron generate",
+                          "moetron eval", "moetron plan", "moetron memory", "moetron launch",
+                          "moetron export", "MOETRON_INJECT_FAILURE", "--version"}) {
+    EXPECT_NE(block.find(cmd), std::string::npos) << cmd << " missing from:\n" << block;
+  }
+}
+
+}  // namespace
+}  // namespace moetron
