@@ -60,17 +60,19 @@ std::map<std::string, double> layer_series(Trainer& t) {
 }
 
 TEST(MonitoringLayouts, LayerStatisticsEqualOneRank) {
+  // Collective set-up first, in the same order on every rank.
+  const std::string& job = job_dir();
+  const std::shared_ptr<comm::Communicator> shared = test::shared_world();
   std::map<std::string, double> want;
   if (world().rank() == 0) {
-    Trainer one(test::layout_config(job_dir(), kRows, kMicrobatches, kMonitor),
-                job_dir() + "/runs/one-rank-" + std::to_string(::getpid()), false);
+    Trainer one(test::layout_config(job, kRows, kMicrobatches, kMonitor),
+                job + "/runs/one-rank-" + std::to_string(::getpid()), false);
     one.run();
     want = layer_series(one);
   }
   for (const Layout& l : layouts()) {
-    Trainer t(
-        test::layout_config(job_dir(), kRows / l.dp, kMicrobatches, test::with(kMonitor, l.sets)),
-        test::layout_run_dir(job_dir(), l.name), false, test::shared_world());
+    Trainer t(test::layout_config(job, kRows / l.dp, kMicrobatches, test::with(kMonitor, l.sets)),
+              test::layout_run_dir(job, l.name), false, shared);
     t.run();
     if (world().rank() != 0) continue;
     const std::map<std::string, double> got = layer_series(t);
@@ -86,12 +88,14 @@ TEST(MonitoringLayouts, LayerStatisticsEqualOneRank) {
 }
 
 TEST(MonitoringLayouts, EveryRankReportsAndASlowRankIsNamed) {
-  const std::string dir = test::layout_run_dir(job_dir(), "straggler");
+  const std::string& job = job_dir();
+  const std::shared_ptr<comm::Communicator> shared = test::shared_world();
+  const std::string dir = test::layout_run_dir(job, "straggler");
   const int slow = world().size() - 1;
-  Trainer t(test::layout_config(job_dir(), kRows / world().size(), 1,
+  Trainer t(test::layout_config(job, kRows / world().size(), 1,
                                 {"train.steps=8", "monitor.layer_stats_every=0",
                                  "monitor.straggler_intervals=2", "monitor.straggler_margin=1"}),
-            dir, false, test::shared_world());
+            dir, false, shared);
   // Busy time, not waiting: the slow rank sleeps before its update while
   // the others wait for it, blocked in their next collective.
   if (world().rank() == slow) {
