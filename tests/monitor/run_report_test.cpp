@@ -105,7 +105,7 @@ TEST(RunReport, ReportOfAShortTrainingRun) {
   EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg"));  // nothing fetched
   std::vector<std::string> svgs;
   for (const char* id : {"loss", "learning_rate", "grad_norm", "tokens_per_second", "mfu",
-                         "step_time", "expert_load_layer_moe0", "expert_load_layer_moe2"}) {
+                         "step_time", "expert_load_layer_1", "expert_load_layer_3"}) {
     const std::string path = r.svg_dir + "/" + id + ".svg";
     ASSERT_TRUE(fs::exists(path)) << path;
     svgs.push_back(read_file(path));
