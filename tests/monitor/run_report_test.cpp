@@ -18,46 +18,22 @@
 #include "moetron/monitor/plot_ticks.h"
 #include "moetron/train/trainer.h"
 #include "monitor/xml_check.h"
+#include "util/tiny_corpus.h"
 
 namespace moetron::monitor {
 namespace {
 
 namespace fs = std::filesystem;
 
+// The shared tiny corpus (tests/util/tiny_corpus.h); this test's runs live beside it.
 const std::string& test_root() {
-  static const std::string dir = [] {
-    const std::string root =
-        (fs::temp_directory_path() / ("moetron_report_" + std::to_string(::getpid()))).string();
-    remove_tree(root);
-    fs::create_directories(root + "/text");
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "while", "dogs", "bark"};
-    std::ofstream f(root + "/text/quotes");
-    PhiloxStream rng(5, "corpus");
-    for (int d = 0; d < 300; ++d) {
-      const int a = static_cast<int>(rng.next_u32() % 9), b = static_cast<int>(rng.next_u32() % 9);
-      for (int l = 0; l < 3; ++l)
-        f << words[a] << " " << words[b] << " " << words[(a + b) % 9] << ".\n";
-      f << "%\n";
-    }
-    f.close();
-    data::PrepareOptions o;
-    o.input = root + "/text";
-    o.out_dir = root + "/prepared";
-    o.vocab_size = 300;
-    o.val_fraction = 0.1;
-    data::prepare_data(o);
-    return root;
-  }();
-  return dir;
+  return test::tiny_corpus_root();
 }
 
 // The corpus and runs are removed when the tests end.
 class RemoveRoot : public ::testing::Environment {
  public:
-  void TearDown() override {
-    remove_tree(
-        (fs::temp_directory_path() / ("moetron_report_" + std::to_string(::getpid()))).string());
-  }
+  void TearDown() override { remove_tree(test_root()); }
 };
 [[maybe_unused]] ::testing::Environment* const kRemoveRoot =
     ::testing::AddGlobalTestEnvironment(new RemoveRoot);
