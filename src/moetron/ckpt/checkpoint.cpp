@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "moetron/ckpt/pieces.h"
+#include "moetron/ckpt/rank_files.h"
 #include "moetron/ckpt/safetensors.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
@@ -20,14 +21,6 @@ namespace moetron::ckpt {
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kStateFile = "state.safetensors";
-constexpr const char* kTrainerFile = "trainer.json";
-
-std::string bias_name(const nn::MoeLayer& layer) {
-  return layer.prefix() + "block_sparse_moe.e_score_correction_bias";
-}
 
 // Steps of the complete-looking checkpoint directories (step-N), newest first.
 std::vector<std::pair<int64_t, std::string>> checkpoint_dirs(const std::string& run_dir) {
@@ -76,13 +69,6 @@ nlohmann::json hf_config(const nn::ModelConfig& m, const nn::MoeConfig& e) {
 
 namespace {
 
-std::string optimizer_file(int rank) {
-  return "optimizer-rank-" + std::to_string(rank) + ".safetensors";
-}
-std::string model_file(int rank) {
-  return rank == 0 ? kModelFile : "model-rank-" + std::to_string(rank) + ".safetensors";
-}
-
 // Every rank learns whether every rank succeeded; a failure anywhere throws
 // everywhere (naming the first failing rank), so no rank publishes or waits alone.
 void agree(comm::Communicator& world, const std::string& error, const std::string& what) {
@@ -105,99 +91,6 @@ void broadcast_string(comm::Communicator& world, std::string& s) {
            static_cast<size_t>(len.data<int64_t>()[0]));
 }
 
-// Where a slice lies in its full state tensor: a tp block (or an element
-// range of one, under ZeRO-1), or an element range.
-Piece piece_of(const optim::StateSlice& sl) {
-  if (sl.block_of) {
-    const nn::Parameter& p = *sl.block_of;
-    return Piece::block_range(p.shard.full, p.shard.row0, p.shard.col0, p.value.shape(), sl.offset,
-                              sl.values.numel());
-  }
-  return Piece::flat(sl.offset, sl.values.numel(), sl.total);
-}
-
-void write_optimizer_slices(const std::string& path, std::vector<optim::StateSlice> slices) {
-  std::vector<NamedTensor> tensors;
-  std::map<std::string, std::string> meta;
-  for (const auto& sl : slices) {
-    const Piece piece = piece_of(sl);
-    // A whole block is stored in its [rows, cols] shape, so readers see the block.
-    tensors.push_back(
-        {sl.name, piece.whole_block() ? sl.values.reshape(sl.block_of->value.shape()) : sl.values});
-    meta[sl.name] = piece.is_block() ? piece.metadata()
-                                     : std::to_string(sl.offset) + "," + std::to_string(sl.total);
-  }
-  write_safetensors(path, tensors, meta);
-}
-
-}  // namespace
-
-namespace {
-
-using WritesFn = std::function<bool(const std::string&)>;
-
-// The fp32 masters (resume is exact) this rank writes, each as this rank
-// holds it, never gathered: a tp block by its own rank, a ZeRO-1 chunk by
-// its owner, with the piece's place in the full tensor in the metadata.
-struct Weights {
-  std::vector<NamedTensor> tensors;
-  std::map<std::string, std::string> meta = {{"format", "pt"}};
-};
-Weights weights_to_write(nn::Transformer& model, optim::ParamOptimizer& opt,
-                         const WritesFn& writes) {
-  Weights w;
-  for (const auto& m : opt.checkpoint_masters()) {
-    const bool own_chunk = opt.sharded() && !m.replicated && !m.duplicate;
-    if (!own_chunk && !writes(m.name)) continue;
-    const nn::Parameter& p = model.params().get(m.name);
-    Piece piece = piece_of(m);
-    if (!piece.is_block())
-      piece.shape = p.value.shape();  // not tp-sharded: the local shape is the full one
-    if (piece.metadata().empty()) {
-      w.tensors.push_back({m.name, m.values.reshape(p.value.shape())});
-    } else {
-      w.tensors.push_back(
-          {m.name, piece.whole_block() ? m.values.reshape(p.value.shape()) : m.values});
-      w.meta[m.name] = piece.metadata();
-    }
-  }
-  return w;
-}
-
-// Rank 0's files in the staging directory: model.safetensors, the router
-// biases, the HF config, the trainer state and the run's config.
-void stage_rank0_files(StagedDir& staged, const Weights& w, nn::Transformer& model,
-                       const SaveRequest& req) {
-  write_safetensors(staged.file(kModelFile), w.tensors, w.meta);
-  std::vector<NamedTensor> state;
-  for (nn::MoeLayer* layer : model.moe_layers())
-    state.push_back({bias_name(*layer), layer->bias()});
-  write_safetensors(staged.file(kStateFile), state);
-  std::ofstream f(staged.file("config.json"));
-  f << hf_config(model.config(), model.moe_config()).dump(2) << "\n";
-  std::ofstream t(staged.file(kTrainerFile));
-  t << req.trainer_state.dump(2) << "\n";
-  std::ofstream c(staged.file("moetron.toml"));
-  c << req.config_toml;
-  MOETRON_CHECK(f.good() && t.good() && c.good(), "writing checkpoint '", staged.staging_path(),
-                "' failed");
-}
-
-// This rank's optimizer slices: a tp block by the rank that writes its
-// parameter's block; a sharded optimizer's chunks by their ranks (once: see
-// StateSlice::duplicate); a replicated optimizer's state once, by rank 0.
-std::vector<optim::StateSlice> slices_to_write(optim::ParamOptimizer& opt, const WritesFn& writes,
-                                               const std::vector<optim::StateSlice>& extra) {
-  std::vector<optim::StateSlice> slices;
-  for (auto& sl : opt.state_slices()) {
-    const bool own_chunk = opt.sharded() && !sl.replicated && !sl.duplicate;
-    if (own_chunk || writes(sl.block_of ? sl.block_of->name : sl.name))
-      slices.push_back(std::move(sl));
-  }
-  slices.insert(slices.end(), extra.begin(), extra.end());
-  return slices;
-}
-
 // The model signature a checkpoint's manifest records (nullopt: unreadable
 // or written before signatures; such a checkpoint is never pruned).
 std::optional<std::string> model_signature_of(const std::string& dir) {
@@ -215,34 +108,32 @@ std::optional<std::string> model_signature_of(const std::string& dir) {
 // Rank 0: the manifest over every rank's files, the atomic commit, then
 // pruning to req.keep checkpoints (only once the new one is durable).
 void publish(StagedDir& staged, const SaveRequest& req, int world_size, const Tensor& writers) {
-  std::vector<std::string> files = {kStateFile, "config.json", kTrainerFile, "moetron.toml"};
-  nlohmann::json model_files = nlohmann::json::array();
+  std::vector<std::string> files = {kStateFile, kHfConfigFile, kTrainerFile, kRunConfigFile};
+  std::vector<std::string> model_files;
   for (int r = 0; r < world_size; ++r) {
     if (writers.data<int32_t>()[r]) model_files.push_back(model_file(r));
   }
-  for (const auto& f : model_files) files.push_back(f.get<std::string>());
+  files.insert(files.end(), model_files.begin(), model_files.end());
   for (int r = 0; r < world_size; ++r) files.push_back(optimizer_file(r));
-  nlohmann::json layout = nlohmann::json::object();  // what wrote the pieces
-  for (const char* k : {"dp", "tp", "ep", "pp"}) {
-    if (req.trainer_state.contains(k)) layout[k] = req.trainer_state[k];
-  }
   write_manifest(staged.staging_path(), files,
-                 {{"step", req.step},
-                  {"optimizer_ranks", world_size},
-                  {"model_files", model_files},
-                  {"layout", layout},
-                  {"model_signature", req.model_signature}});
+                 checkpoint_manifest_state(req.step, world_size, model_files,
+                                           layout_of(req.trainer_state), req.model_signature));
   staged.commit();
-  // Prune only checkpoints of this model (never another model's, whatever its step).
-  int64_t kept = 0;
-  for (const auto& [step, dir] : checkpoint_dirs(req.run_dir)) {
-    if (model_signature_of(dir) != req.model_signature) continue;
-    if (++kept > std::max<int64_t>(req.keep, 1)) remove_tree(dir);
-  }
-  remove_dead_staging_dirs(req.run_dir);
+  prune_checkpoints(req.run_dir, req.keep, req.model_signature);
 }
 
 }  // namespace
+
+void prune_checkpoints(const std::string& run_dir, int64_t keep,
+                       const std::string& model_signature) {
+  // Only checkpoints of this model (never another model's, whatever its step).
+  int64_t kept = 0;
+  for (const auto& [step, dir] : checkpoint_dirs(run_dir)) {
+    if (model_signature_of(dir) != model_signature) continue;
+    if (++kept > std::max<int64_t>(keep, 1)) remove_tree(dir);
+  }
+  remove_dead_staging_dirs(run_dir);
+}
 
 void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::ParamOptimizer& opt) {
   std::unique_ptr<comm::Communicator> local;
@@ -252,11 +143,11 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
     return req.writes ? req.writes(name) : world.rank() == 0;
   };
   const std::string final_dir = checkpoint_dir(req.run_dir, req.step);
-  const Weights weights = weights_to_write(model, opt, writes);
+  const RankFiles files = rank_files_to_write(world.rank(), model, opt, writes, req.extra);
   // Which ranks write a model file: rank 0 always (model.safetensors: at one
   // rank the Hugging Face file; `moetron export` assembles one from any layout).
   Tensor writers = Tensor::zeros({world.size()}, DType::i32, MemTag::comm);
-  writers.data<int32_t>()[world.rank()] = world.rank() == 0 || !weights.tensors.empty();
+  writers.data<int32_t>()[world.rank()] = files.has_model_file();
   if (world.size() > 1) world.allreduce(writers, comm::ReduceOp::sum);
   std::unique_ptr<StagedDir> staged;
   std::string staging, error;
@@ -264,7 +155,6 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
     try {
       staged = std::make_unique<StagedDir>(final_dir);
       staging = staged->staging_path();
-      stage_rank0_files(*staged, weights, model, req);
     } catch (const Error& e) {
       error = e.what();
       staging.clear();
@@ -274,11 +164,8 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
   if (!error.empty()) MOETRON_FAIL(error);
   MOETRON_CHECK(!staging.empty(), "rank 0 could not stage checkpoint '", final_dir, "'");
   try {
-    if (world.rank() > 0 && !weights.tensors.empty()) {
-      write_safetensors(staging + "/" + model_file(world.rank()), weights.tensors, weights.meta);
-    }
-    write_optimizer_slices(staging + "/" + optimizer_file(world.rank()),
-                           slices_to_write(opt, writes, req.extra));
+    if (req.before_write) req.before_write(staging);
+    write_rank_files(staging, files, model, req);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -431,7 +318,8 @@ nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
   }
   SafetensorsReader state(dir + "/" + kStateFile);
   for (nn::MoeLayer* layer : model.moe_layers()) {
-    if (state.contains(bias_name(*layer))) state.read_into(bias_name(*layer), layer->bias());
+    if (state.contains(router_bias_name(*layer)))
+      state.read_into(router_bias_name(*layer), layer->bias());
   }
   std::ifstream f(dir + "/" + kTrainerFile);
   return nlohmann::json::parse(f);

@@ -65,6 +65,9 @@ struct SaveRequest {
   // state) of that name; every name must be written by exactly one rank.
   // Empty: rank 0 writes everything.
   std::function<bool(const std::string&)> writes;
+  // Fault hook: called on every rank before it writes its files into the
+  // staging directory `dir`; what it throws fails the save on every rank.
+  std::function<void(const std::string& dir)> before_write;
 };
 
 // Saves step req.step and then deletes all but the newest req.keep complete
@@ -72,6 +75,12 @@ struct SaveRequest {
 // previous checkpoints are untouched and the partial one is removed; the error propagates (on every
 // rank). Collective over req.world.
 void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::ParamOptimizer& opt);
+
+// Deletes all but the newest `keep` complete checkpoints recorded with
+// `model_signature` in RUN_DIR/checkpoints, and the staging directories of
+// dead writers.
+void prune_checkpoints(const std::string& run_dir, int64_t keep,
+                       const std::string& model_signature);
 
 // The newest checkpoint whose manifest verifies; each skipped (corrupt or
 // truncated) one adds a warning naming it (and its path to `skipped`).

@@ -101,6 +101,9 @@ const std::vector<Field>& fields() {
       field("recompute.segment", &Config::recompute, &RecomputeConfig::segment),
       field("checkpoint.every", &Config::checkpoint, &CheckpointConfig::every),
       field("checkpoint.keep", &Config::checkpoint, &CheckpointConfig::keep),
+      field("checkpoint.snapshot_every", &Config::checkpoint, &CheckpointConfig::snapshot_every),
+      field("checkpoint.snapshot_dir", &Config::checkpoint, &CheckpointConfig::snapshot_dir),
+      field("checkpoint.async", &Config::checkpoint, &CheckpointConfig::async),
       field("parallel.zero", &Config::parallel, &ParallelConfig::zero),
       field("parallel.overlap", &Config::parallel, &ParallelConfig::overlap),
       field("parallel.overlap_param_gather", &Config::parallel,
@@ -440,6 +443,10 @@ void validate_train(const Config& c) {
                             c.recompute.segment);
   check_rule(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
   check_rule(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
+  check_rule(c.checkpoint.snapshot_every >= -1, "checkpoint.snapshot_every",
+             "must be >= -1 (-1: automatic, 0: never)");
+  check_rule(c.checkpoint.snapshot_every == 0 || !c.checkpoint.snapshot_dir.empty(),
+             "checkpoint.snapshot_dir", "must not be empty while snapshots are on");
   const MonitorConfig& mon = c.monitor;
   check_rule(mon.port >= 0 && mon.port <= 65535, "monitor.port",
              "must be a TCP port in 0..65535 (0: any free port)");

@@ -144,6 +144,15 @@ struct ParallelConfig {
 struct CheckpointConfig {
   int64_t every = 0;  // 0: only at the end
   int64_t keep = 2;   // complete checkpoints kept
+  // In-memory snapshots (ckpt/snapshot.h) every N steps, on tmpfs under
+  // snapshot_dir: a crashed job resumes from the newest without the disk.
+  // -1: every step when a snapshot costs < 3% of a step, else the smallest
+  // interval that keeps it under 3% (measured on the first one); 0: never.
+  int64_t snapshot_every = -1;
+  std::string snapshot_dir = "/dev/shm/moetron";
+  // With snapshots: checkpoint.every's saves copy the snapshot to disk in a
+  // background thread (the step waits only for the snapshot).
+  bool async = true;
 };
 
 // Monitoring (monitor/ and train/training_metrics.h): the metrics registry

@@ -60,7 +60,10 @@ std::optional<InjectedFailure> parse_injected_failure(const std::string& spec) {
   return InjectedFailure{static_cast<int>(*rank), *step, signal.value_or("")};
 }
 
-void maybe_inject_failure(int rank, int64_t step) {
+void maybe_fail_write(int, int64_t, const std::string&) {}
+
+void maybe_inject_failure(int rank, int64_t step, FailurePoint at) {
+  if (at != FailurePoint::step) return;
   const char* env = std::getenv(kInjectFailureEnv);
   if (env == nullptr) return;
   const auto f = parse_injected_failure(env);

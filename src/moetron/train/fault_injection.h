@@ -27,6 +27,10 @@ std::optional<InjectedFailure> parse_injected_failure(const std::string& spec);
 // Throws moetron::Error("... injected failure on rank R at step S") when the
 // environment asks for a failure of this rank at this step; re-reads the
 // variable on every call (no global state), a getenv and a few compares.
-void maybe_inject_failure(int rank, int64_t step);
+enum class FailurePoint { step, snapshot, persist };
+void maybe_inject_failure(int rank, int64_t step, FailurePoint at = FailurePoint::step);
+// Throws when a disk-full failure of this rank is armed (placeholder until
+// the supervisor's failure kinds land).
+void maybe_fail_write(int rank, int64_t step, const std::string& path);
 
 }  // namespace moetron::train

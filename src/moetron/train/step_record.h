@@ -26,6 +26,7 @@ struct StepRecord {
   // backward passes (pipeline transfers and waits included under pp),
   // clipping and the optimizer, and a checkpoint written after the step.
   double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, checkpoint_s = 0;
+  double snapshot_s = 0;  // the in-memory snapshot taken after the step
   // Seconds this rank was blocked waiting in any communication of the step
   // (gradient reductions, the token exchange, pipeline transfers, losses):
   // step_s - blocked_s is the time it was busy, which names stragglers.

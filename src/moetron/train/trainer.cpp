@@ -14,7 +14,10 @@
 #include <unordered_set>
 
 #include "moetron/ckpt/checkpoint.h"
+#include "moetron/ckpt/persist.h"
+#include "moetron/ckpt/snapshot.h"
 #include "moetron/core/manifest.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/core/threading.h"
 #include "moetron/data/corpus.h"
 #include "moetron/kernels/elementwise.h"
@@ -33,6 +36,15 @@ namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
+
+// Rank 0's text on every rank.
+void broadcast_text(comm::Communicator& world, std::string& s) {
+  if (world.size() == 1) return;
+  int64_t len = static_cast<int64_t>(s.size());
+  world.broadcast(Tensor::wrap(&len, {1}, DType::i64), 0);
+  s.resize(static_cast<size_t>(len));
+  if (len > 0) world.broadcast(Tensor::wrap(s.data(), {len}, DType::u8), 0);
+}
 
 // Bytes of the regular files under `dir` (a checkpoint's size on disk).
 int64_t directory_bytes(const std::string& dir) {
@@ -74,6 +86,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, const ResumeOptions& resume,
       std::cerr << "notice: removed '" << d << "', left by a save that did not finish\n";
   }
   monitor_ = std::make_unique<TrainerMonitor>(cfg_, run_dir_, *world_, at());
+  setup_snapshots(resume.resume);
   if (resume.resume) resume_from_latest(resume);
 }
 
@@ -292,12 +305,14 @@ void Trainer::build_optimizer() {
   }
 }
 
-int64_t Trainer::pick_checkpoint(const ResumeOptions& ro) {
+std::string Trainer::pick_checkpoint(const ResumeOptions& ro) {
   std::vector<std::string> warnings, skipped;
-  const auto dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
+  std::optional<std::string> dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
+  // An in-memory snapshot newer than the disk's newest checkpoint wins.
+  if (auto snap = newer_snapshot(dir ? ckpt::checkpoint_step(*dir) : -1)) dir = snap;
   if (!dir && skipped.empty()) {
     std::cerr << "starting a new run in '" << run_dir_ << "' (no checkpoint there yet)\n";
-    return -1;
+    return "";
   }
   if (!dir && !ro.fresh_if_all_corrupt) {
     std::string list;
@@ -320,49 +335,54 @@ int64_t Trainer::pick_checkpoint(const ResumeOptions& ro) {
   if (!dir) {
     std::cerr << "notice: --allow-fresh-start: no usable checkpoint in '" << run_dir_
               << "'; starting from step 0\n";
-    return -1;
+    return "";
   }
-  return ckpt::checkpoint_step(*dir);
+  return *dir;
 }
 
 void Trainer::resume_from_latest(const ResumeOptions& ro) {
   // Rank 0 picks (and quarantines) for everyone, so ranks never race on
-  // renaming a damaged checkpoint and all resume from the same step; -2: it
-  // refused (its error is the job's).
-  Tensor chosen = Tensor::empty({1}, DType::i64, MemTag::comm);
-  chosen.data<int64_t>()[0] = -2;
-  std::string error;
+  // renaming a damaged checkpoint and all resume from the same directory;
+  // "!" + its error when it refused (the job's error).
+  std::string dir;
   if (is_root()) {
     try {
-      chosen.data<int64_t>()[0] = pick_checkpoint(ro);
+      dir = pick_checkpoint(ro);
     } catch (const Error& e) {
-      error = e.what();
+      dir = std::string("!") + e.what();
     }
   }
-  world_->broadcast(chosen, 0);
-  const int64_t step = chosen.data<int64_t>()[0];
-  if (!error.empty()) MOETRON_FAIL(error);
-  MOETRON_CHECK(step >= -1, "rank 0 refused to resume from '", run_dir_, "' (see its error)");
-  if (step < 0) return;
-  const std::string dir = ckpt::checkpoint_dir(run_dir_, step);
+  broadcast_text(*world_, dir);
+  if (dir.starts_with("!")) {
+    MOETRON_CHECK(!is_root(), dir.substr(1));
+    MOETRON_FAIL("rank 0 refused to resume from '", run_dir_, "' (see its error)");
+  }
+  if (dir.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices(false));
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  start_step_ = st.at("step").get<int64_t>();
+  const bool from_snapshot = snapshots_ && dir.starts_with(snapshots_->root());
   if (monitor_->enabled() && is_root()) {
     const int64_t bytes = directory_bytes(dir);
     monitor_->metrics().record_checkpoint_load(load_s, bytes);
-    monitor_->event(step, "resume", "resumed from " + dir,
-                    {{"path", dir}, {"seconds", load_s}, {"bytes", bytes}});
+    monitor_->event(start_step_, "resume", "resumed from " + dir,
+                    {{"path", dir},
+                     {"source", from_snapshot ? "snapshot" : "checkpoint"},
+                     {"seconds", load_s},
+                     {"bytes", bytes}});
   }
-  start_step_ = st.at("step").get<int64_t>();
   skipped_ = st.value("skipped_steps", int64_t{0});
   if (st.contains("loss_scale")) {
     scaler_.restore(st.at("loss_scale").get<double>(),
                     st.at("loss_scale_clean_steps").get<int64_t>(),
                     st.at("overflow_steps").get<int64_t>());
   }
-  if (is_root()) std::cerr << "resumed from " << dir << " at step " << start_step_ << "\n";
+  if (is_root()) {
+    std::cerr << "resumed from " << (from_snapshot ? "the in-memory snapshot " : "") << dir
+              << " at step " << start_step_ << "\n";
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -426,29 +446,10 @@ std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving) {
 }
 
 void Trainer::save_checkpoint(int64_t step) {
-  const parallel::PlanSettings& s = plan_->settings();
-  const nlohmann::json state = {
-      {"step", step},
-      {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * acc_ * plan_->dp())},
-      {"dp", plan_->dp()},
-      {"tp", s.tp},
-      {"ep", s.ep},
-      {"pp", s.pp},
-      {"skipped_steps", skipped_},
-      {"loss_scale", scaler_.scale()},
-      {"loss_scale_clean_steps", scaler_.clean_steps()},
-      {"overflow_steps", scaler_.overflow_steps()},
-      {"seed", cfg_.train.seed}};
-  ckpt::SaveRequest req;
-  req.run_dir = run_dir_;
-  req.step = step;
-  req.trainer_state = state;
-  req.config_toml = to_toml(cfg_);
-  req.keep = cfg_.checkpoint.keep;
-  req.model_signature = model_signature(cfg_);
-  req.world = world_.get();
-  req.extra = feedback_slices(true);
-  req.writes = [this](const std::string& n) { return writes_checkpoint_tensor(n); };
+  ckpt::SaveRequest req = checkpoint_request(step);
+  req.before_write = [rank = world_->rank(), step](const std::string& dir) {
+    maybe_fail_write(rank, step, dir);
+  };
   const auto t0 = clock_type::now();
   ckpt::save_checkpoint(req, *model_, *opt_);
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();

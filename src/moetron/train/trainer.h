@@ -9,11 +9,13 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "moetron/ckpt/checkpoint.h"
 #include "moetron/comm/communicator.h"
 #include "moetron/comm/process_mesh.h"
 #include "moetron/data/token_dataset.h"
@@ -34,11 +36,18 @@
 namespace moetron::optim {
 class ZeroOptimizer;
 }
+namespace moetron::ckpt {
+class SnapshotStore;
+class AsyncPersister;
+}  // namespace moetron::ckpt
 
 namespace moetron::train {
 
 struct TrainResult {
   int64_t steps_done = 0;
+  // `moetron launch` asked the job to stop for a resize (elastic): the state
+  // after the last step is in a snapshot (or a checkpoint), not trained out.
+  bool stopped_for_resize = false;
   int64_t skipped_steps = 0;
   int64_t loss_spikes = 0;             // finite losses flagged by train.loss_spike_factor
   int64_t metrics_write_failures = 0;  // metrics.jsonl lines that could not be written
@@ -132,8 +141,25 @@ class Trainer {
   void build_optimizer();
   void refuse_existing_run() const;
   void resume_from_latest(const ResumeOptions& ro);
-  // Rank 0: the step to resume from (-1: start at 0), or throws saying why not.
-  int64_t pick_checkpoint(const ResumeOptions& ro);
+  // Rank 0: the checkpoint directory to resume from ("": start at 0), or
+  // throws saying why not.
+  std::string pick_checkpoint(const ResumeOptions& ro);
+  // Snapshots and asynchronous checkpoints (trainer_recovery.cpp).
+  void setup_snapshots(bool resume);
+  ckpt::SaveRequest checkpoint_request(int64_t step);
+  void take_snapshot(int64_t step);
+  void decide_snapshot_interval(double snapshot_s, double step_s);
+  // After a step: the snapshot and checkpoint.every's save it is due for.
+  void keep_state(int64_t step, StepRecord& rec);
+  // Reports a finished background persist (wait: the one in flight first).
+  void report_persist(bool wait);
+  void finish_snapshots();
+  // Rank 0: whether the launcher left RUN/logs/stop-request (a resize).
+  bool launcher_asks_to_stop() const;
+  // Keeps the state of `step` and tells the launcher the job stopped there.
+  void stop_for_resize(int64_t step);
+  TrainResult finish_result(TrainResult res);
+  std::optional<std::string> newer_snapshot(int64_t disk_step);
   // One step (trainer_step.cpp).
   StepRecord train_step(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets);
   void forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
@@ -222,6 +248,12 @@ class Trainer {
   int64_t metrics_failures_ = 0;
   double peak_flops_ = 0;  // measured on the first run() (train/peak_flops.h)
   std::unique_ptr<TrainerMonitor> monitor_;
+  std::unique_ptr<comm::Communicator> snapshot_comm_;  // carries only snapshot traffic
+  std::unique_ptr<ckpt::SnapshotStore> snapshots_;
+  std::unique_ptr<ckpt::AsyncPersister> persister_;
+  int64_t snapshot_every_ = 0;  // 0: no snapshots; -1: decided on the first
+  int64_t last_snapshot_ = -1;
+  bool stop_requested_ = false;  // agreed by every rank with the step's token counts
 };
 
 }  // namespace moetron::train

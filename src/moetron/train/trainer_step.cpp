@@ -57,12 +57,8 @@ TrainResult Trainer::run() {
       if (monitor_->enabled() && is_root()) monitor_->metrics().record_validation(res.val_loss);
     }
     // A diverged model is not saved: the last checkpoint stays the newest.
-    if (guard_.stop_reason().empty() && cfg_.checkpoint.every > 0 &&
-        step % cfg_.checkpoint.every == 0 && step != cfg_.train.steps) {
-      const auto t0 = clock_type::now();
-      save_periodic_checkpoint(step);
-      rec.checkpoint_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    }
+    keep_state(step, rec);
+    report_persist(false);
     record_metrics(rec);
     if (is_root()) {
       monitor_->finish_line(line);
@@ -76,6 +72,7 @@ TrainResult Trainer::run() {
     if (!guard_.stop_reason().empty()) {
       if (is_root() && ::isatty(STDOUT_FILENO)) std::cout << "\n";
       monitor_->event(step, "stop", guard_.stop_reason());
+      report_persist(true);  // the last good checkpoint finishes reaching the disk
       MOETRON_FAIL(guard_.stop_reason(), "; no checkpoint of this model was saved");
     }
     if (res.history.empty() && is_root()) {
@@ -89,11 +86,23 @@ TrainResult Trainer::run() {
     res.last_loss = rec.loss;
     res.history.push_back(rec);
     ++res.steps_done;
+    if (stop_requested_ && step != cfg_.train.steps) {
+      stop_for_resize(step);
+      res.stopped_for_resize = true;
+      break;
+    }
   }
+  if (res.stopped_for_resize) return finish_result(std::move(res));
+  report_persist(true);  // before the final save prunes beside it
   if (res.steps_done > 0) save_checkpoint(cfg_.train.steps);
-  monitor_->finish();
+  finish_snapshots();
   monitor_->event(cfg_.train.steps, "stop", "trained " + std::to_string(res.steps_done) + " steps",
                   {{"steps_done", res.steps_done}, {"skipped_steps", skipped_}});
+  return finish_result(std::move(res));
+}
+
+TrainResult Trainer::finish_result(TrainResult res) {
+  monitor_->finish();
   res.skipped_steps = skipped_;
   res.loss_spikes = guard_.spikes();
   res.metrics_write_failures = metrics_failures_;
@@ -111,7 +120,20 @@ void Trainer::save_periodic_checkpoint(int64_t step) {
     }
     return;
   }
-  save_checkpoint(step);
+  try {
+    save_checkpoint(step);
+  } catch (const Error& e) {
+    // Every rank throws the same agreed failure (a full disk): nothing was
+    // published, the previous checkpoint stays the newest, training goes on.
+    if (is_root()) {
+      std::cerr << "warning: checkpoint step-" << step << " was not saved: " << e.what()
+                << "; the previous checkpoint is kept" << std::endl;
+      if (monitor_->enabled()) {
+        monitor_->metrics().record_persist_failure();
+        monitor_->event(step, "checkpoint_failed", e.what(), {{"error", e.what()}});
+      }
+    }
+  }
 }
 
 void Trainer::watch_divergence(const StepRecord& rec, nlohmann::json& line) {
@@ -378,7 +400,10 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
   // micro_batch = mb * dp reads exactly the same micro-batches.
   const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, dp = plan_->dp();
   std::vector<int32_t> window(static_cast<size_t>(s + 1));
-  Tensor counts = Tensor::zeros({acc_}, DType::i64, MemTag::comm);
+  // The last element carries rank 0's "stop for a resize" flag (the
+  // launcher asked: train/trainer_recovery.cpp) at no extra collective.
+  Tensor counts = Tensor::zeros({acc_ + 1}, DType::i64, MemTag::comm);
+  if (is_root()) counts.data<int64_t>()[acc_] = launcher_asks_to_stop() ? 1 : 0;
   for (int64_t m = 0; m < acc_; ++m) {
     const auto mi = static_cast<size_t>(m);
     for (int64_t r = 0; r < mb; ++r) {
@@ -397,6 +422,7 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
   // summed over the dp ranks.
   if (world_->size() > 1) world_->allreduce(counts, comm::ReduceOp::sum);
   for (int64_t m = 0; m < acc_; ++m) mb_tokens[static_cast<size_t>(m)] = counts.data<int64_t>()[m];
+  stop_requested_ = counts.data<int64_t>()[acc_] > 0;
 }
 
 void Trainer::reduce_expert_loads() {

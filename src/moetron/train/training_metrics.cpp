@@ -95,6 +95,10 @@ const std::vector<MetricDef>& catalogue() {
         def("moetron_checkpoint_load_seconds", G, "seconds", "wall time of the resume's load"),
         def("moetron_checkpoint_bytes", G, "bytes", "size of the last checkpoint saved or loaded"),
         def("moetron_checkpoints_total", C, "checkpoints", "checkpoints saved by this run"),
+        def("moetron_checkpoint_failures_total", C, "checkpoints",
+            "background checkpoints that could not be saved (a full disk)"),
+        def("moetron_snapshot_seconds", G, "seconds", "wall time of the last in-memory snapshot"),
+        def("moetron_snapshots_total", C, "snapshots", "in-memory snapshots taken by this run"),
         def("moetron_rank_step_seconds", G, "seconds", "a rank's last step wall time", {"rank"},
             kRankSeries),
         def("moetron_rank_busy_seconds", G, "seconds",
@@ -167,6 +171,9 @@ TrainingMetrics::TrainingMetrics(monitor::Registry& r)
       ckpt_load_s_(r.get("moetron_checkpoint_load_seconds")),
       ckpt_bytes_(r.get("moetron_checkpoint_bytes")),
       ckpt_total_(r.get("moetron_checkpoints_total")),
+      ckpt_failures_(r.get("moetron_checkpoint_failures_total")),
+      snapshot_s_(r.get("moetron_snapshot_seconds")),
+      snapshots_total_(r.get("moetron_snapshots_total")),
       rank_step_s_(r.get("moetron_rank_step_seconds")),
       rank_busy_s_(r.get("moetron_rank_busy_seconds")),
       rank_data_s_(r.get("moetron_rank_data_seconds")),
@@ -192,7 +199,7 @@ void TrainingMetrics::record_step(const StepRecord& rec) {
   step_s_.set(rec.step_s);
   step_hist_.observe(rec.step_s);
   const double accounted = rec.data_s + rec.forward_s + rec.backward_s + rec.comm_wait_s +
-                           rec.optimizer_s + rec.checkpoint_s;
+                           rec.optimizer_s + rec.checkpoint_s + rec.snapshot_s;
   const std::pair<const char*, double> phases[] = {
       {"data", rec.data_s},
       {"forward", rec.forward_s},
@@ -200,8 +207,9 @@ void TrainingMetrics::record_step(const StepRecord& rec) {
       {"comm_exposed", rec.comm_wait_s},
       {"optimizer", rec.optimizer_s},
       {"checkpoint", rec.checkpoint_s},
+      {"snapshot", rec.snapshot_s},
       {"pipeline_wait", rec.pipeline_wait_s},
-      {"other", std::max(0.0, rec.step_s + rec.checkpoint_s - accounted)}};
+      {"other", std::max(0.0, rec.step_s + rec.checkpoint_s + rec.snapshot_s - accounted)}};
   for (const auto& [phase, s] : phases) phase_s_.set({phase}, s);
   bubble_.set(rec.step_s > 0 ? rec.pipeline_wait_s / rec.step_s : 0.0);
   dropped_total_.add(static_cast<double>(rec.dropped));
@@ -295,6 +303,15 @@ void TrainingMetrics::record_checkpoint_save(double seconds, int64_t bytes) {
   ckpt_save_s_.set(seconds);
   ckpt_bytes_.set(static_cast<double>(bytes));
   ckpt_total_.add(1);
+}
+
+void TrainingMetrics::record_snapshot(double seconds) {
+  snapshot_s_.set(seconds);
+  snapshots_total_.add(1);
+}
+
+void TrainingMetrics::record_persist_failure() {
+  ckpt_failures_.add(1);
 }
 
 void TrainingMetrics::record_checkpoint_load(double seconds, int64_t bytes) {

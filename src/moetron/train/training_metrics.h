@@ -42,6 +42,8 @@ class TrainingMetrics {
   void record_layer_norms(const std::vector<GroupNorms>& norms);
   void record_activation_rms(const std::vector<double>& rms);
   void record_checkpoint_save(double seconds, int64_t bytes);
+  void record_snapshot(double seconds);
+  void record_persist_failure();
   void record_checkpoint_load(double seconds, int64_t bytes);
   void record_ranks(const std::vector<RankTimes>& ranks, const std::vector<bool>& stragglers);
   void count_straggler() { stragglers_total_.add(1); }
@@ -55,7 +57,8 @@ class TrainingMetrics {
   monitor::Metric &comm_bytes_, &comm_seconds_, &comm_calls_;
   monitor::Metric &mem_bytes_, &mem_peak_, &mem_reserved_, &rss_, &cpu_seconds_;
   monitor::Metric &param_grad_norm_, &param_norm_, &update_norm_, &update_ratio_, &act_rms_;
-  monitor::Metric &ckpt_save_s_, &ckpt_load_s_, &ckpt_bytes_, &ckpt_total_;
+  monitor::Metric &ckpt_save_s_, &ckpt_load_s_, &ckpt_bytes_, &ckpt_total_, &ckpt_failures_;
+  monitor::Metric &snapshot_s_, &snapshots_total_;
   monitor::Metric &rank_step_s_, &rank_busy_s_, &rank_data_s_, &rank_comm_s_, &straggler_,
       &stragglers_total_;
   monitor::Metric &degree_, &run_info_;

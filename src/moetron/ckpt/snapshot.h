@@ -1,0 +1,90 @@
+// In-memory snapshots of the training state: every rank writes its part of a
+// checkpoint (ckpt/rank_files.h: the same files, so a snapshot loads and
+// reshards like one) into a directory on tmpfs (/dev/shm), which outlives
+// the process; a crashed job resumes from it without touching the disk.
+//   ROOT/rank-R/step-N/            rank R's files + manifest.json (checksums)
+//   ROOT/rank-R/copy-of-Q/step-N/  a copy of rank Q = R-1's part, sent over
+//                                  the snapshot communicator, so losing one
+//                                  rank's memory still leaves every part
+// A part is written under step-N.tmp and renamed when complete. Parts of the
+// newest two steps are kept (double buffering): a step's parts are dropped
+// only after every rank has finished the next one, so some step is always
+// complete on every rank. A snapshot is usable only when every rank of the
+// job that wrote it has a part (its own or the copy) that verifies.
+//
+// Single machine: recovery reads every rank's part from one ROOT. On several
+// machines each node's tmpfs holds its own ranks' parts; gathering them over
+// the network for recovery is not built (the disk checkpoints still are).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moetron/ckpt/rank_files.h"
+#include "moetron/comm/communicator.h"
+
+namespace moetron::ckpt {
+
+// ROOT of a run: <base>/<16 hex digits of the hash of the run directory's
+// absolute path>; ROOT/run_dir (written with the first snapshot) names the run.
+std::string snapshot_root(const std::string& base, const std::string& run_dir);
+
+// Removes the roots under `base` whose run directory no longer exists (a
+// deleted run's snapshots only hold memory); returns them.
+std::vector<std::string> remove_orphaned_snapshots(const std::string& base);
+
+class SnapshotStore {
+ public:
+  // comm: every rank of the job, on a communicator of its own (its traffic
+  // counts as the snapshots'). job_id: the same on every rank of this
+  // attempt (parts of one step from different attempts never mix).
+  SnapshotStore(std::string root, comm::Communicator& comm, uint64_t job_id);
+
+  // Collective. Writes this rank's part of req.step, sends it to the next
+  // rank, agrees that every rank succeeded, then drops this rank's parts
+  // older than the newest two steps (never step `pinned`, being persisted).
+  // A failure on any rank throws on every rank; the previous snapshot stays.
+  void save(const SaveRequest& req, const RankFiles& files, nn::Transformer& model,
+            int64_t pinned = -1);
+  // This rank's part of step N (what the persister copies to disk).
+  std::string part_dir(int64_t step) const;
+  const std::string& root() const { return root_; }
+  // Test and fault hooks: after this rank's files are written, before its
+  // manifest and rename (a crash there must leave the previous snapshot).
+  std::function<void(int64_t step)> after_files_written;
+  // Before anything is written (a disk-full check).
+  std::function<void(int64_t step, const std::string& dir)> before_write;
+
+ private:
+  std::string write_own_part(const SaveRequest& req, const RankFiles& files,
+                             nn::Transformer& model);
+  void exchange_with_neighbours(int64_t step, const std::string& own);
+  void prune(int64_t pinned);
+
+  std::string root_;
+  comm::Communicator& comm_;
+  uint64_t job_id_;
+  std::vector<int64_t> steps_;  // this rank's parts, oldest first
+};
+
+// The parts of one complete snapshot, by rank.
+struct SnapshotSet {
+  int64_t step = 0;
+  int ranks = 0;
+  std::vector<std::string> part_dirs;
+};
+
+// The newest step whose parts exist and verify for every rank of the job that
+// wrote it (each rank's own part, else its neighbour's copy). Every damaged
+// or missing part it passes over adds a warning naming it.
+std::optional<SnapshotSet> latest_snapshot(const std::string& root,
+                                           std::vector<std::string>* warnings);
+
+// Makes `dir` (replaced if it exists) a checkpoint directory holding every
+// part's files (hard links, copies across filesystems) and one manifest.
+void assemble_snapshot(const SnapshotSet& set, const std::string& dir);
+
+}  // namespace moetron::ckpt

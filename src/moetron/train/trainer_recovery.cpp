@@ -1,0 +1,237 @@
+// Trainer's state keeping beyond the synchronous checkpoint: in-memory
+// snapshots every checkpoint.snapshot_every steps (ckpt/snapshot.h), the
+// asynchronous persist of checkpoint.every's checkpoints from them
+// (ckpt/persist.h), and resuming from whichever of snapshot and disk
+// checkpoint is newer.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "moetron/ckpt/persist.h"
+#include "moetron/ckpt/rank_files.h"
+#include "moetron/ckpt/snapshot.h"
+#include "moetron/core/staged_dir.h"
+#include "moetron/train/fault_injection.h"
+#include "moetron/train/launcher.h"
+#include "moetron/train/resume_check.h"
+#include "moetron/train/trainer.h"
+
+namespace moetron::train {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+// A snapshot may cost this share of a step when checkpoint.snapshot_every is automatic.
+constexpr double kSnapshotShare = 0.03;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+}  // namespace
+
+void Trainer::setup_snapshots(bool resume) {
+  const CheckpointConfig& c = cfg_.checkpoint;
+  if (c.snapshot_every == 0) return;
+  snapshot_comm_ = world_->split(0, world_->rank());  // collective: every rank
+  // One id per attempt: parts of a step written by different attempts never mix.
+  uint64_t job_id = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ ::getpid();
+  snapshot_comm_->broadcast(Tensor::wrap(&job_id, {1}, DType::i64), 0);
+  int32_t ok = 1;
+  std::string root, why;
+  try {
+    root = ckpt::snapshot_root(c.snapshot_dir, run_dir_);
+    fs::create_directories(c.snapshot_dir);
+    if (is_root()) {
+      for (const auto& d : ckpt::remove_orphaned_snapshots(c.snapshot_dir))
+        std::cerr << "notice: removed '" << d << "': snapshots of a deleted run directory\n";
+      // A new run must never resume from snapshots an earlier run in this directory left.
+      if (!resume) remove_tree(root);
+    }
+  } catch (const std::exception& e) {
+    ok = 0;
+    why = e.what();
+  }
+  snapshot_comm_->allreduce(Tensor::wrap(&ok, {1}, DType::i32), comm::ReduceOp::sum);
+  if (ok != snapshot_comm_->size()) {
+    if (is_root()) {
+      std::cerr << "warning: in-memory snapshots are off: checkpoint.snapshot_dir '"
+                << c.snapshot_dir << "' is not usable on every rank" << (why.empty() ? "" : ": ")
+                << why << std::endl;
+    }
+    return;
+  }
+  snapshots_ = std::make_unique<ckpt::SnapshotStore>(root, *snapshot_comm_, job_id);
+  const int rank = world_->rank();
+  snapshots_->before_write = [rank](int64_t step, const std::string& dir) {
+    maybe_fail_write(rank, step, dir);
+  };
+  snapshots_->after_files_written = [rank](int64_t step) {
+    maybe_inject_failure(rank, step, FailurePoint::snapshot);
+  };
+  snapshot_every_ = c.snapshot_every;  // -1: decided on the first snapshot
+  if (c.async) {
+    persister_ = std::make_unique<ckpt::AsyncPersister>(run_dir_, *snapshot_comm_, c.keep,
+                                                        model_signature(cfg_));
+    persister_->before_write = [rank](int64_t step, const std::string& path) {
+      maybe_fail_write(rank, step, path);
+    };
+    persister_->after_copy = [rank](int64_t step) {
+      maybe_inject_failure(rank, step, FailurePoint::persist);
+    };
+  }
+}
+
+ckpt::SaveRequest Trainer::checkpoint_request(int64_t step) {
+  const parallel::PlanSettings& s = plan_->settings();
+  ckpt::SaveRequest req;
+  req.trainer_state = {
+      {"step", step},
+      {"samples_drawn", static_cast<uint64_t>(step * cfg_.train.micro_batch * acc_ * plan_->dp())},
+      {"dp", plan_->dp()},
+      {"tp", s.tp},
+      {"ep", s.ep},
+      {"pp", s.pp},
+      {"skipped_steps", skipped_},
+      {"loss_scale", scaler_.scale()},
+      {"loss_scale_clean_steps", scaler_.clean_steps()},
+      {"overflow_steps", scaler_.overflow_steps()},
+      {"seed", cfg_.train.seed}};
+  req.run_dir = run_dir_;
+  req.step = step;
+  req.config_toml = to_toml(cfg_);
+  req.keep = cfg_.checkpoint.keep;
+  req.model_signature = model_signature(cfg_);
+  req.world = world_.get();
+  req.extra = feedback_slices(true);
+  req.writes = [this](const std::string& n) { return writes_checkpoint_tensor(n); };
+  return req;
+}
+
+void Trainer::take_snapshot(int64_t step) {
+  const ckpt::SaveRequest req = checkpoint_request(step);
+  const ckpt::RankFiles files =
+      ckpt::rank_files_to_write(world_->rank(), *model_, *opt_, req.writes, req.extra);
+  snapshots_->save(req, files, *model_, persister_ ? persister_->in_flight() : -1);
+  last_snapshot_ = step;
+}
+
+// Automatic interval: every step unless a snapshot costs more than
+// kSnapshotShare of a step. Decided once, from the slowest rank's numbers,
+// so every rank takes the same (collective) snapshots.
+void Trainer::decide_snapshot_interval(double snapshot_s, double step_s) {
+  double worst[2] = {snapshot_s, step_s};
+  snapshot_comm_->allreduce(Tensor::wrap(worst, {2}, DType::f64), comm::ReduceOp::max);
+  snapshot_every_ =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(worst[0] / (kSnapshotShare * worst[1]))));
+  if (is_root()) {
+    std::cerr << "snapshots every " << snapshot_every_ << " step(s): one takes " << worst[0] * 1e3
+              << " ms, a step " << worst[1] * 1e3 << " ms" << std::endl;
+  }
+}
+
+void Trainer::keep_state(int64_t step, StepRecord& rec) {
+  const bool persist_now = cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0 &&
+                           step != cfg_.train.steps && guard_.stop_reason().empty();
+  // A step whose update was skipped (or a diverging run) is no state to keep.
+  const bool keepable = guard_.stop_reason().empty() && guard_.consecutive_skips() == 0;
+  if (snapshots_ && keepable && step != cfg_.train.steps) {
+    const bool first_auto = snapshot_every_ < 0 && step > start_step_ + 1;  // step 1 warms up
+    const bool due = first_auto || (snapshot_every_ > 0 && step % snapshot_every_ == 0);
+    if (due || (persist_now && persister_)) {
+      const auto t0 = clock_type::now();
+      take_snapshot(step);
+      rec.snapshot_s = seconds_since(t0);
+      if (monitor_->enabled() && is_root()) monitor_->metrics().record_snapshot(rec.snapshot_s);
+      if (first_auto) decide_snapshot_interval(rec.snapshot_s, rec.step_s);
+    }
+  }
+  if (!persist_now) return;
+  const auto t0 = clock_type::now();
+  if (persister_ && last_snapshot_ == step) {
+    persister_->start(step, snapshots_->part_dir(step),
+                      ckpt::layout_of(checkpoint_request(step).trainer_state));
+  } else {
+    save_periodic_checkpoint(step);
+  }
+  rec.checkpoint_s = seconds_since(t0);
+}
+
+void Trainer::report_persist(bool wait) {
+  if (!persister_) return;
+  if (wait) persister_->wait();
+  const auto out = persister_->take_outcome();
+  if (!out) return;
+  const std::string dir = ckpt::checkpoint_dir(run_dir_, out->step);
+  if (!out->error.empty()) {
+    // A full disk must not stop training: the previous checkpoint stays the newest.
+    std::cerr << "warning: rank " << world_->rank() << ": checkpoint '" << dir
+              << "' was not saved: " << out->error << "; the previous checkpoint is kept"
+              << std::endl;
+    if (monitor_->enabled() && is_root()) {
+      monitor_->metrics().record_persist_failure();
+      monitor_->event(out->step, "checkpoint_failed", "not saved " + dir + ": " + out->error,
+                      {{"path", dir}, {"error", out->error}});
+    }
+    return;
+  }
+  if (!out->published || !monitor_->enabled()) return;
+  monitor_->metrics().record_checkpoint_save(out->seconds, out->bytes);
+  monitor_->event(out->step, "checkpoint", "saved " + dir + " (in the background)",
+                  {{"path", dir}, {"seconds", out->seconds}, {"bytes", out->bytes}});
+}
+
+void Trainer::finish_snapshots() {
+  report_persist(true);
+  if (!snapshots_) return;
+  // The final checkpoint is on disk: the snapshots have served.
+  snapshot_comm_->barrier();
+  if (is_root()) remove_tree(snapshots_->root());
+}
+
+// Rank 0: the newest complete snapshot, assembled into a checkpoint
+// directory, when it is newer than the newest disk checkpoint `disk_step`.
+std::optional<std::string> Trainer::newer_snapshot(int64_t disk_step) {
+  if (!snapshots_) return std::nullopt;
+  std::vector<std::string> warnings;
+  const auto set = ckpt::latest_snapshot(snapshots_->root(), &warnings);
+  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+  if (!set || set->step <= disk_step) return std::nullopt;
+  const std::string dir = snapshots_->root() + "/assembled/step-" + std::to_string(set->step);
+  ckpt::assemble_snapshot(*set, dir);
+  return dir;
+}
+
+bool Trainer::launcher_asks_to_stop() const {
+  const char* logs = std::getenv(kLaunchLogDirEnv);
+  return logs != nullptr && *logs != 0 &&
+         ::access((std::string(logs) + "/stop-request").c_str(), F_OK) == 0;
+}
+
+void Trainer::stop_for_resize(int64_t step) {
+  if (snapshots_) {
+    if (last_snapshot_ != step) take_snapshot(step);
+  } else {
+    save_checkpoint(step);
+  }
+  report_persist(true);
+  monitor_->event(
+      step, "stop",
+      "stopped at step " + std::to_string(step) + " for a resize asked by the launcher");
+  world_->barrier();  // every rank's state is kept before the launcher hears of it
+  const char* logs = std::getenv(kLaunchLogDirEnv);
+  if (is_root() && logs != nullptr) {
+    std::ofstream(std::string(logs) + "/stopped-for-resize") << step << "\n";
+    std::cerr << "stopped at step " << step << " for a resize (the launcher asked)" << std::endl;
+  }
+}
+
+}  // namespace moetron::train
