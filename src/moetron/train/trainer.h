@@ -111,6 +111,8 @@ class Trainer {
   kernels::Context& context() { return *ctx_; }
   // Test hook: runs before each optimizer step with the gradients in place.
   std::function<void(int64_t step)> before_update;
+  // Test hook: every training sample this rank draws (its global index).
+  std::function<void(int64_t step, uint64_t sample)> on_sample;
 
   // The plan this job runs and this rank's part of it.
   const parallel::TrainingPlan& plan() const { return *plan_; }

@@ -410,6 +410,7 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
       const auto index =
           static_cast<uint64_t>((step - 1) * mb * acc_ * dp + m * mb * dp + at().dp * mb + r);
       sampler_->fill(index, window.data());
+      if (on_sample) on_sample(step, index);
       std::copy(window.begin(), window.end() - 1, inputs[mi].data<int32_t>() + r * s);
       std::copy(window.begin() + 1, window.end(), targets[mi].data<int32_t>() + r * s);
     }
