@@ -183,6 +183,7 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
   rec.tokens_per_s = static_cast<double>(rec.tokens) / rec.step_s;
   rec.mfu =
       model_flops_utilization(rec.tokens_per_s, flops_per_token(), peak_flops_, world_->size());
+  write_heartbeat(world_->rank(), step, HeartbeatPhase::end);
   return rec;
 }
 
