@@ -449,6 +449,8 @@ void Trainer::save_checkpoint(int64_t step) {
   req.world = world_.get();
   req.extra = feedback_slices(true);
   req.writes = [this](const std::string& n) { return writes_checkpoint_tensor(n); };
+  maybe_fail_write(world_->rank(), step, ckpt::checkpoint_dir(run_dir_, step));  // tests
+  maybe_inject_failure(world_->rank(), step, FailurePoint::persist);
   const auto t0 = clock_type::now();
   ckpt::save_checkpoint(req, *model_, *opt_);
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();

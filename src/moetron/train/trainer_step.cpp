@@ -157,7 +157,7 @@ void Trainer::print_memory_plan() const {
 StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
                                std::vector<Tensor>& targets) {
   write_heartbeat(world_->rank(), step);  // for `moetron launch` (train/heartbeat.h)
-  maybe_inject_failure(world_->rank(), step);
+  maybe_inject_failure(world_->rank(), step, FailurePoint::step);
   const double blocked_before = blocked_seconds();
   const auto t0 = clock_type::now();
   std::vector<int64_t> mb_tokens(static_cast<size_t>(acc_), 0);
