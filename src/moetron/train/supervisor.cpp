@@ -395,8 +395,8 @@ int launch(const LaunchOptions& opts) {
                 "launch: --heartbeat-timeout must be >= 0 (0: never), got ",
                 opts.heartbeat_timeout_s);
   MOETRON_CHECK(opts.min_ranks >= 0 && opts.min_ranks <= opts.ranks,
-                "launch: --min-ranks must be between 1 and -n (", opts.ranks, "), got ",
-                opts.min_ranks);
+                "launch: --min-ranks must be between 0 (a fixed size) and -n (", opts.ranks,
+                "), got ", opts.min_ranks);
   const LaunchPlan plan = plan_launch(opts);  // checks the rest before anything is touched
   fs::create_directories(plan.run_dir + "/logs");
   clear_logs(plan.run_dir + "/logs", true);
