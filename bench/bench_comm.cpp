@@ -12,6 +12,9 @@
 // Each size is timed through the moetron MPI backend (blocking calls, which
 // wait on its non-blocking operations) and through the plain blocking MPI
 // call, and checked once on known data (`wrong` counts bad elements).
+// --wait-hook DIR also times the backend with the heartbeat wait hook that
+// `moetron launch` ranks run with (comm/wait_hook.h, train/heartbeat.h;
+// heartbeats go to DIR): an MPI_Testall loop instead of MPI_Waitall.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -24,7 +27,10 @@
 #include <nlohmann/json.hpp>
 
 #include "moetron/comm/mpi_communicator.h"
+#include "moetron/comm/wait_hook.h"
 #include "moetron/core/error.h"
+#include "moetron/train/heartbeat.h"
+#include "moetron/train/launcher.h"
 
 namespace {
 
@@ -88,10 +94,21 @@ int main(int argc, char** argv) {
   app.add_option("--target-seconds", target,
                  "timed seconds per size and path (3 to 50 iterations)");
   app.add_option("--json", json_path, "write every row as JSON (rank 0)");
+  std::string hook_dir;
+  app.add_option("--wait-hook", hook_dir,
+                 "also time the backend with the heartbeat wait hook, beating into this "
+                 "directory");
   CLI11_PARSE(app, argc, argv);
 
   std::shared_ptr<comm::Communicator> world = comm::make_mpi_world();
   const int rank = world->rank(), n = world->size();
+  comm::WaitHook hook = nullptr;
+  if (!hook_dir.empty()) {
+    ::setenv(train::kLaunchLogDirEnv, hook_dir.c_str(), 1);
+    train::start_heartbeats(rank);
+    hook = comm::wait_hook();
+    comm::set_wait_hook(nullptr);  // installed only around its own timing
+  }
   int status = 0;
   try {
     std::vector<OpCase> ops;
@@ -188,13 +205,21 @@ int main(int argc, char** argv) {
 
         const double t_backend = time_op(backend, warmup, target);
         const double t_raw = time_op(raw, warmup, target);
+        double t_hook = 0;
+        if (hook != nullptr) {
+          comm::set_wait_hook(hook);
+          t_hook = time_op(backend, warmup, target);
+          comm::set_wait_hook(nullptr);
+        }
         const double size = static_cast<double>(count) * 4;
         if (rank == 0) {
           const double a1 = size / t_backend / 1e9, a2 = size / t_raw / 1e9;
-          std::printf("  %-14s %10.0f %10lld | %9.1f %8.3f %8.3f | %9.1f %8.3f %8.3f | %lld\n",
+          std::printf("  %-14s %10.0f %10lld | %9.1f %8.3f %8.3f | %9.1f %8.3f %8.3f | %lld",
                       oc.name, size, static_cast<long long>(count), 1e6 * t_backend, a1,
                       a1 * oc.bus_factor, 1e6 * t_raw, a2, a2 * oc.bus_factor,
                       static_cast<long long>(all_wrong));
+          if (hook != nullptr) std::printf(" | with wait hook %9.1f us", 1e6 * t_hook);
+          std::printf("\n");
           std::fflush(stdout);
           rows.push_back(
               {{"op", op},
@@ -208,6 +233,7 @@ int main(int argc, char** argv) {
                {"mpi",
                 {{"time_us", 1e6 * t_raw}, {"algbw_gbs", a2}, {"busbw_gbs", a2 * oc.bus_factor}}},
                {"wrong", all_wrong}});
+          if (hook != nullptr) rows.back()["backend_wait_hook_time_us"] = 1e6 * t_hook;
         }
         if (all_wrong != 0) status = 1;
       }

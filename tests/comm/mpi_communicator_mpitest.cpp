@@ -4,10 +4,13 @@
 
 #include "util/mpi_test_main.h"
 
+#include <atomic>
 #include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "moetron/comm/mpi_communicator.h"
+#include "moetron/comm/wait_hook.h"
 #include "util/test_util.h"
 
 namespace moetron::comm {
@@ -168,6 +171,37 @@ TEST(Mpi, CountsBytesAndSplitsIntoSubgroups) {
   sub->allreduce(one, ReduceOp::sum);
   EXPECT_EQ(one.data<int32_t>()[0], sub->size());
   EXPECT_THROW(w->send_async(f, w->rank(), 0), Error);
+}
+
+std::atomic<int64_t> g_hook_calls{0};
+void count_hook_call() noexcept {
+  ++g_hook_calls;
+}
+
+// With a wait hook (comm/wait_hook.h) a blocking wait or barrier polls and
+// calls it while another rank is late, and still returns the right sums.
+TEST(Mpi, AWaitHookIsCalledWhileWaitingForALateRank) {
+  Communicator& w = test::mpi_world();
+  const int r = w.rank(), n = w.size();
+  set_wait_hook(&count_hook_call);
+  g_hook_calls = 0;
+  if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Tensor f = Tensor::empty({1000}, DType::f32);
+  f.fill(static_cast<double>(r + 1));
+  w.allreduce(f, ReduceOp::sum);
+  const int64_t after_allreduce = g_hook_calls.load();
+  if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  w.barrier();
+  const int64_t after_barrier = g_hook_calls.load() - after_allreduce;
+  set_wait_hook(nullptr);
+  EXPECT_EQ(f.data<float>()[999], static_cast<float>(n * (n + 1) / 2));
+  if (r != 0) {  // they waited 0.2 s for rank 0, twice
+    EXPECT_GT(after_allreduce, 0);
+    EXPECT_GT(after_barrier, 0);
+  }
+  g_hook_calls = 0;
+  w.allreduce(f, ReduceOp::sum);  // no hook: MPI_Waitall, nothing called
+  EXPECT_EQ(g_hook_calls.load(), 0);
 }
 
 }  // namespace

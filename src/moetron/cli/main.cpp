@@ -125,6 +125,16 @@ CLI::App* add_launch_command(CLI::App& app, train::LaunchOptions& o) {
   launch->add_option("--silent-timeout", o.silent_timeout_s,
                      "seconds without a training step before a silent rank is named and the job "
                      "stopped (0: wait forever)");
+  launch->add_option("--heartbeat-timeout", o.heartbeat_timeout_s,
+                     "seconds a rank may send no heartbeat while the others do before it is "
+                     "called hung and the attempt stopped (0: never)");
+  launch->add_option("--max-restarts", o.max_restarts,
+                     "relaunch a failed or hung job with --resume up to this many times (0: "
+                     "report the failure and stop)");
+  launch->add_option("--min-ranks", o.min_ranks,
+                     "elastic: relaunch without the ranks listed in RUN/logs/unavailable while at "
+                     "least this many remain, and grow again when RUN/logs/capacity allows (0: "
+                     "fixed size)");
   launch
       ->add_option("command", o.command,
                    "after `--`: the moetron command, e.g. train --config C --out RUN")

@@ -18,7 +18,7 @@ int train_ranks(const TrainCommand& o) {
   // later error can abort the whole job.
   std::shared_ptr<comm::Communicator> world;
   if (comm::detect_launch_env().under_mpi) world = comm::make_mpi_world();
-  train::write_heartbeat(world ? world->rank() : 0, 0);  // started (for `launch`)
+  train::start_heartbeats(world ? world->rank() : 0);  // for `launch` (train/heartbeat.h)
   train::maybe_inject_failure(world ? world->rank() : 0, 0);
   const train::Config cfg = train::load_config(o.config, o.sets);
   train::ResumeOptions ro;

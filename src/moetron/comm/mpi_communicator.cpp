@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "moetron/comm/wait_hook.h"
 #include "moetron/core/error.h"
 
 namespace moetron::comm {
@@ -64,6 +65,24 @@ MPI_Op mpi_op(ReduceOp op) {
   return op == ReduceOp::max ? MPI_MAX : MPI_SUM;
 }
 
+// MPI_Waitall, or with a wait hook installed (comm/wait_hook.h) an
+// MPI_Testall loop that calls it between polls. OpenMPI's MPI_Waitall spins
+// on its progress engine the same way, so the loop costs no latency
+// (bench/RESULTS.md, "Heartbeats while waiting").
+void wait_all(std::vector<MPI_Request>& requests, const char* what) {
+  const int n = static_cast<int>(requests.size());
+  const WaitHook hook = wait_hook();
+  if (hook == nullptr) {
+    check_mpi(MPI_Waitall(n, requests.data(), MPI_STATUSES_IGNORE), what);
+    return;
+  }
+  for (int done = 0;;) {
+    check_mpi(MPI_Testall(n, requests.data(), &done, MPI_STATUSES_IGNORE), what);
+    if (done) return;
+    hook();
+  }
+}
+
 class MpiWork;
 
 // The operations of one communicator still in flight, so poll() can test
@@ -105,11 +124,7 @@ class MpiWork final : public Work {
   void wait() override {
     if (done_) return;
     const auto blocked_from = clock_type::now();
-    if (!requests_.empty()) {
-      check_mpi(
-          MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
-          "wait");
-    }
+    if (!requests_.empty()) wait_all(requests_, "wait");
     stats_.blocked_seconds +=
         std::chrono::duration<double>(clock_type::now() - blocked_from).count();
     finish();
@@ -340,7 +355,13 @@ class MpiCommunicator final : public Communicator {
 
   void barrier() override {
     ++stats_for("barrier").calls;
-    check_mpi(MPI_Barrier(comm_), "barrier");
+    if (wait_hook() == nullptr) {
+      check_mpi(MPI_Barrier(comm_), "barrier");
+      return;
+    }
+    std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
+    check_mpi(MPI_Ibarrier(comm_, request.data()), "barrier");
+    wait_all(request, "barrier");
   }
 
   // Tests every operation still in flight: OpenMPI progresses non-blocking

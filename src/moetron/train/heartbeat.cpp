@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
+#include "moetron/comm/wait_hook.h"
 #include "moetron/core/error.h"
 #include "moetron/train/launcher.h"
 
@@ -36,6 +39,32 @@ double wall_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+const char* phase_name(HeartbeatPhase p) {
+  switch (p) {
+    case HeartbeatPhase::start:
+      return "start";
+    case HeartbeatPhase::end:
+      return "end";
+    case HeartbeatPhase::wait:
+      return "wait";
+  }
+  return "start";
+}
+
+// This process's heartbeat: what the wait hook repeats, and when it last
+// wrote. Atomics: the hook runs on whichever thread waits.
+std::atomic<int> g_rank{-1};
+std::atomic<int64_t> g_step{0};
+std::atomic<int64_t> g_first{0};
+std::atomic<pid_t> g_first_of{0};  // the process g_first belongs to (a fork starts afresh)
+std::atomic<double> g_last_write{-1e300};
+
+void beat_while_waiting() noexcept {
+  if (now_seconds() - g_last_write.load(std::memory_order_relaxed) < kWaitBeatInterval) return;
+  const int rank = g_rank.load(std::memory_order_relaxed);
+  if (rank >= 0) write_heartbeat(rank, g_step.load(), HeartbeatPhase::wait);
+}
+
 }  // namespace
 
 double now_seconds() {
@@ -44,14 +73,33 @@ double now_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-void write_heartbeat(int rank, int64_t step) noexcept {
+void write_heartbeat(int rank, int64_t step, HeartbeatPhase phase) noexcept {
   const char* dir = std::getenv(kLaunchLogDirEnv);
   if (dir == nullptr || *dir == 0) return;
-  const std::string path = heartbeat_path(dir, rank);
-  if (FILE* f = std::fopen(path.c_str(), "w")) {
-    std::fprintf(f, "%lld %d\n", static_cast<long long>(step), static_cast<int>(::getpid()));
-    std::fclose(f);
+  g_rank.store(rank);
+  g_step.store(step);
+  if (g_first_of.load() != ::getpid()) {
+    g_first.store(0);
+    g_first_of.store(::getpid());
   }
+  if (phase == HeartbeatPhase::start && step > 0 && g_first.load() == 0) g_first.store(step);
+  g_last_write.store(now_seconds(), std::memory_order_relaxed);
+  try {
+    const std::string path = heartbeat_path(dir, rank), tmp = path + ".tmp";
+    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+      std::fprintf(f, "%lld %d %s %lld\n", static_cast<long long>(step),
+                   static_cast<int>(::getpid()), phase_name(phase),
+                   static_cast<long long>(g_first.load()));
+      if (std::fclose(f) == 0) std::rename(tmp.c_str(), path.c_str());
+    }
+  } catch (...) {  // std::string's allocation
+  }
+}
+
+void start_heartbeats(int rank) noexcept {
+  write_heartbeat(rank, 0);
+  const char* dir = std::getenv(kLaunchLogDirEnv);
+  if (dir != nullptr && *dir != 0) comm::set_wait_hook(&beat_while_waiting);
 }
 
 std::vector<Heartbeat> read_heartbeats(const std::string& log_dir, int ranks, double started_s) {
@@ -61,15 +109,18 @@ std::vector<Heartbeat> read_heartbeats(const std::string& log_dir, int ranks, do
     Heartbeat h;
     h.rank = r;
     h.age_s = mono_now - started_s;
-    const std::string path = heartbeat_path(log_dir, r);
     struct stat st {};
-    long long step = -1;
+    long long step = -1, first = 0;
     int pid = 0;
-    FILE* f = std::fopen(path.c_str(), "r");
-    if (f && ::stat(path.c_str(), &st) == 0 && std::fscanf(f, "%lld %d", &step, &pid) == 2) {
+    char phase[16] = "start";
+    FILE* f = std::fopen(heartbeat_path(log_dir, r).c_str(), "r");
+    if (f && ::fstat(::fileno(f), &st) == 0 && std::fscanf(f, "%lld %d", &step, &pid) == 2) {
+      if (std::fscanf(f, " %15s %lld", phase, &first) < 1) std::strcpy(phase, "start");
       h.seen = true;
       h.step = step;
       h.pid = pid;
+      h.phase = phase;
+      h.first_step = first;
       const double written =
           static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
       h.age_s = std::max(0.0, wall_now - written);
@@ -112,6 +163,18 @@ std::vector<std::string> describe_silent_ranks(const std::vector<Heartbeat>& bea
                     std::to_string(static_cast<int64_t>(h->age_s)) + " s ago");
   }
   return lines;
+}
+
+std::string describe_stale_rank(const Heartbeat& h) {
+  const std::string age = std::to_string(static_cast<int64_t>(h.age_s)) + " s";
+  const std::string who = "rank " + std::to_string(h.rank);
+  if (!h.seen) return who + " sent no heartbeat in the " + age + " since the attempt started";
+  std::string last = h.phase == "end"    ? "finished step "
+                     : h.phase == "wait" ? "waiting in a collective in step "
+                                         : "started step ";
+  std::string l = who + " (pid " + std::to_string(h.pid) + ")";
+  if (h.state == 'T' || h.state == 't') l += " is stopped (SIGSTOP or a debugger) and";
+  return l + " sent no heartbeat for " + age + " (last: " + last + std::to_string(h.step) + ")";
 }
 
 std::string signal_name(int sig) {

@@ -449,6 +449,7 @@ void Trainer::save_checkpoint(int64_t step) {
   ckpt::SaveRequest req = checkpoint_request(step);
   req.before_write = [rank = world_->rank(), step](const std::string& dir) {
     maybe_fail_write(rank, step, dir);
+    maybe_inject_failure(rank, step, FailurePoint::persist);
   };
   const auto t0 = clock_type::now();
   ckpt::save_checkpoint(req, *model_, *opt_);

@@ -179,7 +179,7 @@ void Trainer::print_memory_plan() const {
 StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
                                std::vector<Tensor>& targets) {
   write_heartbeat(world_->rank(), step);  // for `moetron launch` (train/heartbeat.h)
-  maybe_inject_failure(world_->rank(), step);
+  maybe_inject_failure(world_->rank(), step, FailurePoint::step);
   const double blocked_before = blocked_seconds();
   const auto t0 = clock_type::now();
   std::vector<int64_t> mb_tokens(static_cast<size_t>(acc_), 0);
@@ -205,6 +205,7 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
   rec.tokens_per_s = static_cast<double>(rec.tokens) / rec.step_s;
   rec.mfu =
       model_flops_utilization(rec.tokens_per_s, flops_per_token(), peak_flops_, world_->size());
+  write_heartbeat(world_->rank(), step, HeartbeatPhase::end);
   return rec;
 }
 
