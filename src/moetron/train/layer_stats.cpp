@@ -93,10 +93,9 @@ std::vector<GroupNorms> LayerStatistics::measure(
       row[0] += kernels::sum_squares(ctx, p.grad);
     }
     row[1] += kernels::sum_squares(ctx, p.value);
-    if (updates) {
-      kernels::axpy(ctx, -1.0f, p.value, before_[k]);  // before - after, in place
-      row[2] += kernels::sum_squares(ctx, before_[k]);
-    }
+    // One read of each copy, no difference tensor: an axpy into the bf16
+    // copy and a second pass cost ~9x this on bench-moe (bench/RESULTS.md).
+    if (updates) row[2] += kernels::sum_squared_difference(ctx, before_[k], p.value);
   }
   before_.clear();
   if (world.size() > 1) world.allreduce(sums, comm::ReduceOp::sum);
