@@ -67,6 +67,27 @@ TEST(Elementwise, SumSquaresMatchesReference) {
   }
 }
 
+TEST(Elementwise, SumSquaredDifferenceMatchesReferenceAndTheDifferenceTensor) {
+  Context cpu(Backend::cpu), ref(Backend::reference);
+  for (int64_t n : {1, 7, 33, 130, 100003}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor a = test::to_dtype(random_tensor({n}, DType::f32, "a"), dt);
+      Tensor b = test::to_dtype(random_tensor({n}, DType::f32, "b"), dt);
+      const double expect = sum_squared_difference(ref, a, b);
+      EXPECT_NEAR(sum_squared_difference(cpu, a, b), expect, 1e-9 * expect)
+          << dtype_name(dt) << " n=" << n;
+      // The same as materialising a - b in f32 and summing its squares.
+      Tensor diff = test::to_dtype(a, DType::f32);
+      axpy(ref, -1.0f, b, diff);
+      EXPECT_NEAR(expect, sum_squares(ref, diff), 1e-6 * expect) << dtype_name(dt) << " n=" << n;
+      EXPECT_EQ(sum_squared_difference(cpu, a, a), 0.0);
+    }
+  }
+  Tensor x = Tensor::zeros({4}, DType::f32), y = Tensor::zeros({5}, DType::f32);
+  EXPECT_THROW(sum_squared_difference(cpu, x, y), Error);
+  EXPECT_THROW(sum_squared_difference(cpu, x, test::to_dtype(x, DType::bf16)), Error);
+}
+
 TEST(Elementwise, MismatchedSizesAreErrors) {
   Context cpu(Backend::cpu);
   Tensor a = Tensor::zeros({3}, DType::f32), b = Tensor::zeros({4}, DType::f32);

@@ -1,7 +1,8 @@
 // The trainer's monitoring on one rank: every metrics.jsonl line carries the
 // registry's series (equal to the line's own fields), events.jsonl records
-// the run, per-layer statistics add up to the global gradient norm, and
-// monitor.enabled = false writes none of it.
+// the run, per-layer statistics add up to the global gradient norm (and the
+// update norms to the parameters' change), and monitor.enabled = false
+// writes none of it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +11,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "moetron/comm/communicator.h"
 #include "moetron/core/error.h"
+#include "moetron/kernels/elementwise.h"
 #include "moetron/monitor/metric_registry.h"
 #include "moetron/train/layer_stats.h"
 #include "moetron/train/trainer.h"
@@ -49,6 +52,44 @@ TEST(LayerGroups, ParameterNamesMapToLayerAndMatrixGroup) {
   EXPECT_EQ(layer_group_of("model.embed_tokens.weight"), P("embed", "embed_tokens"));
   EXPECT_EQ(layer_group_of("model.norm.weight"), P("head", "norm"));
   EXPECT_EQ(layer_group_of("lm_head.weight"), P("head", "lm_head"));
+}
+
+// The update norm is the change of the group's parameters since
+// keep_parameters, in full precision, and zero for the groups that did not move.
+TEST(LayerStatistics, UpdateNormsAreEachGroupsParameterChange) {
+  Trainer t(test::tiny_train_config({"train.steps=1"}), fresh_run("layer-stats"), false);
+  LayerStatistics stats(t.config().model, t.config().moe, t.rank_plan().coords);
+  const nn::ParameterSet& params = t.model().params();
+  const std::unique_ptr<comm::Communicator> one = comm::make_local_communicator();
+  const std::pair<std::string, std::string> moved("1", "experts.w1");
+  stats.keep_parameters(params);
+  double squares = 0;
+  for (const auto& p : params.all()) {
+    if (layer_group_of(p->name) != moved) continue;
+    const Tensor before = test::to_dtype(p->value, DType::f32);
+    kernels::scale(t.context(), p->value, 1.5f, p->value);
+    const Tensor after = test::to_dtype(p->value, DType::f32);
+    for (int64_t i = 0; i < before.numel(); ++i) {
+      const double d = static_cast<double>(before.data<float>()[i]) - after.data<float>()[i];
+      squares += d * d;
+    }
+  }
+  ASSERT_GT(squares, 0);
+  int found = 0;
+  for (const GroupNorms& g : stats.measure(t.context(), params, 1.0, *one, {})) {
+    EXPECT_TRUE(g.has_update) << g.layer << " " << g.group;
+    if (std::make_pair(g.layer, g.group) == moved) {
+      ++found;
+      EXPECT_NEAR(g.update, std::sqrt(squares), 1e-12 * std::sqrt(squares));
+    } else {
+      EXPECT_EQ(g.update, 0.0) << g.layer << " " << g.group;
+    }
+  }
+  EXPECT_EQ(found, 1);
+  // The copy is spent: the next measure has no update norms.
+  for (const GroupNorms& g : stats.measure(t.context(), params, 1.0, *one, {})) {
+    EXPECT_FALSE(g.has_update) << g.layer << " " << g.group;
+  }
 }
 
 TEST(TrainingMetrics, TheCatalogueIsWellFormed) {

@@ -17,5 +17,8 @@ void convert(Context& ctx, const Tensor& src, const Tensor& dst) {
 double sum_squares(Context& ctx, const Tensor& x) {
   MOETRON_KERNEL_DISPATCH(ctx, sum_squares, x);
 }
+double sum_squared_difference(Context& ctx, const Tensor& a, const Tensor& b) {
+  MOETRON_KERNEL_DISPATCH(ctx, sum_squared_difference, a, b);
+}
 
 }  // namespace moetron::kernels

@@ -18,5 +18,9 @@ MOETRON_KERNEL_DECL(void axpy(Context& ctx, float alpha, const Tensor& x, const 
 MOETRON_KERNEL_DECL(void convert(Context& ctx, const Tensor& src, const Tensor& dst))
 // sum of x_i^2, accumulated in double.
 MOETRON_KERNEL_DECL(double sum_squares(Context& ctx, const Tensor& x))
+// sum of (a_i - b_i)^2, differences and sum in double; a, b: same float
+// dtype. Reads both once and writes nothing: a parameter update's norm
+// without a difference tensor (nor its rounding to a 16-bit dtype).
+MOETRON_KERNEL_DECL(double sum_squared_difference(Context& ctx, const Tensor& a, const Tensor& b))
 
 }  // namespace moetron::kernels

@@ -66,6 +66,12 @@ bool LayerStatistics::counts_here(const nn::Parameter& p) const {
 void LayerStatistics::keep_parameters(const nn::ParameterSet& params) {
   before_.clear();
   for (const auto& p : params.all()) {
+    // measure() reads the copy of a parameter it counts here only: under dp
+    // the other replicas keep nothing (224 MiB a rank on bench-moe).
+    if (!counts_here(*p)) {
+      before_.emplace_back();
+      continue;
+    }
     Tensor copy = Tensor::empty(p->value.shape(), p->value.dtype(), MemTag::workspace);
     copy.copy_from(p->value);
     before_.push_back(std::move(copy));
@@ -93,10 +99,9 @@ std::vector<GroupNorms> LayerStatistics::measure(
       row[0] += kernels::sum_squares(ctx, p.grad);
     }
     row[1] += kernels::sum_squares(ctx, p.value);
-    if (updates) {
-      kernels::axpy(ctx, -1.0f, p.value, before_[k]);  // before - after, in place
-      row[2] += kernels::sum_squares(ctx, before_[k]);
-    }
+    // One read of each copy, no difference tensor: an axpy into the bf16
+    // copy and a second pass cost ~9x this on bench-moe (bench/RESULTS.md).
+    if (updates) row[2] += kernels::sum_squared_difference(ctx, before_[k], p.value);
   }
   before_.clear();
   if (world.size() > 1) world.allreduce(sums, comm::ReduceOp::sum);

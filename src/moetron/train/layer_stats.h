@@ -33,7 +33,8 @@ class LayerStatistics {
   // lists them in the same order (the world all-reduce adds them up).
   LayerStatistics(const nn::ModelConfig& model, const nn::MoeConfig& moe,
                   const parallel::RankCoords& at);
-  // Keeps a copy of this rank's parameters, for update norms after the step.
+  // Keeps a copy of the parameters this rank counts (the first replica of
+  // each element), for update norms after the step.
   void keep_parameters(const nn::ParameterSet& params);
   // Collective over `world`. zero_held(p): ZeRO-1 keeps p's reduced
   // gradient in its chunks (its group shows no gradient norm).

@@ -133,4 +133,31 @@ double sum_squares(Context&, const Tensor& x) {
   });
 }
 
+double sum_squared_difference(Context&, const Tensor& a, const Tensor& b) {
+  check_same(a, b, "sum_squared_difference");
+  const int64_t n = a.numel();
+  return dispatch_float(a.dtype(), "sum_squared_difference", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = ptr<T>(a);
+    const T* pb = ptr<T>(b);
+    double total = 0;
+    // Blocked double accumulation as in sum_squares: the result must not
+    // depend on vectorisation.
+    constexpr int64_t kBlock = 4096;
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for reduction(+ : total) schedule(static) if (n > 65536)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      double partial = 0;
+      const int64_t end = std::min(n, (blk + 1) * kBlock);
+#pragma omp simd reduction(+ : partial)
+      for (int64_t i = blk * kBlock; i < end; ++i) {
+        const double d = static_cast<double>(to_f32(pa[i])) - to_f32(pb[i]);
+        partial += d * d;
+      }
+      total += partial;
+    }
+    return total;
+  });
+}
+
 }  // namespace moetron::kernels::cpu

@@ -42,4 +42,16 @@ double sum_squares(Context&, const Tensor& x) {
   return s;
 }
 
+double sum_squared_difference(Context&, const Tensor& a, const Tensor& b) {
+  check_same_numel(a, b, "sum_squared_difference");
+  MOETRON_CHECK(a.dtype() == b.dtype(), "sum_squared_difference: ", a.str(), " and ", b.str(),
+                " differ in dtype");
+  double s = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = load(a, i) - load(b, i);
+    s += d * d;
+  }
+  return s;
+}
+
 }  // namespace moetron::kernels::reference
