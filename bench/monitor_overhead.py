@@ -63,7 +63,9 @@ def train_command(args, binary, out, sets, np=2):
             "--out", out]
     common = [f"data.path={args.data}", f"model.vocab_size={args.vocab}",
               f"train.steps={args.steps}", "train.eval_batches=1", "train.threads=1",
-              "train.log_every=1"]
+              "train.log_every=1",
+              # An automatic first snapshot would land in one mode's periods.
+              "checkpoint.snapshot_every=0"]
     for s in common + sets:
         cmd += ["--set", s]
     return cmd

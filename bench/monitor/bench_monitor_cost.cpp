@@ -352,7 +352,8 @@ int run(const Options& o, const std::shared_ptr<comm::Communicator>& world) {
       "monitor.layer_stats_every=1",
       "monitor.update_stats=true",
       std::string("monitor.serve=") + (o.serve ? "true" : "false"),
-      "monitor.port=0"};
+      "monitor.port=0",
+      "checkpoint.snapshot_every=0"};  // a snapshot's step is not a monitored step
   const train::Config cfg = train::load_config(o.config, sets);
   train::Trainer t(cfg, run_dir, false, world);
   // A step's whole period, before-update to before-update: the step and
