@@ -135,6 +135,17 @@ TEST(Supervisor, AKilledRankIsRestartedAndTheRunEndsBitIdentical) {
   EXPECT_EQ(recovered[0]["step"], step);
   EXPECT_GT(recovered[0]["seconds"].get<double>(), 0.0);
   EXPECT_LT(recovered[0]["seconds"].get<double>(), 60.0);
+  // The relaunched trainer counts the restart and times its own recovery
+  // from the detection the supervisor passed (up to its first step's end,
+  // as the event's seconds; the two clocks differ by a heartbeat read).
+  nlohmann::json last;
+  std::ifstream metrics(out + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) last = nlohmann::json::parse(line);
+  ASSERT_TRUE(last.contains("series")) << last.dump();
+  EXPECT_EQ(last["series"].value("moetron_restarts_total", -1.0), 1.0) << last.dump();
+  const double recovery_s = last["series"].value("moetron_recovery_seconds", -1.0);
+  EXPECT_GT(recovery_s, 0.0);
+  EXPECT_NEAR(recovery_s, recovered[0]["seconds"].get<double>(), 2.0);
   // Each attempt is marked in every rank's log.
   const std::string log1 = test::read_text_file(out + "/logs/rank-1.log");
   EXPECT_EQ(count_of(log1, "=== launch "), 2u) << log1;

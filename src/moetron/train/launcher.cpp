@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -111,6 +112,13 @@ LaunchPlan plan_launch(const LaunchOptions& opts) {
   plan.argv.insert(plan.argv.end(), {"-x", "OMP_NUM_THREADS=" + t});
   plan.argv.insert(plan.argv.end(), {"-x", std::string(kLaunchLogDirEnv) + "=" +
                                                fs::absolute(plan.run_dir + "/logs").string()});
+  if (opts.restarts > 0) {
+    char at[32];
+    std::snprintf(at, sizeof at, "%.3f", opts.failure_detected_at);
+    plan.argv.insert(plan.argv.end(), {"-x", std::string(kRestartsEnv) + "=" +
+                                                 std::to_string(opts.restarts)});
+    plan.argv.insert(plan.argv.end(), {"-x", std::string(kFailureDetectedAtEnv) + "=" + at});
+  }
   if (std::getenv("MOETRON_INJECT_FAILURE"))
     plan.argv.insert(plan.argv.end(), {"-x", "MOETRON_INJECT_FAILURE"});
   plan.argv.push_back(opts.program.empty() ? fs::read_symlink("/proc/self/exe").string()

@@ -43,6 +43,12 @@ struct LaunchOptions {
   // RUN/logs/capacity above the running count asks the job to stop for a
   // resize (RUN/logs/stop-request) and relaunches it larger.
   int min_ranks = 0;
+  // Set by the supervisor on a relaunch: the restarts so far and when the
+  // failure that caused this one was detected (seconds since the epoch; 0:
+  // a resize, no failure). Passed to the ranks as MOETRON_RESTARTS and
+  // MOETRON_FAILURE_DETECTED_AT (train/trainer_recovery.cpp reads them).
+  int restarts = 0;
+  double failure_detected_at = 0;
 };
 
 // The mpirun command line launch() runs (argv[0] is the mpirun path), and
@@ -85,6 +91,8 @@ AttemptRun run_attempt(const LaunchPlan& plan, int ranks, OutputRouter& router,
 
 // Set by launch() for every rank: the absolute RUN/logs directory.
 inline constexpr const char* kLaunchLogDirEnv = "MOETRON_LAUNCH_LOG_DIR";
+inline constexpr const char* kRestartsEnv = "MOETRON_RESTARTS";
+inline constexpr const char* kFailureDetectedAtEnv = "MOETRON_FAILURE_DETECTED_AT";
 
 // Called by a failing rank before it aborts the job: writes `message` to
 // $MOETRON_LAUNCH_LOG_DIR/rank-R.error when launched by launch() (else does

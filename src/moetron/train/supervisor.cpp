@@ -4,6 +4,7 @@
 // train/supervisor_policy.h decides. Everything it sees and does is a line
 // of RUN/events.jsonl and of stderr.
 #include <algorithm>
+#include <chrono>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -35,6 +36,10 @@ std::string timestamp() {
   char stamp[64];
   std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", std::localtime(&now));
   return stamp;
+}
+
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 std::string join(const std::vector<std::string>& argv) {
@@ -270,7 +275,7 @@ class Supervisor {
     int ranks = opts_.ranks, restarts = 0;
     std::optional<double> failed_at;
     for (int attempt = 1;; ++attempt) {
-      const Attempt a = run_one(attempt, ranks, failed_at);
+      const Attempt a = run_one(attempt, ranks, restarts, failed_at);
       const AttemptOutcome& out = a.outcome;
       record_failures(attempt, a);
       const ElasticFiles files =
@@ -307,9 +312,13 @@ class Supervisor {
   }
 
  private:
-  Attempt run_one(int attempt, int ranks, std::optional<double>& failed_at) {
+  Attempt run_one(int attempt, int ranks, int restarts, std::optional<double>& failed_at) {
     LaunchOptions o = opts_;
     o.ranks = ranks;
+    o.restarts = restarts;
+    // The ranks may run elsewhere: they get the detection as wall-clock time.
+    if (restarts > 0 && failed_at)
+      o.failure_detected_at = epoch_seconds() - (now_seconds() - *failed_at);
     if (attempt > 1 && o.command[0] == "train" && !has_arg(o.command, "--resume"))
       o.command.push_back("--resume");
     const LaunchPlan plan = plan_launch(o);

@@ -158,6 +158,9 @@ class Trainer {
   void finish_snapshots();
   // Rank 0: whether the launcher left RUN/logs/stop-request (a resize).
   bool launcher_asks_to_stop() const;
+  // After this attempt's first step: the restart count and recovery time
+  // `moetron launch` passed in the environment, as metrics (rank 0).
+  void record_recovery() const;
   // Keeps the state of `step` and tells the launcher the job stopped there.
   void stop_for_resize(int64_t step);
   TrainResult finish_result(TrainResult res);

@@ -210,6 +210,17 @@ std::optional<std::string> Trainer::newer_snapshot(int64_t disk_step) {
   return dir;
 }
 
+void Trainer::record_recovery() const {
+  const char* restarts = std::getenv(kRestartsEnv);
+  if (!restarts || !monitor_->enabled() || !is_root()) return;
+  const char* at = std::getenv(kFailureDetectedAtEnv);
+  const double detected = at ? std::strtod(at, nullptr) : 0;
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  monitor_->metrics().record_recovery(std::strtoll(restarts, nullptr, 10),
+                                      detected > 0 ? now - detected : -1);
+}
+
 bool Trainer::launcher_asks_to_stop() const {
   const char* logs = std::getenv(kLaunchLogDirEnv);
   return logs != nullptr && *logs != 0 &&

@@ -44,6 +44,7 @@ TrainResult Trainer::run() {
   for (int64_t step = start_step_ + 1; step <= cfg_.train.steps; ++step) {
     const int64_t grad_bytes_before = gradient_bytes_sent();
     StepRecord rec = train_step(step, inputs, targets);
+    if (step == start_step_ + 1) record_recovery();
     if (res.history.empty())
       res.first_step_memory = cpu_allocator().stats();  // before any evaluation
     nlohmann::json line = metrics_line(rec, grad_bytes_before);

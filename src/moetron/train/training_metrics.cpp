@@ -99,6 +99,10 @@ const std::vector<MetricDef>& catalogue() {
             "background checkpoints that could not be saved (a full disk)"),
         def("moetron_snapshot_seconds", G, "seconds", "wall time of the last in-memory snapshot"),
         def("moetron_snapshots_total", C, "snapshots", "in-memory snapshots taken by this run"),
+        def("moetron_restarts_total", C, "restarts",
+            "times `moetron launch` relaunched this job after a failure"),
+        def("moetron_recovery_seconds", G, "seconds",
+            "from the last failure's detection to the relaunched job's first completed step"),
         def("moetron_rank_step_seconds", G, "seconds", "a rank's last step wall time", {"rank"},
             kRankSeries),
         def("moetron_rank_busy_seconds", G, "seconds",
@@ -174,6 +178,8 @@ TrainingMetrics::TrainingMetrics(monitor::Registry& r)
       ckpt_failures_(r.get("moetron_checkpoint_failures_total")),
       snapshot_s_(r.get("moetron_snapshot_seconds")),
       snapshots_total_(r.get("moetron_snapshots_total")),
+      restarts_total_(r.get("moetron_restarts_total")),
+      recovery_s_(r.get("moetron_recovery_seconds")),
       rank_step_s_(r.get("moetron_rank_step_seconds")),
       rank_busy_s_(r.get("moetron_rank_busy_seconds")),
       rank_data_s_(r.get("moetron_rank_data_seconds")),
@@ -308,6 +314,11 @@ void TrainingMetrics::record_checkpoint_save(double seconds, int64_t bytes) {
 void TrainingMetrics::record_snapshot(double seconds) {
   snapshot_s_.set(seconds);
   snapshots_total_.add(1);
+}
+
+void TrainingMetrics::record_recovery(int64_t restarts, double seconds) {
+  restarts_total_.add(static_cast<double>(restarts));
+  if (seconds >= 0) recovery_s_.set(seconds);
 }
 
 void TrainingMetrics::record_persist_failure() {

@@ -44,6 +44,9 @@ class TrainingMetrics {
   void record_checkpoint_save(double seconds, int64_t bytes);
   void record_snapshot(double seconds);
   void record_persist_failure();
+  // A relaunched job: restarts so far, seconds from the failure's detection
+  // to this attempt's first completed step (< 0: unknown).
+  void record_recovery(int64_t restarts, double seconds);
   void record_checkpoint_load(double seconds, int64_t bytes);
   void record_ranks(const std::vector<RankTimes>& ranks, const std::vector<bool>& stragglers);
   void count_straggler() { stragglers_total_.add(1); }
@@ -59,6 +62,7 @@ class TrainingMetrics {
   monitor::Metric &param_grad_norm_, &param_norm_, &update_norm_, &update_ratio_, &act_rms_;
   monitor::Metric &ckpt_save_s_, &ckpt_load_s_, &ckpt_bytes_, &ckpt_total_, &ckpt_failures_;
   monitor::Metric &snapshot_s_, &snapshots_total_;
+  monitor::Metric &restarts_total_, &recovery_s_;
   monitor::Metric &rank_step_s_, &rank_busy_s_, &rank_data_s_, &rank_comm_s_, &straggler_,
       &stragglers_total_;
   monitor::Metric &degree_, &run_info_;
