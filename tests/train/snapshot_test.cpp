@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -191,6 +192,37 @@ TEST(Snapshots, ANewRunNeverResumesAnEarlierRunsSnapshots) {
   train(dir, config(2, {"checkpoint.snapshot_every=1"}), false);
   train(dir, config(3, {"checkpoint.snapshot_every=1"}), true);
   EXPECT_NE(resume_source(dir).find("checkpoints/step-2"), std::string::npos) << resume_source(dir);
+}
+
+// Snapshots that would not fit where they live are turned off before the
+// first is written, saying how much they need and how much there is; the
+// run goes on and its checkpoints are written synchronously. The small
+// filesystem is a real 256 KiB tmpfs (mounting it needs root; skipped
+// otherwise), smaller than twice the tiny model's part.
+TEST(Snapshots, SnapshotsThatDoNotFitAreTurnedOffAndTrainingGoesOn) {
+  const std::string dir = scratch("no_room"), small = scratch("small_tmpfs");
+  fs::create_directories(small);
+  if (std::system(("mount -t tmpfs -o size=256k tmpfs " + small + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root): the room check is not exercised";
+  Config cfg = config(4, {"checkpoint.snapshot_every=1", "checkpoint.every=2"});
+  cfg.checkpoint.snapshot_dir = small;
+  testing::internal::CaptureStderr();
+  TrainResult r;
+  {
+    Trainer t(cfg, dir, false);
+    r = t.run();
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string left = fs::exists(small) ? std::to_string(directory_bytes(small)) : "?";
+  std::system(("umount " + small).c_str());
+  EXPECT_EQ(r.steps_done, 4);
+  EXPECT_NE(err.find("in-memory snapshots are off: this machine's ranks need"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("checkpoint.snapshot_dir '" + small + "' (tmpfs"), std::string::npos) << err;
+  EXPECT_NE(slurp(dir + "/events.jsonl").find("\"snapshots_off\""), std::string::npos);
+  EXPECT_TRUE(fs::is_directory(ckpt::checkpoint_dir(dir, 2)));  // written synchronously
+  EXPECT_TRUE(fs::is_directory(ckpt::checkpoint_dir(dir, 4)));
+  EXPECT_EQ(left, "0") << "nothing was written into the small tmpfs";
 }
 
 }  // namespace

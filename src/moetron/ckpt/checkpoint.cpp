@@ -79,17 +79,6 @@ void agree(comm::Communicator& world, const std::string& error, const std::strin
   MOETRON_CHECK(flag.data<int32_t>()[0] < 0, what, " failed on rank ", flag.data<int32_t>()[0]);
 }
 
-void broadcast_string(comm::Communicator& world, std::string& s) {
-  Tensor len = Tensor::empty({1}, DType::i64, MemTag::comm);
-  len.data<int64_t>()[0] = static_cast<int64_t>(s.size());
-  world.broadcast(len, 0);
-  Tensor bytes =
-      Tensor::zeros({std::max<int64_t>(len.data<int64_t>()[0], 1)}, DType::u8, MemTag::comm);
-  std::copy(s.begin(), s.end(), bytes.data<uint8_t>());
-  world.broadcast(bytes, 0);
-  s.assign(reinterpret_cast<const char*>(bytes.data<uint8_t>()),
-           static_cast<size_t>(len.data<int64_t>()[0]));
-}
 
 // The model signature a checkpoint's manifest records (nullopt: unreadable
 // or written before signatures; such a checkpoint is never pruned).
@@ -160,7 +149,7 @@ void save_checkpoint(const SaveRequest& req, nn::Transformer& model, optim::Para
       staging.clear();
     }
   }
-  if (world.size() > 1) broadcast_string(world, staging);  // empty: rank 0 failed
+  comm::broadcast_string(world, staging);  // empty: rank 0 failed
   if (!error.empty()) MOETRON_FAIL(error);
   MOETRON_CHECK(!staging.empty(), "rank 0 could not stage checkpoint '", final_dir, "'");
   try {

@@ -22,22 +22,6 @@ std::string marker(const std::string& staging, const char* kind, int rank) {
   return staging + "/." + kind + "-rank-" + std::to_string(rank);
 }
 
-void broadcast_path(comm::Communicator& comm, std::string& s) {
-  int64_t len = static_cast<int64_t>(s.size());
-  comm.broadcast(Tensor::wrap(&len, {1}, DType::i64), 0);
-  s.resize(static_cast<size_t>(len));
-  if (len > 0) comm.broadcast(Tensor::wrap(s.data(), {len}, DType::u8), 0);
-}
-
-int64_t directory_bytes(const std::string& dir) {
-  int64_t total = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.is_regular_file(ec)) total += static_cast<int64_t>(e.file_size(ec));
-  }
-  return total;
-}
-
 }  // namespace
 
 AsyncPersister::AsyncPersister(std::string run_dir, comm::Communicator& comm, int64_t keep,
@@ -79,7 +63,7 @@ void AsyncPersister::start(int64_t step, const std::string& part_dir,
       error = e.what();
     }
   }
-  if (comm_.size() > 1) broadcast_path(comm_, staging);  // empty: rank 0 could not stage
+  if (comm_.size() > 1) comm::broadcast_string(comm_, staging);  // empty: rank 0 could not stage
   if (staging.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     outcome_ = PersistOutcome{step, false,

@@ -89,6 +89,13 @@ std::vector<std::string> write_common_files(const std::string& dir, nn::Transfor
 
 }  // namespace
 
+int64_t RankFiles::tensor_bytes() const {
+  int64_t total = 0;
+  for (const auto& w : weights) total += static_cast<int64_t>(w.tensor.nbytes());
+  for (const auto& sl : slices) total += static_cast<int64_t>(sl.values.nbytes());
+  return total;
+}
+
 RankFiles rank_files_to_write(int rank, nn::Transformer& model, optim::ParamOptimizer& opt,
                               const WritesFn& writes, const std::vector<optim::StateSlice>& extra) {
   RankFiles out;

@@ -44,6 +44,8 @@ struct RankFiles {
   std::map<std::string, std::string> weight_meta = {{"format", "pt"}};
   std::vector<optim::StateSlice> slices;  // optimizer state and req.extra
   bool has_model_file() const { return rank == 0 || !weights.empty(); }
+  // The tensors' bytes: what the rank's files hold, less headers and configs.
+  int64_t tensor_bytes() const;
 };
 RankFiles rank_files_to_write(int rank, nn::Transformer& model, optim::ParamOptimizer& opt,
                               const WritesFn& writes, const std::vector<optim::StateSlice>& extra);

@@ -3,15 +3,17 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
-#include "moetron/core/error.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/ckpt/dir_exchange.h"
+#include "moetron/core/error.h"
 
 namespace moetron::ckpt {
 
@@ -19,7 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kSizeTag = 7101, kDataTag = 7102;
 
 std::string hex64(uint64_t v) {
   char hex[17];
@@ -46,57 +47,6 @@ std::optional<nlohmann::json> part_state(const std::string& dir) {
     return st;
   } catch (const std::exception&) {
     return std::nullopt;
-  }
-}
-
-// Every regular file of a directory in one buffer: a JSON index
-// [{"name", "bytes"}] behind its 8-byte length, then the contents in order.
-std::vector<uint8_t> pack_dir(const std::string& dir) {
-  nlohmann::json index = nlohmann::json::array();
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.is_regular_file()) names.push_back(e.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  size_t total = 0;
-  for (const auto& n : names) {
-    const auto bytes = fs::file_size(dir + "/" + n);
-    index.push_back({{"name", n}, {"bytes", bytes}});
-    total += bytes;
-  }
-  const std::string head = index.dump();
-  std::vector<uint8_t> blob(8 + head.size() + total);
-  const uint64_t head_len = head.size();
-  std::memcpy(blob.data(), &head_len, 8);
-  std::memcpy(blob.data() + 8, head.data(), head.size());
-  size_t at = 8 + head.size();
-  for (const auto& n : names) {
-    std::ifstream f(dir + "/" + n, std::ios::binary);
-    const auto bytes = fs::file_size(dir + "/" + n);
-    f.read(reinterpret_cast<char*>(blob.data() + at), static_cast<std::streamsize>(bytes));
-    MOETRON_CHECK(f.good(), "snapshot: cannot read '", dir, "/", n, "'");
-    at += bytes;
-  }
-  return blob;
-}
-
-void unpack_dir(const std::vector<uint8_t>& blob, const std::string& dir) {
-  MOETRON_CHECK(blob.size() >= 8, "snapshot: a neighbour's part arrived truncated");
-  uint64_t head_len = 0;
-  std::memcpy(&head_len, blob.data(), 8);
-  MOETRON_CHECK(8 + head_len <= blob.size(), "snapshot: a neighbour's part has a bad index");
-  const auto index = nlohmann::json::parse(blob.begin() + 8, blob.begin() + 8 + head_len);
-  size_t at = 8 + head_len;
-  for (const auto& e : index) {
-    const std::string name = e.at("name").get<std::string>();
-    const auto bytes = e.at("bytes").get<size_t>();
-    MOETRON_CHECK(at + bytes <= blob.size() && name.find('/') == std::string::npos,
-                  "snapshot: a neighbour's part has a bad entry '", name, "'");
-    std::ofstream f(dir + "/" + name, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(blob.data() + at), static_cast<std::streamsize>(bytes));
-    f.flush();
-    MOETRON_CHECK(f.good(), "snapshot: cannot write '", dir, "/", name, "'");
-    at += bytes;
   }
 }
 
@@ -172,52 +122,50 @@ std::string SnapshotStore::write_own_part(const SaveRequest& req, const RankFile
 
 void SnapshotStore::exchange_with_neighbours(int64_t step, const std::string& own) {
   const int n = comm_.size(), next = (comm_.rank() + 1) % n, prev = (comm_.rank() + n - 1) % n;
-  std::vector<uint8_t> out = pack_dir(own);
-  int64_t out_len = static_cast<int64_t>(out.size()), in_len = 0;
-  {
-    auto s = comm_.send_async(Tensor::wrap(&out_len, {1}, DType::i64), next, kSizeTag);
-    auto r = comm_.recv_async(Tensor::wrap(&in_len, {1}, DType::i64), prev, kSizeTag);
-    s->wait();
-    r->wait();
-  }
-  std::vector<uint8_t> in(static_cast<size_t>(in_len));
-  {
-    auto s = comm_.send_async(Tensor::wrap(out.data(), {out_len}, DType::u8), next, kDataTag);
-    auto r = comm_.recv_async(Tensor::wrap(in.data(), {in_len}, DType::u8), prev, kDataTag);
-    s->wait();
-    r->wait();
-  }
   const std::string dir = root_ + "/rank-" + std::to_string(comm_.rank()) + "/copy-of-" +
                           std::to_string(prev) + "/step-" + std::to_string(step);
   const std::string tmp = dir + ".tmp";
   remove_tree(tmp);
   fs::create_directories(tmp);
-  unpack_dir(in, tmp);
+  const ExchangeStats st = exchange_directory(comm_, own, next, tmp, prev);
+  timing_.bytes += st.received_bytes;
   rename_into_place(tmp, dir);
 }
 
 void SnapshotStore::save(const SaveRequest& req, const RankFiles& files, nn::Transformer& model,
                          int64_t pinned) {
+  using clock = std::chrono::steady_clock;
+  const auto since = [](clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  };
+  timing_ = {};
   std::string error;
+  auto t = clock::now();
   try {
     const std::string own = write_own_part(req, files, model);
+    timing_.write_s = since(t);
+    timing_.bytes = directory_bytes(own);
+    t = clock::now();
     if (comm_.size() > 1) exchange_with_neighbours(req.step, own);
+    timing_.exchange_s = since(t);
   } catch (const Error& e) {
     error = e.what();
   } catch (const std::exception& e) {  // filesystem errors
     error = str_cat("snapshot of step ", req.step, ": ", e.what());
   }
+  t = clock::now();
   agree(comm_, error, req.step);
   steps_.push_back(req.step);
   prune(pinned);
+  timing_.agree_s = since(t);
 }
 
 void SnapshotStore::prune(int64_t pinned) {
-  // Every rank finished steps_.back(): older steps are kept only as the
-  // second buffer (and while being persisted).
-  std::vector<int64_t> keep = {steps_.back(), pinned};
-  if (steps_.size() >= 2) keep.push_back(steps_[steps_.size() - 2]);
-  if (steps_.size() > 2) steps_.erase(steps_.begin(), steps_.end() - 2);
+  // Every rank finished steps_.back() (they agreed): older steps are kept
+  // only while being persisted. While the next one is written this one is
+  // the complete state, so a rank holds at most two steps (own and copy).
+  const std::vector<int64_t> keep = {steps_.back(), pinned};
+  steps_.erase(steps_.begin(), steps_.end() - 1);
   auto sweep = [&](const fs::path& dir) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec)) {

@@ -4,13 +4,16 @@
 // the process; a crashed job resumes from it without touching the disk.
 //   ROOT/rank-R/step-N/            rank R's files + manifest.json (checksums)
 //   ROOT/rank-R/copy-of-Q/step-N/  a copy of rank Q = R-1's part, sent over
-//                                  the snapshot communicator, so losing one
-//                                  rank's memory still leaves every part
-// A part is written under step-N.tmp and renamed when complete. Parts of the
-// newest two steps are kept (double buffering): a step's parts are dropped
-// only after every rank has finished the next one, so some step is always
-// complete on every rank. A snapshot is usable only when every rank of the
-// job that wrote it has a part (its own or the copy) that verifies.
+//                                  the snapshot communicator in bounded
+//                                  chunks (ckpt/dir_exchange.h), so losing
+//                                  one rank's memory still leaves every part
+// A part is written under step-N.tmp and renamed when complete. A step's
+// parts are dropped once every rank has finished the next one (they agree
+// first), so some step is always complete on every rank and a rank holds at
+// most two steps, own part and copy: 4x its part at the peak (the trainer
+// checks that fits before the first snapshot). A snapshot is usable only
+// when every rank of the job that wrote it has a part (its own or the copy)
+// that verifies.
 //
 // Single machine: recovery reads every rank's part from one ROOT. On several
 // machines each node's tmpfs holds its own ranks' parts; gathering them over
@@ -44,14 +47,22 @@ class SnapshotStore {
   SnapshotStore(std::string root, comm::Communicator& comm, uint64_t job_id);
 
   // Collective. Writes this rank's part of req.step, sends it to the next
-  // rank, agrees that every rank succeeded, then drops this rank's parts
-  // older than the newest two steps (never step `pinned`, being persisted).
+  // rank, agrees that every rank succeeded, then drops this rank's older
+  // parts (never step `pinned`, being persisted).
   // A failure on any rank throws on every rank; the previous snapshot stays.
   void save(const SaveRequest& req, const RankFiles& files, nn::Transformer& model,
             int64_t pinned = -1);
   // This rank's part of step N (what the persister copies to disk).
   std::string part_dir(int64_t step) const;
   const std::string& root() const { return root_; }
+  // Where the last save's time went on this rank: writing its part (files
+  // and checksums), the neighbour exchange (send + write the copy), and the
+  // agreement and pruning (which waits for the slowest rank).
+  struct Timing {
+    double write_s = 0, exchange_s = 0, agree_s = 0;
+    int64_t bytes = 0;  // written: own part + the copy received
+  };
+  const Timing& last_timing() const { return timing_; }
   // Test and fault hooks: after this rank's files are written, before its
   // manifest and rename (a crash there must leave the previous snapshot).
   std::function<void(int64_t step)> after_files_written;
@@ -68,6 +79,7 @@ class SnapshotStore {
   comm::Communicator& comm_;
   uint64_t job_id_;
   std::vector<int64_t> steps_;  // this rank's parts, oldest first
+  Timing timing_;
 };
 
 // The parts of one complete snapshot, by rank.

@@ -94,4 +94,12 @@ std::unique_ptr<Communicator> make_local_communicator() {
   return std::make_unique<LocalCommunicator>();
 }
 
+void broadcast_string(Communicator& comm, std::string& s, int root) {
+  if (comm.size() == 1) return;
+  int64_t len = static_cast<int64_t>(s.size());
+  comm.broadcast(Tensor::wrap(&len, {1}, DType::i64), root);
+  s.resize(static_cast<size_t>(len));
+  if (len > 0) comm.broadcast(Tensor::wrap(s.data(), {len}, DType::u8), root);
+}
+
 }  // namespace moetron::comm

@@ -89,6 +89,9 @@ class Communicator {
   std::deque<std::pair<std::string, CommStats>> stats_;
 };
 
+// Rank `root`'s string on every rank (its length, then its bytes).
+void broadcast_string(Communicator& comm, std::string& s, int root = 0);
+
 // A communicator of one rank: every collective is a local copy.
 std::unique_ptr<Communicator> make_local_communicator();
 

@@ -27,6 +27,15 @@ void remove_tree(const std::string& path) {
   fs::remove_all(path, ec);
 }
 
+int64_t directory_bytes(const std::string& dir) {
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (e.is_regular_file(ec)) total += static_cast<int64_t>(e.file_size(ec));
+  }
+  return total;
+}
+
 StagedDir::StagedDir(std::string final_path) : final_(std::move(final_path)) {
   while (final_.size() > 1 && final_.back() == '/') final_.pop_back();
   MOETRON_CHECK(!fs::exists(final_), "'", final_, "' already exists; refusing to overwrite it");

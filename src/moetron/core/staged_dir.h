@@ -36,5 +36,7 @@ class StagedDir {
 void fsync_path(const std::string& path);
 // Removes a directory tree; quiet if it does not exist.
 void remove_tree(const std::string& path);
+// Bytes of the regular files under `dir`, recursively (0 if it does not exist).
+int64_t directory_bytes(const std::string& dir);
 
 }  // namespace moetron

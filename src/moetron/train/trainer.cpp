@@ -35,29 +35,6 @@ namespace moetron::train {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-namespace {
-
-// Rank 0's text on every rank.
-void broadcast_text(comm::Communicator& world, std::string& s) {
-  if (world.size() == 1) return;
-  int64_t len = static_cast<int64_t>(s.size());
-  world.broadcast(Tensor::wrap(&len, {1}, DType::i64), 0);
-  s.resize(static_cast<size_t>(len));
-  if (len > 0) world.broadcast(Tensor::wrap(s.data(), {len}, DType::u8), 0);
-}
-
-// Bytes of the regular files under `dir` (a checkpoint's size on disk).
-int64_t directory_bytes(const std::string& dir) {
-  int64_t total = 0;
-  std::error_code ec;
-  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
-    if (e.is_regular_file(ec)) total += static_cast<int64_t>(e.file_size(ec));
-  }
-  return total;
-}
-
-}  // namespace
-
 Trainer::Trainer(Config cfg, std::string run_dir, const ResumeOptions& resume,
                  std::shared_ptr<comm::Communicator> world)
     : cfg_(std::move(cfg)),
@@ -352,7 +329,7 @@ void Trainer::resume_from_latest(const ResumeOptions& ro) {
       dir = std::string("!") + e.what();
     }
   }
-  broadcast_text(*world_, dir);
+  comm::broadcast_string(*world_, dir);
   if (dir.starts_with("!")) {
     MOETRON_CHECK(!is_root(), dir.substr(1));
     MOETRON_FAIL("rank 0 refused to resume from '", run_dir_, "' (see its error)");

@@ -158,6 +158,9 @@ class Trainer {
   void finish_snapshots();
   // Rank 0: whether the launcher left RUN/logs/stop-request (a resize).
   bool launcher_asks_to_stop() const;
+  // Collective, before the first snapshot: whether every machine has room
+  // for its ranks' snapshots (else they are turned off, with a warning).
+  bool snapshots_fit(int64_t part_bytes);
   // After this attempt's first step: the restart count and recovery time
   // `moetron launch` passed in the environment, as metrics (rank 0).
   void record_recovery() const;
@@ -258,6 +261,7 @@ class Trainer {
   std::unique_ptr<ckpt::AsyncPersister> persister_;
   int64_t snapshot_every_ = 0;  // 0: no snapshots; -1: decided on the first
   int64_t last_snapshot_ = -1;
+  bool snapshot_room_checked_ = false;
   bool stop_requested_ = false;  // agreed by every rank with the step's token counts
 };
 

@@ -3,11 +3,16 @@
 // asynchronous persist of checkpoint.every's checkpoints from them
 // (ckpt/persist.h), and resuming from whichever of snapshot and disk
 // checkpoint is newer.
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -17,6 +22,7 @@
 #include "moetron/ckpt/rank_files.h"
 #include "moetron/ckpt/snapshot.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/planner/memory_model.h"
 #include "moetron/train/fault_injection.h"
 #include "moetron/train/launcher.h"
 #include "moetron/train/resume_check.h"
@@ -32,8 +38,33 @@ namespace {
 // A snapshot may cost this share of a step when checkpoint.snapshot_every is automatic.
 constexpr double kSnapshotShare = 0.03;
 
+// Snapshots may fill at most this share of the room where they live (on
+// tmpfs, of the memory available once training has allocated its own).
+constexpr double kSnapshotRoomShare = 0.5;
+
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// Ranks on one machine share its snapshot directory: they are told apart by this.
+int64_t host_id() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return static_cast<int64_t>(XXH64(name, std::strlen(name), 0) >> 1);
+}
+
+// Bytes free for snapshots where `dir` lives; on tmpfs they are memory too.
+int64_t snapshot_room(const std::string& dir, bool* tmpfs) {
+  struct statfs st {};
+  MOETRON_CHECK(::statfs(dir.c_str(), &st) == 0, "checkpoint.snapshot_dir '", dir,
+                "': cannot read its filesystem's free space: ", std::strerror(errno));
+  *tmpfs = st.f_type == TMPFS_MAGIC;
+  const int64_t room = static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_bsize);
+  return *tmpfs ? std::min(room, planner::available_memory_bytes()) : room;
+}
+
+double gib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 30);
 }
 
 }  // namespace
@@ -116,10 +147,67 @@ ckpt::SaveRequest Trainer::checkpoint_request(int64_t step) {
   return req;
 }
 
+bool Trainer::snapshots_fit(int64_t part_bytes) {
+  const int n = snapshot_comm_->size();
+  int64_t mine[2] = {host_id(), part_bytes};
+  std::vector<int64_t> all(2 * static_cast<size_t>(n));
+  snapshot_comm_->allgather(Tensor::wrap(mine, {2}, DType::i64),
+                            Tensor::wrap(all.data(), {2 * n}, DType::i64));
+  int64_t machine = 0;  // this machine's ranks' parts
+  for (int r = 0; r < n; ++r) {
+    if (all[2 * static_cast<size_t>(r)] == mine[0]) machine += all[2 * static_cast<size_t>(r) + 1];
+  }
+  // Two steps (the complete one and the one being written), own part and copy.
+  const int64_t need = 2 * (n > 1 ? 2 : 1) * machine;
+  bool tmpfs = false;
+  int64_t room = 0;
+  std::string why;
+  try {
+    room = snapshot_room(cfg_.checkpoint.snapshot_dir, &tmpfs);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  const bool fits = static_cast<double>(need) <= kSnapshotRoomShare * static_cast<double>(room);
+  int32_t short_of_room = why.empty() && fits ? 0 : 1;
+  snapshot_comm_->allreduce(Tensor::wrap(&short_of_room, {1}, DType::i32), comm::ReduceOp::max);
+  if (short_of_room == 0) return true;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "in-memory snapshots are off: this machine's ranks need %.2f GiB for them (two "
+                "steps, own parts%s, %.2f GiB a rank here), more than %.0f%% of the %.2f GiB "
+                "free in checkpoint.snapshot_dir '%s'%s",
+                gib(need), n > 1 ? " and neighbours' copies" : "", gib(part_bytes),
+                100 * kSnapshotRoomShare, gib(room), cfg_.checkpoint.snapshot_dir.c_str(),
+                tmpfs ? " (tmpfs: memory, after training's own)" : "");
+  if (!why.empty()) std::cerr << "warning: rank " << world_->rank() << ": " << why << std::endl;
+  if (why.empty() && !fits) std::cerr << "warning: rank " << world_->rank() << ": " << line << std::endl;
+  if (is_root()) {
+    std::cerr << "warning: in-memory snapshots are off (see the rank warnings); checkpoints are "
+                 "written synchronously"
+              << std::endl;
+    monitor_->event(start_step_, "snapshots_off", line,
+                    {{"need_bytes", need}, {"room_bytes", room}, {"tmpfs", tmpfs}});
+  }
+  return false;
+}
+
 void Trainer::take_snapshot(int64_t step) {
   const ckpt::SaveRequest req = checkpoint_request(step);
   const ckpt::RankFiles files =
       ckpt::rank_files_to_write(world_->rank(), *model_, *opt_, req.writes, req.extra);
+  if (!snapshot_room_checked_) {
+    snapshot_room_checked_ = true;
+    if (!snapshots_fit(files.tensor_bytes())) {
+      // Nothing is in flight before the first snapshot; an earlier
+      // attempt's snapshots would only hold the memory found missing.
+      persister_.reset();
+      snapshot_comm_->barrier();
+      if (is_root()) remove_tree(snapshots_->root());
+      snapshots_.reset();
+      snapshot_every_ = 0;
+      return;
+    }
+  }
   snapshots_->save(req, files, *model_, persister_ ? persister_->in_flight() : -1);
   last_snapshot_ = step;
 }
@@ -128,13 +216,17 @@ void Trainer::take_snapshot(int64_t step) {
 // kSnapshotShare of a step. Decided once, from the slowest rank's numbers,
 // so every rank takes the same (collective) snapshots.
 void Trainer::decide_snapshot_interval(double snapshot_s, double step_s) {
-  double worst[2] = {snapshot_s, step_s};
-  snapshot_comm_->allreduce(Tensor::wrap(worst, {2}, DType::f64), comm::ReduceOp::max);
+  const ckpt::SnapshotStore::Timing& t = snapshots_->last_timing();
+  double worst[5] = {snapshot_s, step_s, t.write_s, t.exchange_s, t.agree_s};
+  snapshot_comm_->allreduce(Tensor::wrap(worst, {5}, DType::f64), comm::ReduceOp::max);
   snapshot_every_ =
       std::max<int64_t>(1, static_cast<int64_t>(std::ceil(worst[0] / (kSnapshotShare * worst[1]))));
   if (is_root()) {
     std::cerr << "snapshots every " << snapshot_every_ << " step(s): one takes " << worst[0] * 1e3
-              << " ms, a step " << worst[1] * 1e3 << " ms" << std::endl;
+              << " ms (slowest rank: write " << worst[2] * 1e3 << " ms, neighbour copy "
+              << worst[3] * 1e3 << " ms, agree " << worst[4] * 1e3 << " ms; rank 0 wrote "
+              << static_cast<double>(t.bytes) / (1 << 20) << " MiB), a step " << worst[1] * 1e3
+              << " ms" << std::endl;
   }
 }
 
@@ -149,9 +241,11 @@ void Trainer::keep_state(int64_t step, StepRecord& rec) {
     if (due || (persist_now && persister_)) {
       const auto t0 = clock_type::now();
       take_snapshot(step);
-      rec.snapshot_s = seconds_since(t0);
-      if (monitor_->enabled() && is_root()) monitor_->metrics().record_snapshot(rec.snapshot_s);
-      if (first_auto) decide_snapshot_interval(rec.snapshot_s, rec.step_s);
+      if (snapshots_) {  // (not turned off for want of room)
+        rec.snapshot_s = seconds_since(t0);
+        if (monitor_->enabled() && is_root()) monitor_->metrics().record_snapshot(rec.snapshot_s);
+        if (first_auto) decide_snapshot_interval(rec.snapshot_s, rec.step_s);
+      }
     }
   }
   if (!persist_now) return;
