@@ -8,12 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <sstream>
 
 #include "moetron/ckpt/dir_exchange.h"
 #include "moetron/core/error.h"
 #include "moetron/core/staged_dir.h"
 #include "util/mpi_test_main.h"
+#include "util/subprocess.h"
 #include "util/tiny_corpus.h"
 
 namespace moetron::ckpt {
@@ -44,13 +44,6 @@ std::vector<std::pair<std::string, std::string>> files_of(int rank) {
   return out;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 std::string scratch(const std::string& name) {
   const std::string d = test::tiny_corpus_root() + "/dir_exchange/" + name;
   remove_tree(d);
@@ -75,7 +68,7 @@ TEST(DirExchange, EveryRankGetsItsPredecessorsFilesByteForByte) {
   for (const auto& [name, bytes] : theirs) {
     const std::string got = d + "/in/" + name;
     ASSERT_TRUE(fs::is_regular_file(got)) << "rank " << me << ": " << got << " missing";
-    EXPECT_TRUE(slurp(got) == bytes) << "rank " << me << ": " << got << " differs";
+    EXPECT_TRUE(test::read_text_file(got) == bytes) << "rank " << me << ": " << got << " differs";
     expected_in += static_cast<int64_t>(bytes.size());
   }
   EXPECT_EQ(st.received_bytes, expected_in);

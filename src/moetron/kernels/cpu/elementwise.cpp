@@ -107,56 +107,46 @@ void convert(Context&, const Tensor& src, const Tensor& dst) {
   });
 }
 
+// The sum of term(i) over [0, n) in double, by blocks: the result must not
+// depend on whether the compiler vectorised the loop (an fp32 running sum
+// over a block drifts by ~1e-5 relative when it does not). Memory-bound.
+template <typename Term>
+double blocked_double_sum(int64_t n, Term term) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  double total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static) if (n > 65536)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    double partial = 0;
+    const int64_t end = std::min(n, (blk + 1) * kBlock);
+#pragma omp simd reduction(+ : partial)
+    for (int64_t i = blk * kBlock; i < end; ++i) partial += term(i);
+    total += partial;
+  }
+  return total;
+}
+
 double sum_squares(Context&, const Tensor& x) {
-  const int64_t n = x.numel();
   return dispatch_float(x.dtype(), "sum_squares", [&](auto tag) {
     using T = decltype(tag);
     const T* p = ptr<T>(x);
-    double total = 0;
-    // Double accumulation throughout: the result must not depend on whether
-    // the compiler vectorised the loop (an fp32 running sum over a block
-    // drifts by ~1e-5 relative when it does not). Memory-bound either way.
-    constexpr int64_t kBlock = 4096;
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for reduction(+ : total) schedule(static) if (n > 65536)
-    for (int64_t b = 0; b < blocks; ++b) {
-      double partial = 0;
-      const int64_t end = std::min(n, (b + 1) * kBlock);
-#pragma omp simd reduction(+ : partial)
-      for (int64_t i = b * kBlock; i < end; ++i) {
-        const double v = to_f32(p[i]);
-        partial += v * v;
-      }
-      total += partial;
-    }
-    return total;
+    return blocked_double_sum(x.numel(), [p](int64_t i) {
+      const double v = to_f32(p[i]);
+      return v * v;
+    });
   });
 }
 
 double sum_squared_difference(Context&, const Tensor& a, const Tensor& b) {
   check_same(a, b, "sum_squared_difference");
-  const int64_t n = a.numel();
   return dispatch_float(a.dtype(), "sum_squared_difference", [&](auto tag) {
     using T = decltype(tag);
     const T* pa = ptr<T>(a);
     const T* pb = ptr<T>(b);
-    double total = 0;
-    // Blocked double accumulation as in sum_squares: the result must not
-    // depend on vectorisation.
-    constexpr int64_t kBlock = 4096;
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for reduction(+ : total) schedule(static) if (n > 65536)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      double partial = 0;
-      const int64_t end = std::min(n, (blk + 1) * kBlock);
-#pragma omp simd reduction(+ : partial)
-      for (int64_t i = blk * kBlock; i < end; ++i) {
-        const double d = static_cast<double>(to_f32(pa[i])) - to_f32(pb[i]);
-        partial += d * d;
-      }
-      total += partial;
-    }
-    return total;
+    return blocked_double_sum(a.numel(), [pa, pb](int64_t i) {
+      const double d = static_cast<double>(to_f32(pa[i])) - to_f32(pb[i]);
+      return d * d;
+    });
   });
 }
 
