@@ -37,7 +37,9 @@ std::vector<std::pair<std::string, std::string>> files_of(int rank) {
     std::string bytes(static_cast<size_t>(sizes[i]), '\0');
     for (auto& c : bytes) c = static_cast<char>(rng());
     // Sorted names: "a-" first and "z-" last hold the empty files.
-    const std::string name = (i == 0 ? "a-" : i + 1 == sizes.size() ? "z-" : "m-") +
+    const std::string name = (i == 0                  ? "a-"
+                              : i + 1 == sizes.size() ? "z-"
+                                                      : "m-") +
                              std::to_string(i) + ".bin";
     out.push_back({name, bytes});
   }
@@ -72,8 +74,8 @@ TEST(DirExchange, EveryRankGetsItsPredecessorsFilesByteForByte) {
     expected_in += static_cast<int64_t>(bytes.size());
   }
   EXPECT_EQ(st.received_bytes, expected_in);
-  EXPECT_EQ(static_cast<size_t>(std::distance(fs::directory_iterator(d + "/in"),
-                                              fs::directory_iterator())),
+  EXPECT_EQ(static_cast<size_t>(
+                std::distance(fs::directory_iterator(d + "/in"), fs::directory_iterator())),
             theirs.size());
 }
 

@@ -79,7 +79,6 @@ void agree(comm::Communicator& world, const std::string& error, const std::strin
   MOETRON_CHECK(flag.data<int32_t>()[0] < 0, what, " failed on rank ", flag.data<int32_t>()[0]);
 }
 
-
 // The model signature a checkpoint's manifest records (nullopt: unreadable
 // or written before signatures; such a checkpoint is never pruned).
 std::optional<std::string> model_signature_of(const std::string& dir) {

@@ -94,7 +94,8 @@ nlohmann::json index_of(const std::string& dir) {
   }
   std::sort(names.begin(), names.end());
   nlohmann::json index = nlohmann::json::array();
-  for (const auto& n : names) index.push_back({{"name", n}, {"bytes", fs::file_size(dir + "/" + n)}});
+  for (const auto& n : names)
+    index.push_back({{"name", n}, {"bytes", fs::file_size(dir + "/" + n)}});
   return index;
 }
 
@@ -103,8 +104,8 @@ std::vector<FileSpan> spans(const nlohmann::json& index, const std::string& dir,
   for (const auto& e : index) {
     const std::string name = e.at("name").get<std::string>();
     const int64_t bytes = e.at("bytes").get<int64_t>();
-    MOETRON_CHECK(!check || (!name.empty() && name.find('/') == std::string::npos &&
-                             name != "." && name != ".." && bytes >= 0),
+    MOETRON_CHECK(!check || (!name.empty() && name.find('/') == std::string::npos && name != "." &&
+                             name != ".." && bytes >= 0),
                   "snapshot exchange: the neighbour's index has a bad entry '", name, "'");
     out.push_back({dir + "/" + name, bytes});
   }
@@ -172,7 +173,8 @@ ExchangeStats exchange_directory(comm::Communicator& comm, const std::string& se
     const int64_t ns = std::min(chunk_bytes, st.sent_bytes - sent);
     const int64_t nr = std::min(chunk_bytes, st.received_bytes - received);
     std::unique_ptr<comm::Work> s, r;
-    if (nr > 0) r = comm.recv_async(Tensor::wrap(recv_buf.data(), {nr}, DType::u8), from, kChunkTag);
+    if (nr > 0)
+      r = comm.recv_async(Tensor::wrap(recv_buf.data(), {nr}, DType::u8), from, kChunkTag);
     if (ns > 0) {
       keep_going(read_error, [&] { reader.transfer(send_buf.data(), ns); });
       s = comm.send_async(Tensor::wrap(send_buf.data(), {ns}, DType::u8), to, kChunkTag);
@@ -188,8 +190,8 @@ ExchangeStats exchange_directory(comm::Communicator& comm, const std::string& se
   const std::string verdict = swap_text(comm, read_error.empty() ? "ok" : read_error, to, from);
   MOETRON_CHECK(read_error.empty(), read_error);
   MOETRON_CHECK(write_error.empty(), write_error);
-  MOETRON_CHECK(verdict == "ok", "snapshot exchange: rank ", from, " could not send its part: ",
-                verdict);
+  MOETRON_CHECK(verdict == "ok", "snapshot exchange: rank ", from,
+                " could not send its part: ", verdict);
   return st;
 }
 

@@ -10,17 +10,16 @@
 #include <fstream>
 #include <map>
 
-#include "moetron/core/manifest.h"
-#include "moetron/core/staged_dir.h"
 #include "moetron/ckpt/dir_exchange.h"
 #include "moetron/core/error.h"
+#include "moetron/core/manifest.h"
+#include "moetron/core/staged_dir.h"
 
 namespace moetron::ckpt {
 
 namespace fs = std::filesystem;
 
 namespace {
-
 
 std::string hex64(uint64_t v) {
   char hex[17];

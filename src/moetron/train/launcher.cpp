@@ -115,8 +115,8 @@ LaunchPlan plan_launch(const LaunchOptions& opts) {
   if (opts.restarts > 0) {
     char at[32];
     std::snprintf(at, sizeof at, "%.3f", opts.failure_detected_at);
-    plan.argv.insert(plan.argv.end(), {"-x", std::string(kRestartsEnv) + "=" +
-                                                 std::to_string(opts.restarts)});
+    plan.argv.insert(plan.argv.end(),
+                     {"-x", std::string(kRestartsEnv) + "=" + std::to_string(opts.restarts)});
     plan.argv.insert(plan.argv.end(), {"-x", std::string(kFailureDetectedAtEnv) + "=" + at});
   }
   if (std::getenv("MOETRON_INJECT_FAILURE"))

@@ -180,7 +180,8 @@ bool Trainer::snapshots_fit(int64_t part_bytes) {
                 100 * kSnapshotRoomShare, gib(room), cfg_.checkpoint.snapshot_dir.c_str(),
                 tmpfs ? " (tmpfs: memory, after training's own)" : "");
   if (!why.empty()) std::cerr << "warning: rank " << world_->rank() << ": " << why << std::endl;
-  if (why.empty() && !fits) std::cerr << "warning: rank " << world_->rank() << ": " << line << std::endl;
+  if (why.empty() && !fits)
+    std::cerr << "warning: rank " << world_->rank() << ": " << line << std::endl;
   if (is_root()) {
     std::cerr << "warning: in-memory snapshots are off (see the rank warnings); checkpoints are "
                  "written synchronously"
