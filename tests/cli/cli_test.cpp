@@ -148,6 +148,32 @@ TEST(Cli, ExportNamesTheArchitectureItCanRepresent) {
   EXPECT_NE(slurp(moe + "/hf/config.json").find("MixtralForCausalLM"), std::string::npos);
 }
 
+TEST(Cli, ExportKeepsASlidingWindowMixtralReadsAndRefusesOneItCannot) {
+  // Every layer local, no global tokens: Mixtral's own sliding_window.
+  const std::string local = root() + "/export_local";
+  ASSERT_EQ(run(train_args(local, "--set moe.first_dense_layers=0 --set attention.window=3")).code,
+            0);
+  Outcome r = run("export --checkpoint " + local + " --out " + local + "/hf");
+  EXPECT_EQ(r.code, 0) << r.err;
+  const std::string config = slurp(local + "/hf/config.json");
+  EXPECT_NE(config.find("\"sliding_window\": 3"), std::string::npos) << config;
+  EXPECT_NE(config.find("\"sliding_attention\""), std::string::npos) << config;
+  // A local and a global layer: Mixtral would window both.
+  const std::string mixed = root() + "/export_mixed";
+  ASSERT_EQ(run(train_args(mixed,
+                           "--set moe.first_dense_layers=0 --set attention.window=3 "
+                           "--set attention.layer_pattern=LG"))
+                .code,
+            0);
+  r = run("export --checkpoint " + mixed + " --out " + mixed + "/hf");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("mixes sliding-window and full-attention layers"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(mixed + "/hf"));
+  EXPECT_NE(slurp(mixed + "/checkpoints/step-2/config.json").find("\"full_attention\""),
+            std::string::npos);
+}
+
 TEST(Cli, ASrunTaskIsDetectedAsARank) {
   // What `srun -n 1 moetron train ...` sets (no mpirun): the task joins MPI
   // as rank 0 of 1 and reports for the job.

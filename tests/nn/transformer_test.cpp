@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "moetron/core/rng.h"
 #include "moetron/kernels/elementwise.h"
@@ -91,6 +93,95 @@ TEST(Transformer, TiedEmbeddingGradientMatchesFiniteDifferences) {
   Parameter& e = model.params().get("model.embed_tokens.weight");
   EXPECT_TRUE(test::finite_difference_check([&] { return total_loss(ref, model, in, tgt, 0.1); },
                                             e.value, e.grad, 1e-6, 2e-5));
+}
+
+// A hybrid model: layer 0 local (window 3, two global tokens), layer 1 full.
+ModelConfig hybrid_model() {
+  ModelConfig m = tiny_model();
+  m.attention_window = 3;
+  m.attention_global_tokens = 2;
+  m.attention_layer_pattern = "LG";
+  return m;
+}
+
+TEST(Transformer, HybridAttentionGradientsMatchFiniteDifferences) {
+  // Through a local and a global layer, on sequences longer than the window.
+  kernels::Context ref(kernels::Backend::reference);
+  Transformer model(hybrid_model(), tiny_moe(), Precision::fp64());
+  model.initialize(6);
+  Tensor in = Tensor::empty({2, 7}, DType::i32), tgt = Tensor::empty({2, 7}, DType::i32);
+  fill_tokens(in, 11, 11);
+  fill_tokens(tgt, 12, 11);
+  model.params().zero_grads();
+  model.forward_backward(ref, in, tgt, 1.0 / 14, 1.0, true);
+  for (const auto& p : model.params().all()) {
+    SCOPED_TRACE(p->name);
+    EXPECT_TRUE(test::finite_difference_check(
+        [&] { return total_loss(ref, model, in, tgt, 1.0 / 14); }, p->value, p->grad, 1e-6, 2e-5));
+  }
+}
+
+// The last position's logits of a one-layer model on `tokens`, with token 0
+// replaced by `first`.
+std::vector<double> last_logits_with_first(Transformer& model, std::vector<int32_t> tokens,
+                                           int32_t first) {
+  kernels::Context ref(kernels::Backend::reference);
+  tokens[0] = first;
+  Tensor in = Tensor::empty({1, static_cast<int64_t>(tokens.size())}, DType::i32);
+  std::copy(tokens.begin(), tokens.end(), in.data<int32_t>());
+  const Tensor logits = model.last_logits(ref, in);
+  return {logits.data<double>(), logits.data<double>() + logits.numel()};
+}
+
+TEST(Transformer, ALocalLayerSeesOnlyItsWindowAndTheGlobalTokens) {
+  // One layer, window 3, 8 tokens: the last position sees positions 5..7,
+  // so token 0 cannot change its logits, unless it is a global token or the
+  // layer is full causal.
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const auto changes_last = [&](int64_t window, int64_t global) {
+    ModelConfig m = tiny_model();
+    m.n_layers = 1;
+    m.attention_window = window;
+    m.attention_global_tokens = global;
+    MoeConfig dense;
+    dense.num_experts = 0;
+    Transformer model(m, dense, Precision::fp64());
+    model.initialize(7);
+    return last_logits_with_first(model, tokens, 1) != last_logits_with_first(model, tokens, 9);
+  };
+  EXPECT_FALSE(changes_last(3, 0));
+  EXPECT_TRUE(changes_last(3, 1));
+  EXPECT_TRUE(changes_last(8, 0));  // the window reaches position 0
+  EXPECT_TRUE(changes_last(0, 0));  // full causal
+}
+
+TEST(Transformer, CpuHybridAttentionMatchesReference) {
+  // Sequences over several 64-key tiles, so the CPU kernel skips tiles
+  // outside the window and masks the boundary ones.
+  kernels::Context ref(kernels::Backend::reference), cpu(kernels::Backend::cpu);
+  ModelConfig m = hybrid_model();
+  m.d_model = 32;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.max_seq_len = 160;
+  m.init_std = 0.1;
+  m.attention_window = 37;
+  m.attention_global_tokens = 5;
+  Transformer a(m, tiny_moe(), Precision::fp64()), b(m, tiny_moe(), Precision::fp32());
+  a.initialize(8);
+  b.initialize(8);
+  Tensor in = Tensor::empty({2, 150}, DType::i32), tgt = Tensor::empty({2, 150}, DType::i32);
+  fill_tokens(in, 13, m.vocab_size);
+  fill_tokens(tgt, 14, m.vocab_size);
+  a.params().zero_grads();
+  b.params().zero_grads();
+  const LossStats la = a.forward_backward(ref, in, tgt, 1.0 / 300, 1.0, true);
+  const LossStats lb = b.forward_backward(cpu, in, tgt, 1.0 / 300, 1.0, true);
+  EXPECT_NEAR(lb.ce_sum, la.ce_sum, 1e-5 * la.ce_sum);
+  for (size_t i = 0; i < a.params().all().size(); ++i) {
+    const auto& pa = a.params().all()[i];
+    EXPECT_TRUE(test::normalized_close(b.params().all()[i]->grad, pa->grad, 1e-4)) << pa->name;
+  }
 }
 
 TEST(Transformer, CpuFp32GradientsMatchReference) {

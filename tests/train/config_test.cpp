@@ -89,6 +89,36 @@ TEST(Config, InvalidValuesNameTheKeyAndTheRule) {
   EXPECT_NE(msg("model.d_model").find("key=value"), std::string::npos);
 }
 
+TEST(Config, HybridAttentionSettingsAreValidatedByKey) {
+  const auto msg = [](std::vector<std::string> sets) {
+    return error_of([&] { parse_config("", "x.toml", sets); });
+  };
+  EXPECT_NE(msg({"attention.window=-1"}).find("'attention.window': must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(msg({"attention.global_tokens=4"})
+                .find("'attention.global_tokens': needs attention.window > 0"),
+            std::string::npos);
+  EXPECT_NE(msg({"attention.layer_pattern=LG"})
+                .find("'attention.layer_pattern': needs attention.window > 0"),
+            std::string::npos);
+  EXPECT_NE(msg({"attention.window=8", "attention.layer_pattern=LLx"})
+                .find("'attention.layer_pattern': must be letters L (local) and G (global)"),
+            std::string::npos);
+  EXPECT_NE(msg({"attention.window=8", "attention.layer_pattern=GG"})
+                .find("'attention.layer_pattern': has no local layer"),
+            std::string::npos);
+  const Config c = parse_config("", "x.toml",
+                                {"attention.window=8", "attention.global_tokens=2",
+                                 "attention.layer_pattern=LLG", "model.n_layers=4"});
+  EXPECT_EQ(c.model.attention_window, 8);
+  EXPECT_EQ(c.model.attention_global_tokens, 2);
+  EXPECT_TRUE(nn::layer_is_local(c.model, 0));
+  EXPECT_TRUE(nn::layer_is_local(c.model, 1));
+  EXPECT_FALSE(nn::layer_is_local(c.model, 2));
+  EXPECT_TRUE(nn::layer_is_local(c.model, 3));  // the pattern repeats
+  EXPECT_FALSE(nn::layer_is_local(parse_config("", "x.toml", {}).model, 0));
+}
+
 TEST(Config, RecomputeModulesTakeAnArrayOrAList) {
   const Config c = parse_config(
       "[recompute]\npolicy = \"custom\"\nmodules = [\"norm\", \"moe_act\"]\n", "r.toml");

@@ -46,25 +46,37 @@ std::string checkpoint_dir(const std::string& run_dir, int64_t step) {
 }
 
 nlohmann::json hf_config(const nn::ModelConfig& m, const nn::MoeConfig& e) {
-  return {{"architectures", {"MixtralForCausalLM"}},
-          {"model_type", "mixtral"},
-          {"vocab_size", m.vocab_size},
-          {"hidden_size", m.d_model},
-          {"intermediate_size", e.num_experts > 0 ? e.expert_hidden : m.ffn_hidden},
-          {"num_hidden_layers", m.n_layers},
-          {"num_attention_heads", m.n_heads},
-          {"num_key_value_heads", m.n_kv_heads},
-          {"head_dim", m.resolved_head_dim()},
-          {"max_position_embeddings", m.max_seq_len},
-          {"rms_norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"num_local_experts", e.num_experts},
-          {"num_experts_per_tok", e.top_k},
-          {"router_aux_loss_coef", e.aux_loss_coef},
-          {"tie_word_embeddings", m.tie_embeddings},
-          {"sliding_window", nullptr},
-          {"hidden_act", "silu"},
-          {"torch_dtype", "float32"}};
+  nlohmann::json c = {{"architectures", {"MixtralForCausalLM"}},
+                      {"model_type", "mixtral"},
+                      {"vocab_size", m.vocab_size},
+                      {"hidden_size", m.d_model},
+                      {"intermediate_size", e.num_experts > 0 ? e.expert_hidden : m.ffn_hidden},
+                      {"num_hidden_layers", m.n_layers},
+                      {"num_attention_heads", m.n_heads},
+                      {"num_key_value_heads", m.n_kv_heads},
+                      {"head_dim", m.resolved_head_dim()},
+                      {"max_position_embeddings", m.max_seq_len},
+                      {"rms_norm_eps", m.norm_eps},
+                      {"rope_theta", m.rope_theta},
+                      {"num_local_experts", e.num_experts},
+                      {"num_experts_per_tok", e.top_k},
+                      {"router_aux_loss_coef", e.aux_loss_coef},
+                      {"tie_word_embeddings", m.tie_embeddings},
+                      {"sliding_window", nullptr},
+                      {"hidden_act", "silu"},
+                      {"torch_dtype", "float32"}};
+  if (m.attention_window > 0) {
+    // Hugging Face's names: one window for the local layers, and which
+    // layers are local ("sliding_attention") or full ("full_attention").
+    c["sliding_window"] = m.attention_window;
+    nlohmann::json types = nlohmann::json::array();
+    for (int64_t i = 0; i < m.n_layers; ++i)
+      types.push_back(nn::layer_is_local(m, i) ? "sliding_attention" : "full_attention");
+    c["layer_types"] = types;
+    // No Hugging Face field for Longformer-style global tokens in a decoder.
+    if (m.attention_global_tokens > 0) c["moetron_global_tokens"] = m.attention_global_tokens;
+  }
+  return c;
 }
 
 namespace {

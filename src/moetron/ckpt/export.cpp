@@ -25,7 +25,21 @@ std::vector<std::string> model_paths(const std::string& dir, const nlohmann::jso
   return paths;
 }
 
-// What the run's moetron.toml says about routing that Mixtral cannot express.
+// What the run's moetron.toml says about attention or routing that Mixtral
+// cannot express. Mixtral applies its one `sliding_window` to every layer and
+// has no global tokens, so only an all-local pattern without them exports.
+std::string attention_mismatch(const toml::table& t) {
+  const int64_t window = t["attention"]["window"].value_or(int64_t{0});
+  if (window <= 0) return "";
+  if (t["attention"]["global_tokens"].value_or(int64_t{0}) > 0)
+    return "its local layers attend to global tokens (attention.global_tokens)";
+  const std::string pattern = t["attention"]["layer_pattern"].value_or(std::string());
+  if (pattern.find('G') != std::string::npos)
+    return "it mixes sliding-window and full-attention layers (attention.layer_pattern = '" +
+           pattern + "'; config.json's layer_types says which, a field Mixtral does not read)";
+  return "";
+}
+
 std::string routing_mismatch(const std::string& dir) {
   toml::table t;
   try {
@@ -33,6 +47,7 @@ std::string routing_mismatch(const std::string& dir) {
   } catch (const toml::parse_error&) {
     return "";  // the manifest verified it; an older checkpoint may lack keys
   }
+  if (std::string why = attention_mismatch(t); !why.empty()) return why;
   if (t["moe"]["router_score"].value_or(std::string("softmax")) != "softmax")
     return "its router scores are sigmoid (moe.router_score), Mixtral's softmax";
   if (!t["moe"]["renormalize"].value_or(true))

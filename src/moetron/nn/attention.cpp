@@ -10,8 +10,8 @@
 
 namespace moetron::nn {
 
-SelfAttention::SelfAttention(const ModelConfig& cfg, const std::string& prefix, Precision prec,
-                             ParameterSet& params, const TensorParallel* tp)
+SelfAttention::SelfAttention(const ModelConfig& cfg, int64_t layer, const std::string& prefix,
+                             Precision prec, ParameterSet& params, const TensorParallel* tp)
     : tp_(tp ? tp : &no_tensor_parallel()),
       d_(cfg.d_model),
       h_(cfg.n_heads / tp_->size),
@@ -48,6 +48,10 @@ SelfAttention::SelfAttention(const ModelConfig& cfg, const std::string& prefix, 
     wk_->shard.primary = wv_->shard.primary = !kv_replicated_ || r % (n / cfg.n_kv_heads) == 0;
   }
   mask_.causal = true;
+  if (layer_is_local(cfg, layer)) {
+    mask_.window = cfg.attention_window;
+    mask_.num_global = cfg.attention_global_tokens;
+  }
 }
 
 void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const Tensor& positions,

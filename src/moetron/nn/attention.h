@@ -1,5 +1,6 @@
 // Grouped-query self-attention with RoPE: q, k, v column-parallel
-// projections, blockwise attention, o row-parallel projection.
+// projections, blockwise attention (full causal, or a sliding window with
+// global tokens: ModelConfig's hybrid pattern), o row-parallel projection.
 //
 // Saves for backward: the normalised input x, q and k after RoPE, v, the
 // attention output (before o_proj) and its log-sum-exp. Nothing S x S.
@@ -27,7 +28,9 @@ namespace moetron::nn {
 
 class SelfAttention {
  public:
-  SelfAttention(const ModelConfig& cfg, const std::string& prefix, Precision prec,
+  // `layer` picks the mask: sliding window + global tokens where
+  // layer_is_local(cfg, layer), full causal otherwise.
+  SelfAttention(const ModelConfig& cfg, int64_t layer, const std::string& prefix, Precision prec,
                 ParameterSet& params, const TensorParallel* tp = nullptr);
 
   // x: [B * S, D] (rows batch-major), positions: i32 [B * S]; y: [B * S, D] overwritten.
@@ -41,6 +44,7 @@ class SelfAttention {
   void set_drop_core(bool drop) { drop_core_ = drop; }
   void drop_input() { saved_.x = Tensor(); }
   void restore_input(const Tensor& x) { saved_.x = column_parallel_input(*tp_, x); }
+  const kernels::AttentionMask& mask() const { return mask_; }
 
  private:
   const TensorParallel* tp_;

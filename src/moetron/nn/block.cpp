@@ -27,7 +27,7 @@ Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Prec
       norm2_(&params.add(layer_prefix(index) + "post_attention_layernorm.weight", {model.d_model},
                          prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0,
                          false)),
-      attn_(model, layer_prefix(index) + "self_attn.", prec, params, tp_) {
+      attn_(model, index, layer_prefix(index) + "self_attn.", prec, params, tp_) {
   // Under sequence parallelism each rank's norms see its token slice only.
   norm1_->grad_partial_over_tp = norm2_->grad_partial_over_tp = tp_->sequence_parallel;
   if (layer_is_moe(moe, index)) {

@@ -27,9 +27,24 @@ double active_gemm_params(const ModelConfig& m, const MoeConfig& e) {
   return total;
 }
 
+namespace {
+
+// Keys per token as PaLM counts them: S for a causal layer (the triangle
+// twice), twice the mean visible keys for a local one.
+double counted_keys_per_token(const ModelConfig& m, int64_t i, int64_t seq_len) {
+  if (!layer_is_local(m, i)) return static_cast<double>(seq_len);
+  return 2.0 * layer_attended_pairs(m, i, seq_len) / static_cast<double>(seq_len);
+}
+
+double attention_flops_per_token(const ModelConfig& m, int64_t i, int64_t seq_len) {
+  return 12.0 * static_cast<double>(m.n_heads * m.resolved_head_dim()) *
+         counted_keys_per_token(m, i, seq_len);
+}
+
+}  // namespace
+
 double layer_flops_per_token(const ModelConfig& m, const MoeConfig& e, int64_t i, int64_t seq_len) {
-  return 6.0 * layer_gemm_params(m, e, i) +
-         12.0 * static_cast<double>(m.n_heads * m.resolved_head_dim() * seq_len);
+  return 6.0 * layer_gemm_params(m, e, i) + attention_flops_per_token(m, i, seq_len);
 }
 
 double head_flops_per_token(const ModelConfig& m) {
@@ -37,8 +52,8 @@ double head_flops_per_token(const ModelConfig& m) {
 }
 
 double model_flops_per_token(const ModelConfig& m, const MoeConfig& e, int64_t seq_len) {
-  const double attention =
-      12.0 * static_cast<double>(m.n_layers * m.n_heads * m.resolved_head_dim() * seq_len);
+  double attention = 0;
+  for (int64_t i = 0; i < m.n_layers; ++i) attention += attention_flops_per_token(m, i, seq_len);
   return 6.0 * active_gemm_params(m, e) + attention;
 }
 

@@ -1,6 +1,9 @@
 // Model FLOPs per token, the MFU numerator (REFERENCE.md): 6 x active
 // parameters touched by GEMMs (forward 2, backward 4) plus causal attention
-// 12 L (H hd) S per token, counted both ways as in PaLM's definition. The
+// 12 L (H hd) S per token, counted both ways as in PaLM's definition. A
+// local (sliding-window) layer counts its visible pairs the same way:
+// 12 (H hd) x 2 pairs / S, about 24 (H hd)(window + global tokens) per token
+// once S is well past the window, so MFU stays comparable across patterns. The
 // embedding is a gather and does not count (unless tied, where it is the head).
 #pragma once
 

@@ -2,6 +2,7 @@
 // train/ (config.h) from TOML, where they are validated.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -20,8 +21,43 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   bool tie_embeddings = false;
   double init_std = 0.02;
+  // Hybrid attention ([attention] in TOML). A "local" layer attends to the
+  // last `attention_window` positions (query included) plus the first
+  // `attention_global_tokens` positions of the sequence, which themselves
+  // attend to every position before them; a "global" layer is full causal.
+  // `attention_layer_pattern` is a string of L (local) and G (global)
+  // repeated over the layers ("LLLLLG": five local, then one global, as
+  // Gemma 3); empty means every layer is local. Window 0: every layer is
+  // full causal and the other two must be unset.
+  int64_t attention_window = 0;
+  int64_t attention_global_tokens = 0;
+  std::string attention_layer_pattern;
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
 };
+
+// Whether layer `i` uses the sliding window (and global tokens).
+inline bool layer_is_local(const ModelConfig& m, int64_t i) {
+  if (m.attention_window <= 0) return false;
+  const std::string& p = m.attention_layer_pattern;
+  return p.empty() || p[static_cast<size_t>(i) % p.size()] == 'L';
+}
+
+// The number of (query, key) pairs layer `i` scores over one causal
+// sequence of `seq` tokens: seq (seq + 1) / 2 when global, about
+// seq (window + global_tokens) when local.
+inline double layer_attended_pairs(const ModelConfig& m, int64_t i, int64_t seq) {
+  const auto s = static_cast<double>(seq);
+  if (!layer_is_local(m, i)) return s * (s + 1) / 2;
+  double pairs = 0;
+  const int64_t w = m.attention_window, g = m.attention_global_tokens;
+  for (int64_t p = 0; p < seq; ++p) {
+    // Keys [max(0, p - w + 1), p] plus the global keys [0, g) below that
+    // range; a global query (p < g) sees every key up to itself.
+    const int64_t lo = p < g ? 0 : std::max<int64_t>(0, p - w + 1);
+    pairs += static_cast<double>(p - lo + 1 + std::min(lo, g));
+  }
+  return pairs;
+}
 
 struct MoeConfig {
   int64_t num_experts = 8;  // 0: every FFN is dense

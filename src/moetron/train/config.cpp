@@ -45,6 +45,9 @@ const std::vector<Field>& fields() {
       field("model.rope_theta", &Config::model, &ModelConfig::rope_theta),
       field("model.tie_embeddings", &Config::model, &ModelConfig::tie_embeddings),
       field("model.init_std", &Config::model, &ModelConfig::init_std),
+      field("attention.window", &Config::model, &ModelConfig::attention_window),
+      field("attention.global_tokens", &Config::model, &ModelConfig::attention_global_tokens),
+      field("attention.layer_pattern", &Config::model, &ModelConfig::attention_layer_pattern),
       field("moe.num_experts", &Config::moe, &MoeConfig::num_experts),
       field("moe.top_k", &Config::moe, &MoeConfig::top_k),
       field("moe.expert_hidden", &Config::moe, &MoeConfig::expert_hidden),
@@ -342,6 +345,27 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 namespace {
 
+void validate_attention_pattern(const ModelConfig& m) {
+  check_rule(m.attention_window >= 0, "attention.window",
+             "must be >= 0 (0: full causal attention in every layer)");
+  check_rule(m.attention_global_tokens >= 0, "attention.global_tokens", "must be >= 0");
+  const std::string& p = m.attention_layer_pattern;
+  check_rule(p.find_first_not_of("LG") == std::string::npos, "attention.layer_pattern",
+             str_cat("must be letters L (local) and G (global), got '", p, "'"));
+  if (m.attention_window == 0) {
+    check_rule(m.attention_global_tokens == 0, "attention.global_tokens",
+               "needs attention.window > 0 (without a window every token is seen already)");
+    check_rule(p.empty(), "attention.layer_pattern",
+               "needs attention.window > 0 (it says which layers use the window)");
+    return;
+  }
+  check_rule(p.find('L') != std::string::npos || p.empty(), "attention.layer_pattern",
+             str_cat("has no local layer (L), so attention.window = ", m.attention_window,
+                     " would be unused; set attention.window = 0 for full attention"));
+  check_rule(m.attention_global_tokens < m.max_seq_len, "attention.global_tokens",
+             str_cat("must be below model.max_seq_len = ", m.max_seq_len));
+}
+
 void validate_model(const Config& c) {
   const auto& m = c.model;
   check_rule(m.vocab_size > 0, "model.vocab_size", "must be positive");
@@ -360,6 +384,7 @@ void validate_model(const Config& c) {
   check_rule(m.norm_eps > 0, "model.norm_eps", "must be positive");
   check_rule(m.rope_theta > 0, "model.rope_theta", "must be positive");
   check_rule(m.init_std > 0, "model.init_std", "must be positive");
+  validate_attention_pattern(m);
   const auto& e = c.moe;
   check_rule(e.num_experts >= 0, "moe.num_experts", "must be >= 0 (0: dense model)");
   if (e.num_experts > 0) {

@@ -16,7 +16,8 @@ std::vector<std::string> model_config_keys() {
                                                      "moe.z_loss_coef", "moe.bias_update_rate"};
   std::vector<std::string> keys;
   for (const std::string& k : config_keys()) {
-    const bool model = k.starts_with("model.") || k.starts_with("moe.");
+    const bool model =
+        k.starts_with("model.") || k.starts_with("moe.") || k.starts_with("attention.");
     if (model && std::find(not_model.begin(), not_model.end(), k) == not_model.end())
       keys.push_back(k);
   }

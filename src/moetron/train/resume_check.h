@@ -11,9 +11,10 @@
 
 namespace moetron::train {
 
-// The keys that change the model's parameters or its routing: every model.*
-// key but init_std, and the moe.* keys but the loss coefficients and the
-// bias update rate (training choices, not the model).
+// The keys that change the model's parameters, its routing or what its
+// attention sees: every model.* key but init_std, the attention.* keys, and
+// the moe.* keys but the loss coefficients and the bias update rate
+// (training choices, not the model).
 std::vector<std::string> model_config_keys();
 
 // "key = value" lines of the model_config_keys(): equal for two configs
