@@ -43,5 +43,30 @@ TEST(AttentionMask, QueryOffsetPlacesAChunkInALongerSequence) {
   EXPECT_EQ(table({true, 0, 0, 2}, 2, 4), "111.\n1111\n");
 }
 
+TEST(AttentionMask, PackedDocumentsSeeOnlyThemselvesAndHaveTheirOwnGlobalTokens) {
+  // Documents [0, 3) and [3, 7).
+  const int32_t starts[] = {0, 0, 0, 3, 3, 3, 3};
+  AttentionMask m{true, 0, 0, 0};
+  m.doc_start = starts;
+  m.doc_stride = 7;
+  EXPECT_EQ(table(m, 7, 7), "1......\n11.....\n111....\n...1...\n...11..\n...111.\n...1111\n");
+  // Window 1 with one global token per document: its first token.
+  m.window = 1;
+  m.num_global = 1;
+  EXPECT_EQ(table(m, 7, 7), "1......\n11.....\n1.1....\n...1...\n...11..\n...1.1.\n...1..1\n");
+  // A chunk of queries (rows 5, 6) keeps the documents of its positions.
+  m.q_offset = 5;
+  EXPECT_EQ(table(m, 2, 7), "...1.1.\n...1..1\n");
+}
+
+TEST(AttentionMask, SequenceMaskPicksItsSequencesStarts) {
+  const int32_t starts[] = {0, 0, 0, 0, 1, 1};  // sequence 1: documents [0, 1), [1, 3)
+  AttentionMask m{true, 0, 0, 0};
+  m.doc_start = starts;
+  m.doc_stride = 3;
+  EXPECT_EQ(table(sequence_mask(m, 0), 3, 3), "1..\n11.\n111\n");
+  EXPECT_EQ(table(sequence_mask(m, 1), 3, 3), "1..\n.1.\n.11\n");
+}
+
 }  // namespace
 }  // namespace moetron::kernels

@@ -146,6 +146,74 @@ TEST(Attention, MatchesReferenceAcrossMasksAndSizes) {
   }
 }
 
+// Document starts of B sequences of S tokens: documents of random lengths
+// (1 .. 2 * mean), another layout in each sequence.
+std::vector<int32_t> random_documents(int64_t B, int64_t S, int64_t mean, uint32_t seed) {
+  std::vector<int32_t> starts(static_cast<size_t>(B * S));
+  uint32_t x = seed * 2654435761u + 1;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0, left = 0;
+    for (int64_t p = 0; p < S; ++p) {
+      if (left == 0) {
+        x = x * 1664525u + 1013904223u;
+        left = 1 + static_cast<int64_t>(x >> 8) % (2 * mean);
+        start = p;
+      }
+      --left;
+      starts[static_cast<size_t>(b * S + p)] = static_cast<int32_t>(start);
+    }
+  }
+  return starts;
+}
+
+// Packed documents under every causal mask kind, documents shorter and
+// longer than a 64-row tile, and a query chunk with an offset.
+TEST(Attention, PackedDocumentsMatchReference) {
+  const std::vector<AttentionMask> masks = {mask_of(true, 0, 0), mask_of(true, 5, 0),
+                                            mask_of(true, 16, 3), mask_of(true, 70, 1)};
+  int n = 0;
+  for (const auto& base : masks) {
+    for (const int64_t mean : {3, 40, 100}) {
+      for (const int64_t S : {33, 130, 200}) {
+        const std::vector<int32_t> starts = random_documents(2, S, mean, 7 + n);
+        Case c{2, S, S, 4, 2, n % 2 ? 24 : 17, base};
+        c.mask.doc_start = starts.data();
+        c.mask.doc_stride = S;
+        SCOPED_TRACE(testing::Message() << "mean document " << mean);
+        for (DType dt : {DType::f32, DType::bf16}) expect_match(c, dt);
+        // The last 70 queries of the same sequences.
+        Case chunk = c;
+        chunk.Sq = std::min<int64_t>(70, S);
+        chunk.mask.q_offset = S - chunk.Sq;
+        expect_match(chunk, DType::f32);
+        ++n;
+      }
+    }
+  }
+}
+
+TEST(Attention, BadDocumentStartsThrow) {
+  Context cpu(Backend::cpu);
+  const Case c{1, 4, 4, 1, 1, 8, mask_of(true, 0, 0)};
+  const Inputs in = make_inputs(c, DType::f32);
+  Tensor out = Tensor::empty({1, 4, 1, 8}, DType::f32), lse = Tensor::empty({1, 1, 4}, DType::f32);
+  std::vector<int32_t> starts = {0, 0, 2, 1};  // decreasing
+  AttentionMask m = c.mask;
+  m.doc_start = starts.data();
+  m.doc_stride = 4;
+  EXPECT_THROW(attention_forward(cpu, in.q, in.k, in.v, m, 1.0f, out, lse), Error);
+  starts = {0, 0, 3, 3};  // a start after its position
+  EXPECT_THROW(attention_forward(cpu, in.q, in.k, in.v, m, 1.0f, out, lse), Error);
+  starts = {0, 0, 2, 2};
+  m.causal = false;
+  EXPECT_THROW(attention_forward(cpu, in.q, in.k, in.v, m, 1.0f, out, lse), Error);
+  m.causal = true;
+  m.doc_stride = 3;
+  EXPECT_THROW(attention_forward(cpu, in.q, in.k, in.v, m, 1.0f, out, lse), Error);
+  m.doc_stride = 4;
+  attention_forward(cpu, in.q, in.k, in.v, m, 1.0f, out, lse);
+}
+
 // A query chunk of a longer sequence (Sq < Sk, q_offset > 0), as chunked
 // prefill or context-parallel attention calls it.
 TEST(Attention, QueryChunkWithOffset) {

@@ -184,6 +184,58 @@ TEST(Transformer, CpuHybridAttentionMatchesReference) {
   }
 }
 
+TEST(Transformer, APackedBatchEqualsItsDocumentsRunOneByOne) {
+  // Token 0 ends a document. Row 0: documents of 3, 4 and 2 tokens; row 1:
+  // 1, 6 and 2. Routing without balancing losses is per token, so the summed
+  // cross-entropy and every gradient must equal those of the nine documents
+  // run as sequences of their own, under full and hybrid attention.
+  const std::vector<std::vector<int32_t>> rows = {{5, 3, 0, 7, 2, 9, 0, 4, 6},
+                                                  {0, 8, 1, 3, 10, 2, 0, 5, 1}};
+  for (const bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "hybrid" : "full");
+    ModelConfig m = hybrid ? hybrid_model() : tiny_model();
+    m.max_seq_len = 9;
+    m.attention_window = hybrid ? 2 : 0;
+    m.attention_global_tokens = hybrid ? 1 : 0;
+    MoeConfig e = tiny_moe();
+    e.aux_loss_coef = e.z_loss_coef = 0;
+    kernels::Context ref(kernels::Backend::reference);
+    Transformer packed(m, e, Precision::fp64()), alone(m, e, Precision::fp64());
+    packed.initialize(9);
+    alone.initialize(9);
+    packed.set_document_separator(0);
+    Tensor in = Tensor::empty({2, 9}, DType::i32), tgt = Tensor::empty({2, 9}, DType::i32);
+    for (int64_t r = 0; r < 2; ++r)
+      std::copy(rows[r].begin(), rows[r].end(), in[r].data<int32_t>());
+    fill_tokens(tgt, 15, m.vocab_size);
+    const double scale = 1.0 / 18;
+    packed.params().zero_grads();
+    const LossStats lp = packed.forward_backward(ref, in, tgt, scale, 1.0, true);
+    alone.params().zero_grads();
+    double ce = 0;
+    for (int64_t r = 0; r < 2; ++r) {
+      int64_t start = 0;
+      for (int64_t p = 0; p < 9; ++p) {
+        if (p + 1 < 9 && rows[r][p] != 0) continue;
+        const int64_t n = p + 1 - start;
+        Tensor di = Tensor::empty({1, n}, DType::i32), dt = Tensor::empty({1, n}, DType::i32);
+        for (int64_t i = 0; i < n; ++i) {
+          di.data<int32_t>()[i] = rows[r][start + i];
+          dt.data<int32_t>()[i] = tgt.data<int32_t>()[r * 9 + start + i];
+        }
+        ce += alone.forward_backward(ref, di, dt, scale, 1.0, true).ce_sum;
+        start = p + 1;
+      }
+    }
+    EXPECT_NEAR(lp.ce_sum, ce, 1e-12 * ce);
+    for (size_t i = 0; i < packed.params().all().size(); ++i) {
+      const auto& pa = alone.params().all()[i];
+      EXPECT_TRUE(test::normalized_close(packed.params().all()[i]->grad, pa->grad, 1e-12))
+          << pa->name;
+    }
+  }
+}
+
 TEST(Transformer, CpuFp32GradientsMatchReference) {
   kernels::Context ref(kernels::Backend::reference), cpu(kernels::Backend::cpu);
   ModelConfig m = tiny_model();

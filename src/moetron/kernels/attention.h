@@ -14,24 +14,48 @@ namespace moetron::kernels {
 
 // Query row i sits at absolute position p = q_offset + i; key j at position j.
 // Key j is visible from query p iff
-//   (!causal || j <= p) and
-//   (window <= 0 || dist(p, j) < window || j < num_global || p < num_global)
+//   (!causal || j <= p) and j >= s and
+//   (window <= 0 || dist(p, j) < window || j - s < num_global || p - s < num_global)
 // where dist is p - j when causal and |p - j| otherwise (Longformer-style
-// sliding window with g global tokens that see and are seen by everyone).
+// sliding window with g global tokens that see and are seen by everyone),
+// and s is the start of p's document: 0 for one document per sequence, or,
+// for packed documents (causal only), doc_start[b * doc_stride + p] in
+// sequence b, so no query sees another document and each document's first
+// num_global positions are its global tokens.
 struct AttentionMask {
   bool causal = true;
   int64_t window = 0;
   int64_t num_global = 0;
   int64_t q_offset = 0;
+  // Packed documents: i32 starts, doc_stride (= Sk) per sequence, each start
+  // <= its position and never decreasing along the sequence. nullptr: none.
+  const int32_t* doc_start = nullptr;
+  int64_t doc_stride = 0;
 };
 
-// Whether key j is visible from query row i under `mask` (shared by every backend).
+// The mask of sequence b alone: its document starts at doc_start[0 .. Sk).
+inline AttentionMask sequence_mask(const AttentionMask& mask, int64_t b) {
+  AttentionMask m = mask;
+  if (m.doc_start) m.doc_start += b * m.doc_stride;
+  return m;
+}
+
+// The start of the document holding absolute position p, for a mask of
+// one sequence (sequence_mask).
+inline int64_t document_start(const AttentionMask& mask, int64_t p) {
+  return mask.doc_start ? mask.doc_start[p] : 0;
+}
+
+// Whether key j is visible from query row i under `mask`, a mask of one
+// sequence (sequence_mask) (shared by every backend).
 inline bool attention_visible(const AttentionMask& mask, int64_t i, int64_t j) {
   const int64_t p = mask.q_offset + i;
   if (mask.causal && j > p) return false;
+  const int64_t s = document_start(mask, p);
+  if (j < s) return false;
   if (mask.window <= 0) return true;
   const int64_t dist = mask.causal ? p - j : (p > j ? p - j : j - p);
-  return dist < mask.window || j < mask.num_global || p < mask.num_global;
+  return dist < mask.window || j - s < mask.num_global || p - s < mask.num_global;
 }
 
 // q: [B, Sq, H, hd]; k, v: [B, Sk, Hkv, hd] with H % Hkv == 0, query head h

@@ -54,6 +54,26 @@ SelfAttention::SelfAttention(const ModelConfig& cfg, int64_t layer, const std::s
   }
 }
 
+Tensor document_starts(const Tensor& positions, int64_t batch, int64_t seq) {
+  const int32_t* pos = positions.data<int32_t>();
+  bool packed = false;
+  for (int64_t i = 0; i < batch * seq && !packed; ++i) packed = pos[i] != i % seq;
+  if (!packed) return Tensor();
+  Tensor starts = Tensor::empty({batch * seq}, DType::i32);
+  for (int64_t i = 0; i < batch * seq; ++i)
+    starts.data<int32_t>()[i] = static_cast<int32_t>(i % seq - pos[i]);
+  return starts;
+}
+
+kernels::AttentionMask SelfAttention::mask_for(const Saved& s) const {
+  kernels::AttentionMask m = mask_;
+  if (s.doc_start.defined()) {
+    m.doc_start = s.doc_start.data<int32_t>();
+    m.doc_stride = s.seq;
+  }
+  return m;
+}
+
 void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const Tensor& positions,
                             int64_t batch, int64_t seq, const Tensor& y) {
   const int64_t t = batch * seq;
@@ -62,6 +82,7 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const 
   Saved s;
   s.x = x;
   s.positions = positions;
+  s.doc_start = document_starts(positions, batch, seq);
   s.batch = batch;
   s.seq = seq;
   s.q = Tensor::empty({batch, seq, h_, hd_}, prec_.compute);
@@ -76,7 +97,7 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const 
   s.out = Tensor::empty({batch, seq, h_, hd_}, prec_.compute);
   s.lse = Tensor::empty({batch, h_, seq}, prec_.accum);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  kernels::attention_forward(ctx, s.q, s.k, s.v, mask_, scale, s.out, s.lse);
+  kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, s.lse);
   // Row-parallel o_proj: each rank's heads give a partial sum of y.
   const Tensor partial = tp_->sequence_parallel ? Tensor::empty({t, d_}, prec_.compute) : y;
   linear_forward(ctx, as_matrix(s.out, h_ * hd_), wo_->value, partial);
@@ -97,7 +118,7 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
   if (!s.out.defined()) {  // attn_core recompute: the same kernel on the same q, k, v
     s.out = Tensor::empty(s.q.shape(), prec_.compute);
     Tensor lse = Tensor::empty(s.lse.shape(), prec_.accum);
-    kernels::attention_forward(ctx, s.q, s.k, s.v, mask_, scale, s.out, lse);
+    kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, lse);
   }
   Tensor d_out = Tensor::empty(s.out.shape(), prec_.compute);
   linear_backward(ctx, dy, as_matrix(s.out, h_ * hd_), wo_->value, wo_->grad,
@@ -105,7 +126,8 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
   Tensor dq = Tensor::empty(s.q.shape(), prec_.compute);
   Tensor dk = Tensor::empty(s.k.shape(), prec_.compute);
   Tensor dv = Tensor::empty(s.v.shape(), prec_.compute);
-  kernels::attention_backward(ctx, d_out, s.q, s.k, s.v, s.out, s.lse, mask_, scale, dq, dk, dv);
+  kernels::attention_backward(ctx, d_out, s.q, s.k, s.v, s.out, s.lse, mask_for(s), scale, dq, dk,
+                              dv);
   d_out = Tensor();
   const Tensor dq3 = dq.reshape({t, h_, hd_}), dk3 = dk.reshape({t, hkv_, hd_});
   kernels::rope_backward(ctx, dq3, s.positions, theta_, dq3);

@@ -34,6 +34,8 @@ class SelfAttention {
                 ParameterSet& params, const TensorParallel* tp = nullptr);
 
   // x: [B * S, D] (rows batch-major), positions: i32 [B * S]; y: [B * S, D] overwritten.
+  // Positions that restart within a sequence mark packed documents: a token
+  // attends only within its document (p - position is where it starts).
   // Under sequence parallelism x and y (and dy, dx) are this rank's token
   // slice [B * S / tp, D]; positions stay those of all B * S tokens.
   void forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions, int64_t batch,
@@ -60,13 +62,19 @@ class SelfAttention {
   // What forward saved for backward. Pipeline parallelism keeps several
   // micro-batches in flight and swaps each one's in and out.
   struct Saved {
-    Tensor x, positions, q, k, v, out, lse;
+    Tensor x, positions, doc_start, q, k, v, out, lse;  // doc_start: undefined for one document
     int64_t batch = 0, seq = 0;
   };
   void swap_saved(Saved& other) { std::swap(saved_, other); }
 
  private:
   Saved saved_;
+  // mask_ with the saved document starts, if any.
+  kernels::AttentionMask mask_for(const Saved& s) const;
 };
+
+// i32 [B * S] document starts p - positions[p], or undefined when every
+// sequence is one document (positions 0 .. S - 1).
+Tensor document_starts(const Tensor& positions, int64_t batch, int64_t seq);
 
 }  // namespace moetron::nn

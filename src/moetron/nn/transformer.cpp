@@ -106,10 +106,20 @@ std::vector<MoeLayer*> Transformer::moe_layers() {
   return v;
 }
 
-Tensor Transformer::positions_of(int64_t batch, int64_t seq) const {
+Tensor Transformer::positions_of(const Tensor& ids, int64_t batch, int64_t seq) const {
   Tensor positions = Tensor::empty({batch * seq}, DType::i32);
-  for (int64_t i = 0; i < batch * seq; ++i)
-    positions.data<int32_t>()[i] = static_cast<int32_t>(i % seq);
+  int32_t* pos = positions.data<int32_t>();
+  if (document_separator_ < 0) {
+    for (int64_t i = 0; i < batch * seq; ++i) pos[i] = static_cast<int32_t>(i % seq);
+    return positions;
+  }
+  MOETRON_CHECK(ids.defined() && ids.numel() == batch * seq,
+                "packed documents need the micro-batch's token ids on every pipeline stage");
+  const int32_t* id = ids.data<int32_t>();
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    const bool starts = i % seq == 0 || id[i - 1] == document_separator_;
+    pos[i] = starts ? 0 : pos[i - 1] + 1;
+  }
   return positions;
 }
 
@@ -133,7 +143,7 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
                 " tokens exceeds model.max_seq_len = ", model_.max_seq_len);
   Saved sv;
   sv.ids = inputs.reshape({t});
-  sv.positions = positions_of(b, s);
+  sv.positions = positions_of(sv.ids, b, s);
   Tensor x = embed(ctx, sv.ids);
   MoeStats ms;
   x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms);

@@ -68,6 +68,9 @@ class Transformer {
     int64_t batch = 0, seq = 0;              // the micro-batch's rows and sequence length
     double grad_scale = 0, loss_weight = 0;  // as for forward_backward
     bool backward = false;
+    // The micro-batch's token ids [B, S], on every stage: with a document
+    // separator, positions (and the attention mask) follow its documents.
+    Tensor ids;
   };
   Tensor chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in,
                        const Tensor& targets, LossStats& stats);
@@ -114,6 +117,11 @@ class Transformer {
   // none by default. Gradients are the same under every policy.
   void set_recompute(const RecomputePolicy& policy);
   const RecomputePolicy& recompute() const { return recompute_; }
+  // Packed documents: a token after `id` (the end-of-document token) starts
+  // a new document, positions restart at 0 there and no token attends across
+  // it. -1 (the default): each sequence is one document.
+  void set_document_separator(int32_t id) { document_separator_ = id; }
+  int32_t document_separator() const { return document_separator_; }
 
  private:
   Tensor hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
@@ -123,7 +131,10 @@ class Transformer {
   Tensor head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets,
                    double grad_scale, bool backward, LossStats& stats);
   Tensor embed(kernels::Context& ctx, const Tensor& ids);
-  Tensor positions_of(int64_t batch, int64_t seq) const;
+  // i32 [B * S] RoPE positions of token ids [B, S]: 0 .. S - 1 per row, or
+  // restarting after each document separator.
+  Tensor positions_of(const Tensor& ids, int64_t batch, int64_t seq) const;
+  int32_t document_separator_ = -1;
   ModelConfig model_;
   MoeConfig moe_;
   Precision prec_;

@@ -30,7 +30,7 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
   } else {
     x = in;
   }
-  const Tensor positions = positions_of(batch, seq);
+  const Tensor positions = positions_of(first ? st.ids : at.ids, batch, seq);
   st.positions = positions;
   st.batch = batch;
   st.seq = seq;

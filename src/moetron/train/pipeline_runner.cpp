@@ -78,7 +78,8 @@ PipelineRunner::StepResult PipelineRunner::train_step(
                                           .seq = seq,
                                           .grad_scale = grad_scale,
                                           .loss_weight = loss_weights[mi],
-                                          .backward = true};
+                                          .backward = true,
+                                          .ids = inputs[mi]};
       const Tensor out = model_.chunk_forward(ctx, at, in, targets[mi], st);
       res.stats.ce_sum += st.ce_sum;
       res.stats.tokens += st.tokens;
@@ -112,8 +113,8 @@ nn::LossStats PipelineRunner::forward_only(kernels::Context& ctx, const Tensor& 
     const int64_t j = virtual_stage(c);
     const Tensor in =
         j == 0 ? inputs : receive(rows, static_cast<int>((j - 1) % pp), tag(0, j, true));
-    const Tensor out = model_.chunk_forward(ctx, {.chunk = c, .mb = 0, .batch = batch, .seq = seq},
-                                            in, targets, stats);
+    const Tensor out = model_.chunk_forward(
+        ctx, {.chunk = c, .mb = 0, .batch = batch, .seq = seq, .ids = inputs}, in, targets, stats);
     if (j < last) send(out, static_cast<int>((j + 1) % pp), tag(0, j + 1, true));
   }
   finish_sends();

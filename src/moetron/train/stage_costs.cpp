@@ -42,7 +42,8 @@ double time_probe(const Config& cfg, const nn::Precision& prec, int64_t layer, b
                                         .seq = s,
                                         .grad_scale = 1.0 / static_cast<double>(t),
                                         .loss_weight = 1.0,
-                                        .backward = true};
+                                        .backward = true,
+                                        .ids = tokens};
     (void)model.chunk_forward(ctx, at, embedding ? tokens : hidden, targets, st);
     (void)model.chunk_backward(ctx, 0, 0, head ? Tensor() : d_out, true);
     if (r > 0) times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());

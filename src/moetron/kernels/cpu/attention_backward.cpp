@@ -113,6 +113,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
+      const AttentionMask seq_mask = sequence_mask(mask, b);
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
         const int64_t rows = std::min(kBk, Sk - kb * kBk);
@@ -163,7 +164,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
         std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
         for (int64_t qb = 0; qb < nqb; ++qb) {
-          const TileKind kind = classify_tile(mask, qb * kBq, kb * kBk, Sq, Sk);
+          const TileKind kind = classify_tile(seq_mask, qb * kBq, kb * kBk, Sq, Sk);
           if (kind == TileKind::empty) continue;
           const T* qr = q_rm.data() + qb * qtile;
           const T* dor = do_rm.data() + qb * qtile;
@@ -172,8 +173,8 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
           gemm_tile<T>(qr, hdp / P, 1, kn, kBq, kBk, hdp, s.data(), kBk, false);
           gemm_tile<T>(dor, hdp / P, 1, vn, kBq, kBk, hdp, dp.data(), kBk, false);
           grad_tile<T>(s.data(), dp.data(), L.data() + qb * kBq, D.data() + qb * kBq, p_pk.data(),
-                       ds_rm.data(), ds_pk.data(), scale, kind == TileKind::partial, mask, qb * kBq,
-                       kb * kBk, Sk);
+                       ds_rm.data(), ds_pk.data(), scale, kind == TileKind::partial, seq_mask,
+                       qb * kBq, kb * kBk, Sk);
           const T* dsk = P == 1 ? ds_rm.data() : ds_pk.data();
           gemm_tile<T>(p_pk.data(), 1, kBk, dok, kBk, hdp, kBq, dv_acc.data(), hdp, true);
           gemm_tile<T>(dsk, 1, kBk, qk, kBk, hdp, kBq, dk_acc.data(), hdp, true);

@@ -113,6 +113,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
     for (int64_t u = 0; u < B * H * nchunks; ++u) {
       const int64_t chunk = nchunks - 1 - u / (B * H), b = (u % (B * H)) / H, h = u % H;
       const int64_t kvh = h / group;
+      const AttentionMask seq_mask = sequence_mask(mask, b);
       for (int64_t qb = chunk * per_chunk; qb < std::min(nqb, (chunk + 1) * per_chunk); ++qb) {
         const int64_t i0 = qb * kBq, rows = std::min(kBq, Sq - i0);
         pack_rows(qp + ((b * Sq + i0) * H + h) * hd, H * hd, rows, hd, qtile.data(), kBq, hdp);
@@ -120,7 +121,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(o.begin(), o.end(), 0.0f);
         for (int64_t kb = 0; kb < nkb; ++kb) {
-          const TileKind kind = classify_tile(mask, i0, kb * kBk, Sq, Sk);
+          const TileKind kind = classify_tile(seq_mask, i0, kb * kBk, Sq, Sk);
           if (kind == TileKind::empty) continue;
           T* ktile = kt.data() + kb * tile;
           T* vtile = vt.data() + kb * tile;
@@ -135,7 +136,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
           }
           gemm_tile<T>(qtile.data(), hdp / P, 1, ktile, kBq, kBk, hdp, s.data(), kBk, false);
           softmax_tile<T>(s.data(), ptile.data(), m.data(), l.data(), alpha.data(), scale,
-                          kind == TileKind::partial, mask, i0, kb * kBk, Sk);
+                          kind == TileKind::partial, seq_mask, i0, kb * kBk, Sk);
           for (int64_t r = 0; r < kBq; ++r) {
             if (alpha[r] == 1.0f) continue;
             const simd::vf a = simd::set1(alpha[r]);

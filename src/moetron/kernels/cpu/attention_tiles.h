@@ -212,18 +212,25 @@ enum class TileKind { empty, full, partial };
 
 // Whether the tile of query rows [i0, i0 + kBq) and keys [j0, j0 + kBk) has
 // no visible pair (skipped), only visible pairs (no elementwise mask), or a
-// mix. `empty` is exact-or-conservative and `full` is only claimed when every
-// pair is visible, so a misjudged tile costs time, never correctness.
+// mix, under a mask of one sequence (sequence_mask). `empty` is
+// exact-or-conservative and `full` is only claimed when every pair is
+// visible, so a misjudged tile costs time, never correctness. Document
+// starts never decrease, so the tile's first and last rows bound them.
 inline TileKind classify_tile(const AttentionMask& m, int64_t i0, int64_t j0, int64_t Sq,
                               int64_t Sk) {
   const int64_t p0 = m.q_offset + i0, p1 = m.q_offset + std::min(i0 + kBq, Sq) - 1;
   const int64_t ja = j0, jb = std::min(j0 + kBk, Sk) - 1;
   const bool padded = j0 + kBk > Sk;
   const bool any_c = !m.causal || ja <= p1, all_c = !m.causal || jb <= p0;
-  if (!any_c) return TileKind::empty;
-  if (m.window <= 0) return all_c && !padded ? TileKind::full : TileKind::partial;
+  const int64_t s0 = document_start(m, p0), s1 = document_start(m, p1);
+  const bool any_doc = jb >= s0, all_doc = ja >= s1;
+  if (!any_c || !any_doc) return TileKind::empty;
+  if (m.window <= 0) return all_c && all_doc && !padded ? TileKind::full : TileKind::partial;
+  // Global pairs: a key among its document's first g positions, or a query
+  // among them (some row may open a new document when s0 != s1).
   const int64_t g = m.num_global;
-  const bool any_g = ja < g || p0 < g, all_g = jb < g || p1 < g;
+  const bool any_g = ja - s1 < g || s0 != s1 || p0 - s0 < g;
+  const bool all_g = jb - s0 < g || (s0 == s1 && p1 - s0 < g);
   int64_t min_d, max_d;
   if (m.causal) {
     min_d = std::max<int64_t>(0, p0 - jb);
@@ -234,25 +241,28 @@ inline TileKind classify_tile(const AttentionMask& m, int64_t i0, int64_t j0, in
   }
   const bool any_w = min_d < m.window, all_w = max_d < m.window;
   if (!any_w && !any_g) return TileKind::empty;
-  return all_c && (all_w || all_g) && !padded ? TileKind::full : TileKind::partial;
+  return all_c && all_doc && (all_w || all_g) && !padded ? TileKind::full : TileKind::partial;
 }
 
 // Visibility bits of keys j0 .. j0 + 15 from absolute query position p:
-// attention_visible() on 16 lanes, plus j < Sk.
+// attention_visible() on 16 lanes (a mask of one sequence), plus j < Sk.
 inline simd::mask16 visible16(const AttentionMask& m, int64_t p, int64_t j0, int64_t Sk) {
+  // A padded query row may lie past the last key: its bits are discarded.
+  const int64_t s = document_start(m, std::min(p, Sk - 1));
 #if MOETRON_SIMD_AVX512
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(j0)), iota);
   const __m512i pv = _mm512_set1_epi32(static_cast<int>(p));
   __mmask16 ok = _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(Sk)));
   if (m.causal) ok &= _mm512_cmple_epi32_mask(j, pv);
-  if (m.window > 0 && p >= m.num_global) {
+  if (s > 0) ok &= _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(s)));
+  if (m.window > 0 && p - s >= m.num_global) {
     __m512i dist = _mm512_sub_epi32(pv, j);
     if (!m.causal) dist = _mm512_abs_epi32(dist);
     const __mmask16 near =
         _mm512_cmplt_epi32_mask(dist, _mm512_set1_epi32(static_cast<int>(m.window)));
     const __mmask16 global =
-        _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(m.num_global)));
+        _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(s + m.num_global)));
     ok &= static_cast<__mmask16>(near | global);
   }
   return ok;
@@ -260,10 +270,10 @@ inline simd::mask16 visible16(const AttentionMask& m, int64_t p, int64_t j0, int
   simd::mask16 ok = 0;
   for (int i = 0; i < 16; ++i) {
     const int64_t j = j0 + i;
-    bool vis = j < Sk && (!m.causal || j <= p);
-    if (vis && m.window > 0 && p >= m.num_global) {
+    bool vis = j < Sk && (!m.causal || j <= p) && j >= s;
+    if (vis && m.window > 0 && p - s >= m.num_global) {
       const int64_t dist = m.causal ? p - j : (p > j ? p - j : j - p);
-      vis = dist < m.window || j < m.num_global;
+      vis = dist < m.window || j - s < m.num_global;
     }
     ok = static_cast<simd::mask16>(ok | (vis ? 1u : 0u) << i);
   }

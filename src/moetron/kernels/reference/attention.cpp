@@ -33,8 +33,9 @@ double row_probs(const Dims& d, const std::vector<double>& q, const std::vector<
                  std::vector<double>& p) {
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   double m = kNegInf;
+  const AttentionMask seq_mask = sequence_mask(mask, b);
   for (int64_t j = 0; j < d.Sk; ++j) {
-    if (!attention_visible(mask, i, j)) {
+    if (!attention_visible(seq_mask, i, j)) {
       p[j] = kNegInf;
       continue;
     }
