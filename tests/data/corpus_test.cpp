@@ -262,6 +262,26 @@ TEST(WindowSampler, IsAPureFunctionOfTheSampleIndex) {
   fs::remove(path);
 }
 
+TEST(WindowSampler, AlignedWindowsStartOnExampleBoundaries) {
+  const std::string path = (fs::temp_directory_path() / "moetron_tokens3.bin").string();
+  std::vector<int32_t> ids(10 * 17);  // ten examples of 17 tokens
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(ids.data()),
+             static_cast<std::streamsize>(ids.size() * 4));
+  TokenFile f(path);
+  WindowSampler s(f, 17, 3, 17);
+  std::vector<int> seen(10);
+  for (uint64_t i = 0; i < 300; ++i) {
+    const int64_t start = s.start_of(i);
+    ASSERT_EQ(start % 17, 0) << start;
+    ASSERT_LE(start, 9 * 17);
+    ++seen[static_cast<size_t>(start / 17)];
+  }
+  for (int n : seen) EXPECT_GT(n, 10);  // every example is drawn
+  fs::remove(path);
+}
+
 // The fortune files hold more distinct characters than a small vocabulary
 // has room for beside its 256 byte pieces ("Vocabulary size is smaller than
 // required_chars"): the rarest are spelled in bytes instead.
