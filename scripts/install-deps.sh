@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev
   libsentencepiece-dev
+  zlib1g-dev
   libcpp-httplib-dev
   libjs-chart.js
   prometheus chromium fonts-dejavu-core

@@ -183,6 +183,37 @@ TEST(Cli, ASrunTaskIsDetectedAsARank) {
   EXPECT_NE(r.out.find("trained 2 steps"), std::string::npos) << r.out;
 }
 
+// prepare-data's new options: a bad value is named and nothing is written;
+// good ones print what was made (document lengths, the retrieval layout).
+TEST(Cli, PrepareDataRefusesBadDocumentsAndRetrievalOptionsWritingNothing) {
+  const std::string out = root() + "/never";
+  Outcome r = run("prepare-data --input " + root() + "/text --out " + out + " --documents lines");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--documents"), std::string::npos) << r.err;
+  r = run("prepare-data --task retrieval --seq-len 40 --out " + out);  // key within 64
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--seq-len 40 is too small"), std::string::npos) << r.err;
+  r = run("prepare-data --task tokens --input " + root() + "/text --out " + out);
+  EXPECT_NE(r.err.find("--task"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(root()))
+    EXPECT_EQ(e.path().filename().string().find("never"), std::string::npos) << e.path();
+
+  fs::create_directories(root() + "/two");
+  fs::copy_file(root() + "/text/notes", root() + "/two/a");
+  std::ofstream(root() + "/two/b") << slurp(root() + "/text/notes") << "one more line\n";
+  r = run("prepare-data --input " + root() + "/two --out " + root() +
+          "/whole --documents whole-file --vocab-size 280");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("documents (whole-file): 2, tokens per document mean"), std::string::npos)
+      << r.out;
+  r = run("prepare-data --task retrieval --seq-len 80 --examples 20 --vocab-size 128 --out " +
+          root() + "/retrieval");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("19 train + 1 validation examples of seq_len 80"), std::string::npos)
+      << r.out;
+}
+
 TEST(Cli, TheReadmeUsageBlockListsEveryCommand) {
   const std::string readme = slurp(MOETRON_SOURCE_DIR "/README.md");
   const size_t start = readme.find("The binary, `build/moetron`:");

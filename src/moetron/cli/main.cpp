@@ -13,14 +13,15 @@
 
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/ckpt/export.h"
+#include "moetron/cli/eval_cmd.h"
 #include "moetron/cli/memory_cmd.h"
 #include "moetron/cli/metrics_cmd.h"
 #include "moetron/cli/plan_cmd.h"
+#include "moetron/cli/prepare_cmd.h"
 #include "moetron/cli/report_cmd.h"
 #include "moetron/cli/train_cmd.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
-#include "moetron/data/corpus.h"
 #include "moetron/data/tokenizer.h"
 #include "moetron/train/generate.h"
 #include "moetron/train/launcher.h"
@@ -70,46 +71,6 @@ int run_generate(const GenerateCommand& o) {
   std::vector<int32_t> all = ids;
   all.insert(all.end(), out.begin(), out.end());
   std::cout << tok.decode(all) << "\n";
-  return 0;
-}
-
-struct EvalCommand {
-  std::string checkpoint, tokens;
-  int64_t batch = 8;
-};
-
-CLI::App* add_eval_command(CLI::App& app, EvalCommand& o) {
-  auto* ev = app.add_subcommand("eval", "mean next-token cross-entropy on a raw int32 token file");
-  ev->add_option("--checkpoint", o.checkpoint, "checkpoint or run directory")->required();
-  ev->add_option("--tokens", o.tokens, "raw little-endian int32 token ids")->required();
-  ev->add_option("--batch", o.batch, "rows per forward pass");
-  return ev;
-}
-
-int run_eval(const EvalCommand& o) {
-  kernels::Context ctx(kernels::Backend::cpu);
-  train::LoadedModel lm = train::load_model(ckpt::resolve_checkpoint_dir(o.checkpoint));
-  const auto r = train::evaluate_tokens(ctx, *lm.model, o.tokens, lm.cfg.train.seq_len, o.batch);
-  std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
-  return 0;
-}
-
-CLI::App* add_prepare_command(CLI::App& app, data::PrepareOptions& o) {
-  auto* prep = app.add_subcommand("prepare-data", "tokenise a text corpus for training");
-  prep->add_option("--input", o.input, "text file or folder of text files")->required();
-  prep->add_option("--out", o.out_dir, "output directory (must not exist)")->required();
-  prep->add_option("--tokenizer", o.tokenizer_model,
-                   "existing SentencePiece .model (default: train one)");
-  prep->add_option("--vocab-size", o.vocab_size, "vocabulary size of a trained tokenizer");
-  prep->add_option("--val-fraction", o.val_fraction, "share of documents held out for validation");
-  return prep;
-}
-
-int run_prepare(const data::PrepareOptions& opts) {
-  const data::PrepareReport r = data::prepare_data(opts);
-  std::cout << "prepared " << opts.out_dir << ": " << r.files << " files, " << r.documents
-            << " documents, " << r.bytes << " bytes -> " << r.train_tokens << " train + "
-            << r.val_tokens << " validation tokens, vocabulary " << r.vocab_size << "\n";
   return 0;
 }
 
@@ -180,10 +141,10 @@ int main(int argc, char** argv) {
   auto* train = cli::add_train_command(app, train_opts);
   GenerateCommand gen_opts;
   auto* gen = add_generate_command(app, gen_opts);
-  EvalCommand eval_opts;
-  auto* ev = add_eval_command(app, eval_opts);
-  data::PrepareOptions popts;
-  auto* prep = add_prepare_command(app, popts);
+  cli::EvalCommand eval_opts;
+  auto* ev = cli::add_eval_command(app, eval_opts);
+  cli::PrepareCommand prep_opts;
+  auto* prep = cli::add_prepare_command(app, prep_opts);
   cli::PlanCommand plan_opts;
   auto* plan = cli::add_plan_command(app, plan_opts);
   cli::MetricsCommand metrics_opts;
@@ -205,8 +166,8 @@ int main(int argc, char** argv) {
     if (*plan) return cli::run_plan_command(plan_opts);
     if (*metrics) return cli::run_metrics_command(metrics_opts);
     if (*gen) return run_generate(gen_opts);
-    if (*ev) return run_eval(eval_opts);
-    if (*prep) return run_prepare(popts);
+    if (*ev) return cli::run_eval_command(eval_opts);
+    if (*prep) return cli::run_prepare_command(prep_opts);
     if (*exp) return run_export(export_opts);
     if (*memory) return cli::run_memory_command(memory_opts);
     if (*report) return cli::run_report_command(report_opts);

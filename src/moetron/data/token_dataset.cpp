@@ -43,18 +43,21 @@ TokenFile::~TokenFile() {
   if (map_ && map_ != MAP_FAILED) ::munmap(map_, bytes_);
 }
 
-WindowSampler::WindowSampler(const TokenFile& file, int64_t window_len, uint64_t seed)
-    : file_(file), window_(window_len), key_(philox_key(seed, "data.sampler")) {
+WindowSampler::WindowSampler(const TokenFile& file, int64_t window_len, uint64_t seed,
+                             int64_t align)
+    : file_(file), window_(window_len), align_(align), key_(philox_key(seed, "data.sampler")) {
+  MOETRON_CHECK(align >= 1, "window alignment must be >= 1, got ", align);
   MOETRON_CHECK(file.size() >= window_len, "token file '", file.path(), "' has ", file.size(),
                 " tokens, fewer than one window of ", window_len);
 }
 
 int64_t WindowSampler::start_of(uint64_t index) const {
-  const auto span = static_cast<uint64_t>(file_.size() - window_ + 1);
+  // Aligned starts 0, align, ..., the last one leaving a whole window.
+  const auto span = static_cast<uint64_t>((file_.size() - window_) / align_ + 1);
   const PhiloxCounter r =
       philox4x32_10({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0, 0}, key_);
   const uint64_t x = (static_cast<uint64_t>(r[0]) << 32) | r[1];
-  return static_cast<int64_t>(x % span);  // bias < span / 2^64: negligible
+  return static_cast<int64_t>(x % span) * align_;  // bias < span / 2^64: negligible
 }
 
 void WindowSampler::fill(uint64_t index, int32_t* dst) const {

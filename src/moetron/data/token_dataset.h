@@ -34,9 +34,11 @@ class TokenFile {
 // drawn from Philox(seed, "data.sampler", i): a pure function of i, so the
 // sampler's whole state is the number of samples drawn (saved in checkpoints),
 // and a dp rank can draw its own slice of the global batch without the others.
+// With align > 1 windows start only at multiples of align (a corpus of
+// fixed-length examples, data/retrieval.h, read one example per window).
 class WindowSampler {
  public:
-  WindowSampler(const TokenFile& file, int64_t window_len, uint64_t seed);
+  WindowSampler(const TokenFile& file, int64_t window_len, uint64_t seed, int64_t align = 1);
   // Start offset of sample `index`.
   int64_t start_of(uint64_t index) const;
   // Copies sample `index` into dst (window_len ids).
@@ -46,6 +48,7 @@ class WindowSampler {
  private:
   const TokenFile& file_;
   int64_t window_;
+  int64_t align_;
   PhiloxKey key_;
 };
 

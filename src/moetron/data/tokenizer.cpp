@@ -13,6 +13,11 @@ namespace moetron::data {
 
 namespace {
 constexpr const char* kNewlinePiece = "<n>";
+// SentencePiece trains on lines and skips those longer than its
+// --max_sentence_length (passed below); longer documents (whole files) are
+// given to it in pieces of whole lines of at most kTrainingPieceBytes.
+constexpr size_t kMaxSentenceBytes = 65536;
+constexpr size_t kTrainingPieceBytes = 16384;
 
 std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
   std::string out;
@@ -28,6 +33,31 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   out.append(s, pos, std::string::npos);
   return out;
 }
+// Writes `doc` as one training line, or, when escaped it would exceed
+// kMaxSentenceBytes, as several lines cut at its newlines (a piece's
+// newlines stay escaped; the <n> piece is user-defined, never merged, so
+// the cuts change no merge).
+void write_training_lines(std::ostream& out, const std::string& doc) {
+  const std::string escaped = escape_newlines(doc);
+  if (escaped.size() <= kMaxSentenceBytes) {
+    out << escaped << "\n";
+    return;
+  }
+  std::string piece;
+  size_t pos = 0;
+  while (pos < doc.size()) {
+    size_t end = doc.find('\n', pos);
+    end = end == std::string::npos ? doc.size() : end + 1;
+    if (!piece.empty() && piece.size() + (end - pos) > kTrainingPieceBytes) {
+      out << escape_newlines(piece) << "\n";
+      piece.clear();
+    }
+    piece.append(doc, pos, end - pos);
+    pos = end;
+  }
+  if (!piece.empty()) out << escape_newlines(piece) << "\n";
+}
+
 }  // namespace
 
 std::string escape_newlines(const std::string& text) {
@@ -83,7 +113,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
   const std::string input = model_prefix + ".train.txt";
   {
     std::ofstream f(input, std::ios::trunc);
-    for (const auto& d : documents) f << escape_newlines(d) << "\n";
+    for (const auto& d : documents) write_training_lines(f, d);
     MOETRON_CHECK(f.good(), "cannot write '", input, "'");
   }
   // Every character gets a piece when the vocabulary has room; a small one
@@ -98,7 +128,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
                 " --model_type=bpe --character_coverage=", coverage, " --byte_fallback=true",
                 " --normalization_rule_name=identity --remove_extra_whitespaces=false",
                 " --split_digits=true --user_defined_symbols=", kNewlinePiece,
-                " --max_sentence_length=65536 --num_threads=", num_threads,
+                " --max_sentence_length=", kMaxSentenceBytes, " --num_threads=", num_threads,
                 " --minloglevel=2 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1");
     status = sentencepiece::SentencePieceTrainer::Train(args);
     if (status.ok() || status.ToString().find("required_chars") == std::string::npos) {

@@ -218,22 +218,26 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   return stats;
 }
 
-Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs) {
+Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs, int64_t positions) {
   MOETRON_CHECK(!tp_.on(),
                 "sampling runs on one rank (a tensor-parallel model's checkpoint loads there)");
   MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32,
                 "inputs must be i32 [B, S], got ", inputs.str());
+  MOETRON_CHECK(positions >= 1 && positions <= inputs.dim(1), "cannot take the logits of the last ",
+                positions, " positions of rows of ", inputs.dim(1));
   LossStats unused;
   for (MoeLayer* l : moe_layers()) l->set_balance_group(nullptr);
   const Tensor h = hidden_states(ctx, inputs, 0.0, unused);
   for (auto& blk : blocks_) blk->release();
   release_checkpoints();
   saved_ = Saved{};
-  const int64_t b = inputs.dim(0), s = inputs.dim(1);
-  Tensor last = Tensor::empty({b, model_.d_model}, prec_.compute);
-  for (int64_t i = 0; i < b; ++i) last[i].copy_from(h[(i + 1) * s - 1]);
+  const int64_t b = inputs.dim(0), s = inputs.dim(1), n = positions;
+  Tensor last = Tensor::empty({b * n, model_.d_model}, prec_.compute);
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < n; ++j) last[i * n + j].copy_from(h[i * s + s - n + j]);
+  }
   need(head_);
-  Tensor logits = Tensor::empty({b, model_.vocab_size}, prec_.accum);
+  Tensor logits = Tensor::empty({b * n, model_.vocab_size}, prec_.accum);
   kernels::MatmulArgs args;
   args.trans_b = true;
   kernels::matmul(ctx, last, head_->value, logits, args);

@@ -87,8 +87,10 @@ class Transformer {
   bool holds_embedding() const { return embed_ != nullptr; }
   bool holds_head() const { return head_ != nullptr; }
 
-  // Logits of the last position of every row, [B, V] in fp32/f64, for sampling.
-  Tensor last_logits(kernels::Context& ctx, const Tensor& inputs);
+  // Logits of the last `positions` positions of every row, [B * positions, V]
+  // in fp32/f64 (row b * positions + j: position S - positions + j), for
+  // sampling (one position) and for scoring the end of a sequence.
+  Tensor last_logits(kernels::Context& ctx, const Tensor& inputs, int64_t positions = 1);
 
   std::vector<MoeLayer*> moe_layers();
   int64_t ce_chunk_tokens = 1024;

@@ -119,10 +119,19 @@ void Trainer::open_corpus() {
   MOETRON_CHECK(corpus_vocab <= cfg_.model.vocab_size, "corpus '", data_dir,
                 "' has a vocabulary of ", corpus_vocab, " but model.vocab_size is ",
                 cfg_.model.vocab_size);
+  // A corpus of fixed-length examples (prepare-data --task retrieval) is
+  // read one whole example per window; evaluate() then steps through the
+  // validation examples on their boundaries too.
+  const int64_t example_tokens = info.value("example_tokens", int64_t{0});
+  MOETRON_CHECK(example_tokens == 0 || example_tokens == cfg_.train.seq_len + 1, "corpus '",
+                data_dir, "' holds examples of ", example_tokens, " tokens (",
+                info.value("task", ""), " task of seq_len ", example_tokens - 1,
+                "): set train.seq_len = ", example_tokens - 1, ", not ", cfg_.train.seq_len);
   train_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/train.bin", cfg_.model.vocab_size);
   val_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/val.bin", cfg_.model.vocab_size);
-  sampler_ = std::make_unique<data::WindowSampler>(*train_tokens_, cfg_.train.seq_len + 1,
-                                                   cfg_.train.seed);
+  sampler_ =
+      std::make_unique<data::WindowSampler>(*train_tokens_, cfg_.train.seq_len + 1, cfg_.train.seed,
+                                            std::max<int64_t>(example_tokens, 1));
 }
 
 void Trainer::make_plan_for_world() {

@@ -1,0 +1,26 @@
+// `moetron prepare-data`: a text corpus tokenised (data/corpus.h), its files
+// split into documents or kept whole (--documents), or a synthetic
+// key-retrieval corpus (--task retrieval, data/retrieval.h).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "moetron/data/corpus.h"
+#include "moetron/data/retrieval.h"
+
+namespace moetron::cli {
+
+struct PrepareCommand {
+  std::string task = "text";       // text | retrieval
+  std::string documents = "auto";  // auto | whole-file (--task text)
+  data::PrepareOptions text;
+  data::RetrievalOptions retrieval;
+};
+
+CLI::App* add_prepare_command(CLI::App& app, PrepareCommand& opts);
+// Validates every option first (errors name the option): nothing is
+// written for a bad command line.
+int run_prepare_command(PrepareCommand opts);
+
+}  // namespace moetron::cli
