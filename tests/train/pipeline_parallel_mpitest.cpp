@@ -150,6 +150,26 @@ TEST(PipelineParallel, LossesAndGradientsEqualOneRank) {
   }
 }
 
+// Packed documents (positions and masks from the token ids every stage
+// receives) under hybrid attention, on pipeline layouts (with tp and
+// sequence parallelism at 4 ranks), equal one rank; and the document mask
+// does change the run.
+TEST(PipelineParallel, PackedDocumentsUnderHybridAttentionEqualOneRank) {
+  const std::vector<std::string> hybrid = {"attention.window=5", "attention.global_tokens=1",
+                                           "attention.layer_pattern=LG"};
+  const std::vector<std::string> docs = with(hybrid, {"data.document_mask=true"});
+  const Reference& ref = reference("docs", docs);
+  const Reference& plain = reference("hybrid", hybrid);
+  EXPECT_GT(rel(ref.result.history.back().loss, plain.result.history.back().loss), 1e-3);
+  std::vector<Layout> picked = {layouts().front()};
+  if (world().size() == 4) picked.push_back(layouts()[2]);
+  for (const Layout& l : picked) {
+    Trainer t(pp_config(kRows / l.dp, with(docs, l.sets)), run_dir("docs-" + l.name), false,
+              shared_world());
+    run_matching_one_rank(t, ref, "documents " + l.name);
+  }
+}
+
 // Saved with the layers on pp stages (each stage's first rank writing its
 // tensors and router biases), resumed without pp, and the one-rank
 // checkpoint resumed under pp: both continue the one-rank run.

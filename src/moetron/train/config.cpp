@@ -80,6 +80,7 @@ const std::vector<Field>& fields() {
       field("data.path", &Config::data, &DataConfig::path),
       field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
       field("data.source", &Config::data, &DataConfig::source),
+      field("data.document_mask", &Config::data, &DataConfig::document_mask),
       field("train.seq_len", &Config::train, &TrainingConfig::seq_len),
       field("train.micro_batch", &Config::train, &TrainingConfig::micro_batch),
       field("train.grad_accum", &Config::train, &TrainingConfig::grad_accum),

@@ -50,6 +50,9 @@ struct DataConfig {
   // (a file or folder, e.g. "/usr/share/games/fortunes"; the vocabulary is
   // model.vocab_size). Empty: `path` must already be prepared.
   std::string source;
+  // Packed documents stay apart: positions restart after each end-of-document
+  // token and no token attends across one (the corpus manifest's eos_id).
+  bool document_mask = false;
 };
 
 struct TrainingConfig {

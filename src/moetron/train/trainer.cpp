@@ -127,6 +127,11 @@ void Trainer::open_corpus() {
                 data_dir, "' holds examples of ", example_tokens, " tokens (",
                 info.value("task", ""), " task of seq_len ", example_tokens - 1,
                 "): set train.seq_len = ", example_tokens - 1, ", not ", cfg_.train.seq_len);
+  if (cfg_.data.document_mask) {
+    MOETRON_CHECK(info.contains("eos_id"), "data.document_mask needs the corpus's end-of-document ",
+                  "token, but '", data_dir, "/manifest.json' has no eos_id");
+    document_separator_ = info.at("eos_id").get<int32_t>();
+  }
   train_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/train.bin", cfg_.model.vocab_size);
   val_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/val.bin", cfg_.model.vocab_size);
   sampler_ =
@@ -214,6 +219,7 @@ void Trainer::build_model() {
   if (pp_comm_) pipeline_ = std::make_unique<PipelineRunner>(*model_, *pp_comm_, s.schedule, s.vpp);
   model_->initialize(cfg_.train.seed);
   model_->set_recompute(recompute_policy(cfg_));
+  model_->set_document_separator(document_separator_);
   // Every rank of a stage holds a distinct token shard for the MoE layers (tp folded in).
   if (balance_comm_) model_->set_balance_group(balance_comm_.get());
   if (ep_comm_) model_->set_expert_group(ep_comm_);

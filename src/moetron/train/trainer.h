@@ -213,6 +213,7 @@ class Trainer {
   std::unique_ptr<kernels::Context> ctx_;
   std::unique_ptr<data::TokenFile> train_tokens_, val_tokens_;
   std::unique_ptr<data::WindowSampler> sampler_;
+  int32_t document_separator_ = -1;  // the corpus's eos_id under data.document_mask
   std::unique_ptr<parallel::TrainingPlan> plan_;
   parallel::RankPlan rank_;
   std::unique_ptr<MeasuredStageCosts> measured_;  // parallel.stage_balance = measured (pp > 1)
