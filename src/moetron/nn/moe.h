@@ -132,8 +132,14 @@ class MoeLayer {
     Tensor permuted, gate_up, act, expert_out;
     double loss_weight = 0;
     std::shared_ptr<const BalanceSums> balance;  // global sums of this forward
+    SwiGluMlp::Saved shared;  // the shared experts' (kept in shared_ between swaps)
   };
-  void swap_saved(Saved& other) { std::swap(saved_, other); }
+  void swap_saved(Saved& other) {
+    std::swap(saved_, other);
+    if (!shared_) return;
+    shared_->swap_saved(saved_.shared);      // the incoming state's into the MLP
+    std::swap(saved_.shared, other.shared);  // the outgoing MLP state into `other`
+  }
 
  private:
   Saved saved_;
