@@ -28,6 +28,7 @@ struct Case {
   const char* optimizer = "adamw";
   double capacity_factor = 0;
   DType moments = DType::f32;  // optim.moment_dtype
+  int64_t seq_chunk = 0;       // train.seq_chunk
 };
 
 // train.grad_dtype = bf16: the hidden matrices' gradients in bf16.
@@ -59,6 +60,7 @@ MemoryInputs inputs_of(const Case& c) {
   in.micro_batch = c.micro_batch;
   in.seq_len = 96;
   in.grad_accum = c.grad_accum;
+  in.seq_chunk = c.seq_chunk;
   in.ce_chunk_tokens = 128;
   in.matrix_grad = c.prec.matrix_grad();
   in.moment_dtype = c.moments;
@@ -83,6 +85,7 @@ MemStats measure(const MemoryInputs& in) {
     model.initialize(7);
     model.set_recompute(in.recompute);
     model.ce_chunk_tokens = in.ce_chunk_tokens;
+    model.set_sequence_chunk(in.seq_chunk);
     optim::OptimizerOptions oo;
     oo.name = in.optimizer;
     oo.moment_dtype = in.moment_dtype;
@@ -156,6 +159,37 @@ TEST(MemoryModel, PredictsTheAllocatorsPeakWithinTenPercent) {
        0,
        DType::bf16},
       {"sqrt bf16 grads+moments mb2 muon", "sqrt", {}, bf16_grads(), 2, 1, "muon", 0, DType::bf16},
+      // Chunked sequences: 96 positions in chunks of 32, and of 40 (40, 40, 16).
+      {"none fp32 mb2 chunk 32",
+       "none",
+       {},
+       nn::Precision::fp32(),
+       2,
+       1,
+       "adamw",
+       0,
+       DType::f32,
+       32},
+      {"full bf16 mb2 chunk 40",
+       "full",
+       {},
+       nn::Precision::bf16(),
+       2,
+       1,
+       "adamw",
+       0,
+       DType::f32,
+       40},
+      {"selective bf16 mb1 accum 2 chunk 24",
+       "selective",
+       {},
+       nn::Precision::bf16(),
+       1,
+       2,
+       "adamw",
+       0,
+       DType::f32,
+       24},
   };
   std::printf("%-34s %12s %12s %7s %12s %12s %7s %10s %10s\n", "case", "act pred", "act meas",
               "err", "total pred", "total meas", "err", "ws pred", "ws meas");

@@ -119,6 +119,26 @@ TEST(Config, HybridAttentionSettingsAreValidatedByKey) {
   EXPECT_FALSE(nn::layer_is_local(parse_config("", "x.toml", {}).model, 0));
 }
 
+TEST(Config, SequenceChunkSettingsAreValidatedByKey) {
+  const auto msg = [](std::vector<std::string> sets) {
+    return error_of([&] { parse_config("", "x.toml", sets); });
+  };
+  EXPECT_NE(msg({"train.seq_chunk=-4"}).find("'train.seq_chunk': must be >= 0"), std::string::npos);
+  EXPECT_NE(msg({"train.seq_len=64", "train.seq_chunk=16", "parallel.pp=2"})
+                .find("'train.seq_chunk': needs parallel.pp = 1"),
+            std::string::npos);
+  // 1 row x chunks of 5 positions do not split over tp 2.
+  EXPECT_NE(msg({"train.seq_len=16", "train.seq_chunk=5", "train.micro_batch=1", "parallel.tp=2"})
+                .find("'train.seq_chunk': = 5: train.micro_batch times each chunk's positions"),
+            std::string::npos);
+  const Config c = parse_config("", "x.toml", {"train.seq_len=64", "train.seq_chunk=16"});
+  EXPECT_EQ(c.train.seq_chunk, 16);
+  // A chunk as long as the sequence is no chunking, on any layout.
+  EXPECT_EQ(parse_config("", "x.toml", {"train.seq_len=64", "train.seq_chunk=64", "parallel.pp=2"})
+                .train.seq_chunk,
+            64);
+}
+
 TEST(Config, RecomputeModulesTakeAnArrayOrAList) {
   const Config c = parse_config(
       "[recompute]\npolicy = \"custom\"\nmodules = [\"norm\", \"moe_act\"]\n", "r.toml");

@@ -173,6 +173,35 @@ TEST(TensorParallel, RecomputePoliciesUnderTensorParallelEqualOneRank) {
   }
 }
 
+// Chunked sequences (train.seq_chunk: 16 positions as 6, 6, 4) under tp
+// (with sequence parallelism: each chunk's rows split over the tp ranks)
+// and dp, with hybrid attention and recompute full, continue the unchunked
+// one-rank run. The load-balancing loss sees one chunk at a time, so it is
+// off here (the z-loss is exact under chunking and stays on).
+TEST(TensorParallel, SequenceChunksEqualTheWholeSequenceOnOneRank) {
+  const std::vector<std::string> common = {"moe.aux_loss_coef=0", "attention.window=5",
+                                           "attention.global_tokens=1",
+                                           "attention.layer_pattern=LG"};
+  const Reference& ref = reference("chunk", common);
+  for (const Layout& l : {layouts()[0], layouts()[1]}) {
+    for (const std::string policy : {"none", "full"}) {
+      const std::string what = l.name + " recompute " + policy;
+      Trainer t(tp_config(kGlobalRows / l.dp,
+                          with(with(common, {"train.seq_chunk=6", "recompute.policy=" + policy}),
+                               l.sets)),
+                run_dir("tp-chunk-" + l.name + policy), false, shared_world());
+      std::map<std::string, std::vector<float>> grads;
+      t.before_update = [&](int64_t step) {
+        if (step == 1) grads = grads_of(t);
+      };
+      const TrainResult r = t.run();
+      expect_same_losses(r, ref.result, 0, 1e-5, what);
+      EXPECT_LE(rel(r.val_loss, ref.result.val_loss), 1e-5) << what;
+      expect_same_grads(t, grads, ref, what);
+    }
+  }
+}
+
 // Saved under tp (each rank writes its own blocks; nothing is gathered),
 // resumed without tp and at another tp, and the one-rank checkpoint resumed
 // under tp: all continue the one-rank run.

@@ -97,7 +97,15 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const 
   s.out = Tensor::empty({batch, seq, h_, hd_}, prec_.compute);
   s.lse = Tensor::empty({batch, h_, seq}, prec_.accum);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, s.lse);
+  if (cache_.on()) {
+    s.offset = cache_.offset;
+    s.doc_start = Tensor();  // the cache holds the whole sequence's
+    keep_chunk_kv(s);
+    s.k = s.v = Tensor();
+    chunk_attention_forward(ctx, s, scale, s.out, s.lse);
+  } else {
+    kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, s.lse);
+  }
   // Row-parallel o_proj: each rank's heads give a partial sum of y.
   const Tensor partial = tp_->sequence_parallel ? Tensor::empty({t, d_}, prec_.compute) : y;
   linear_forward(ctx, as_matrix(s.out, h_ * hd_), wo_->value, partial);
@@ -113,21 +121,33 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
   const Tensor dy = column_parallel_input(*tp_, dy_given);
   Saved& s = saved_;
   MOETRON_CHECK(s.q.defined() && s.x.defined(), "attention backward without a saved forward");
+  const bool chunked = s.offset >= 0;
+  MOETRON_CHECK(!chunked || cache_.on(), "attention backward of a sequence chunk after its ",
+                "sequence ended");
   const int64_t t = s.batch * s.seq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
   if (!s.out.defined()) {  // attn_core recompute: the same kernel on the same q, k, v
     s.out = Tensor::empty(s.q.shape(), prec_.compute);
     Tensor lse = Tensor::empty(s.lse.shape(), prec_.accum);
-    kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, lse);
+    if (chunked) {
+      chunk_attention_forward(ctx, s, scale, s.out, lse);
+    } else {
+      kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, lse);
+    }
   }
   Tensor d_out = Tensor::empty(s.out.shape(), prec_.compute);
   linear_backward(ctx, dy, as_matrix(s.out, h_ * hd_), wo_->value, wo_->grad,
                   as_matrix(d_out, h_ * hd_));
+  const Shape kv_shape{s.batch, s.seq, hkv_, hd_};
   Tensor dq = Tensor::empty(s.q.shape(), prec_.compute);
-  Tensor dk = Tensor::empty(s.k.shape(), prec_.compute);
-  Tensor dv = Tensor::empty(s.v.shape(), prec_.compute);
-  kernels::attention_backward(ctx, d_out, s.q, s.k, s.v, s.out, s.lse, mask_for(s), scale, dq, dk,
-                              dv);
+  Tensor dk = Tensor::empty(kv_shape, prec_.compute);
+  Tensor dv = Tensor::empty(kv_shape, prec_.compute);
+  if (chunked) {
+    chunk_attention_backward(ctx, s, d_out, scale, dq, dk, dv);
+  } else {
+    kernels::attention_backward(ctx, d_out, s.q, s.k, s.v, s.out, s.lse, mask_for(s), scale, dq, dk,
+                                dv);
+  }
   d_out = Tensor();
   const Tensor dq3 = dq.reshape({t, h_, hd_}), dk3 = dk.reshape({t, hkv_, hd_});
   kernels::rope_backward(ctx, dq3, s.positions, theta_, dq3);

@@ -48,6 +48,18 @@ class SelfAttention {
   void restore_input(const Tensor& x) { saved_.x = column_parallel_input(*tp_, x); }
   const kernels::AttentionMask& mask() const { return mask_; }
 
+  // Chunked sequences (train.seq_chunk, Transformer::set_sequence_chunk):
+  // forward and backward see one chunk [offset, offset + len) of every
+  // sequence at a time (positions stay those of the whole sequence). Each
+  // chunk's keys and values stay here for the later chunks to attend to;
+  // backward runs the chunks in reverse and collects here the dK, dV every
+  // later chunk sent to earlier positions, so a chunk's own k/v gradient is
+  // complete when its turn comes. doc_start: i32 [B * S] document starts of
+  // the whole batch, or undefined for one document per sequence.
+  void begin_sequence(int64_t batch, int64_t seq, const Tensor& doc_start);
+  void set_chunk(int64_t offset) { cache_.offset = offset; }
+  void end_sequence() { cache_ = SequenceCache{}; }
+
  private:
   const TensorParallel* tp_;
   int64_t d_, h_, hkv_, hd_;  // h_, hkv_: this rank's heads
@@ -57,6 +69,13 @@ class SelfAttention {
   Parameter *wq_, *wk_, *wv_, *wo_;
   Precision prec_;
   bool drop_core_ = false;
+  struct SequenceCache {
+    Tensor k, v;       // [B, S, hkv, hd] compute dtype: the chunks seen so far
+    Tensor dk, dv;     // [B, S, hkv, hd] accum: allocated by the first backward
+    Tensor doc_start;  // i32 [B * S] or undefined
+    int64_t batch = 0, seq = 0, offset = 0;
+    bool on() const { return k.defined(); }
+  } cache_;
 
  public:
   // What forward saved for backward. Pipeline parallelism keeps several
@@ -64,6 +83,9 @@ class SelfAttention {
   struct Saved {
     Tensor x, positions, doc_start, q, k, v, out, lse;  // doc_start: undefined for one document
     int64_t batch = 0, seq = 0;
+    // A chunk of a chunked sequence starts here (its k, v are in the cache,
+    // not in k, v); -1: the whole sequence.
+    int64_t offset = -1;
   };
   void swap_saved(Saved& other) { std::swap(saved_, other); }
 
@@ -71,6 +93,15 @@ class SelfAttention {
   Saved saved_;
   // mask_ with the saved document starts, if any.
   kernels::AttentionMask mask_for(const Saved& s) const;
+  // Attention of a chunk's queries over the cached keys and values up to its
+  // end (nn/attention_chunked.cpp), one sequence at a time.
+  void keep_chunk_kv(const Saved& s) const;
+  void chunk_attention_forward(kernels::Context& ctx, const Saved& s, float scale,
+                               const Tensor& out, const Tensor& lse) const;
+  // dq of the chunk; dk, dv of the chunk's own positions (the cache's sums
+  // over this and every later chunk).
+  void chunk_attention_backward(kernels::Context& ctx, const Saved& s, const Tensor& d_out,
+                                float scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 };
 
 // i32 [B * S] document starts p - positions[p], or undefined when every

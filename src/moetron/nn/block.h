@@ -36,6 +36,7 @@ class Block {
   Tensor backward(kernels::Context& ctx, const Tensor& d_out);
   void release();
   MoeLayer* moe() { return moe_.get(); }
+  SelfAttention& attention() { return attn_; }
   const MoeLayer* moe() const { return moe_.get(); }
   int64_t index() const { return index_; }
 

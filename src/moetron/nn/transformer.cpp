@@ -190,6 +190,8 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
                                         const Tensor& targets, double grad_scale,
                                         double loss_weight, bool backward) {
   check_shape(targets, "targets", inputs.shape());
+  if (seq_chunk_ > 0 && inputs.rank() == 2 && seq_chunk_ < inputs.dim(1))
+    return forward_backward_chunked(ctx, inputs, targets, grad_scale, loss_weight, backward);
   LossStats stats;
   const auto t0 = std::chrono::steady_clock::now();
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);

@@ -71,6 +71,13 @@ class Transformer {
     // The micro-batch's token ids [B, S], on every stage: with a document
     // separator, positions (and the attention mask) follow its documents.
     Tensor ids;
+    // i32 [B * S] RoPE positions when the rows are a chunk of longer
+    // sequences (train.seq_chunk); undefined: computed from ids.
+    Tensor positions = Tensor();
+    // Under recompute full / sqrt, checkpoint the last segment too and keep
+    // the head's input instead of its gradient (the head runs again in
+    // backward): what a sequence chunk keeps until its turn comes.
+    bool checkpoint_all = false;
   };
   Tensor chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in,
                        const Tensor& targets, LossStats& stats);
@@ -124,6 +131,16 @@ class Transformer {
   // it. -1 (the default): each sequence is one document.
   void set_document_separator(int32_t id) { document_separator_ = id; }
   int32_t document_separator() const { return document_separator_; }
+  // Chunked sequences (nn/transformer_chunked.cpp): forward_backward runs
+  // each batch through the whole model `tokens` positions at a time (the
+  // last chunk takes the rest), then backward through the chunks in reverse;
+  // attention keeps the keys and values of the whole sequence, the rest of
+  // the activations only the chunks' (with the recompute policy, each
+  // chunk's checkpoints). Losses and gradients are the unchunked ones, except
+  // that the MoE's load-balancing loss and capacity drops see one chunk at a
+  // time (as they see one micro-batch). 0: off. One pipeline stage only.
+  void set_sequence_chunk(int64_t tokens);
+  int64_t sequence_chunk() const { return seq_chunk_; }
 
  private:
   Tensor hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
@@ -137,6 +154,10 @@ class Transformer {
   // restarting after each document separator.
   Tensor positions_of(const Tensor& ids, int64_t batch, int64_t seq) const;
   int32_t document_separator_ = -1;
+  int64_t seq_chunk_ = 0;
+  LossStats forward_backward_chunked(kernels::Context& ctx, const Tensor& inputs,
+                                     const Tensor& targets, double grad_scale, double loss_weight,
+                                     bool backward);
   ModelConfig model_;
   MoeConfig moe_;
   Precision prec_;
@@ -158,7 +179,20 @@ class Transformer {
     Tensor positions;
     int64_t batch = 0, seq = 0;
     double loss_weight = 0;
+    size_t last_segment = 0;  // blocks from here on kept their state
+    // checkpoint_all: the head runs again in backward on x_final.
+    bool head_deferred = false;
+    Tensor targets;
+    double grad_scale = 0;
   };
+  // The head's forward on the last block's output x: losses into stats,
+  // the final norm's 1/rms into st.rstd and, with backward, d_h into st.d_h.
+  void head_forward(kernels::Context& ctx, const Tensor& x, const Tensor& targets,
+                    double grad_scale, bool backward, ChunkStash& st, LossStats& stats);
+  // [start, end) block ranges of a chunk in backward order: the kept last
+  // segment, then the checkpointed segments from the last.
+  std::vector<std::pair<size_t, size_t>> backward_segments(size_t begin, size_t end,
+                                                           size_t last_segment) const;
   std::map<std::pair<int64_t, int64_t>, ChunkStash> stash_;  // by (chunk, micro-batch)
   comm::Communicator* balance_group_ = nullptr;
   void grads_ready(size_t begin, size_t end);

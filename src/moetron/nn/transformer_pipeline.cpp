@@ -30,15 +30,22 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
   } else {
     x = in;
   }
-  const Tensor positions = positions_of(first ? st.ids : at.ids, batch, seq);
+  const Tensor positions =
+      at.positions.defined() ? at.positions : positions_of(first ? st.ids : at.ids, batch, seq);
   st.positions = positions;
   st.batch = batch;
   st.seq = seq;
   st.loss_weight = loss_weight;
   MoeStats ms;
   const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
-  const size_t last_segment = backward ? last_segment_start(b0, b1) : b0;
   const auto k = static_cast<size_t>(recompute_.segment);
+  const bool checkpoint_all = backward && at.checkpoint_all && k > 0;
+  const size_t last_segment = checkpoint_all ? b1 : (backward ? last_segment_start(b0, b1) : b0);
+  st.last_segment = last_segment;
+  // The MoE layers of checkpointed blocks keep their routing for the
+  // recompute pass; under checkpoint_all that includes the last segment.
+  if (backward)
+    for (size_t i = b0; i < b1; ++i) blocks_[i]->set_checkpointed(i < last_segment);
   for (size_t i = b0; i < b1; ++i) {
     if (i < last_segment && (i - b0) % k == 0) st.segment_inputs.push_back(x);
     need(block_params_[i].first, block_params_[i].second);
@@ -58,13 +65,13 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
   stats.z_loss += ms.z_loss;
   stats.dropped += ms.dropped;
   if (last) {
-    const int64_t rows = x.dim(0);
-    st.rstd = Tensor::empty({rows}, prec_.accum);
-    need(final_norm_);
-    Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
-    kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h,
-                             st.rstd);
-    st.d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);
+    st.head_deferred = checkpoint_all;
+    head_forward(ctx, x, targets, grad_scale, backward && !checkpoint_all, st, stats);
+    if (checkpoint_all) {
+      st.rstd = Tensor();
+      st.targets = targets;
+      st.grad_scale = grad_scale;
+    }
     st.x_final = x;
     x = Tensor();
   }
@@ -73,6 +80,29 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
                   " is already in flight on pipeline chunk ", chunk);
   }
   return x;
+}
+
+void Transformer::head_forward(kernels::Context& ctx, const Tensor& x, const Tensor& targets,
+                               double grad_scale, bool backward, ChunkStash& st, LossStats& stats) {
+  const int64_t rows = x.dim(0);
+  st.rstd = Tensor::empty({rows}, prec_.accum);
+  need(final_norm_);
+  Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
+  kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h,
+                           st.rstd);
+  st.d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);
+}
+
+std::vector<std::pair<size_t, size_t>> Transformer::backward_segments(size_t begin, size_t end,
+                                                                      size_t last_segment) const {
+  std::vector<std::pair<size_t, size_t>> segments;
+  if (last_segment < end) segments.emplace_back(last_segment, end);
+  const auto k = static_cast<size_t>(recompute_.segment);
+  std::vector<size_t> starts;
+  for (size_t s = begin; s < last_segment; s += k) starts.push_back(s);
+  for (size_t j = starts.size(); j-- > 0;)
+    segments.emplace_back(starts[j], std::min(starts[j] + k, last_segment));
+  return segments;
 }
 
 Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t mb,
@@ -84,6 +114,10 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
   stash_.erase(it);
   const bool first = chunk == 0 && embed_, last = chunk == num_chunks() - 1 && head_;
   Tensor d_x = d_out;
+  if (last && st.head_deferred) {
+    LossStats counted_in_forward;
+    head_forward(ctx, st.x_final, st.targets, st.grad_scale, true, st, counted_in_forward);
+  }
   if (last) {
     d_x = Tensor::empty({st.d_h.dim(0), model_.d_model}, prec_.compute);
     kernels::rmsnorm_backward(ctx, st.d_h, st.x_final, final_norm_->value, st.rstd, d_x,
@@ -96,10 +130,9 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
   MOETRON_CHECK(d_x.defined(), "pipeline backward of chunk ", chunk,
                 " without the next stage's gradient");
   const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
-  const size_t last_segment = last_segment_start(b0, b1);
+  const size_t last_segment = st.last_segment;
   const auto k = static_cast<size_t>(recompute_.segment);
-  for (size_t start = last_segment, end = b1; end > b0;
-       end = start, start = start - b0 >= k ? start - k : b0) {
+  for (const auto& [start, end] : backward_segments(b0, b1, last_segment)) {
     if (start < last_segment) {
       Tensor x = std::move(st.segment_inputs[(start - b0) / k]);
       for (size_t i = start; i < end; ++i) {
@@ -113,7 +146,6 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
       d_x = blocks_[i]->backward(ctx, d_x);
       if (final_grads) grads_ready(block_params_[i].first, block_params_[i].second);
     }
-    if (start == b0) break;
   }
   if (!first) return d_x;
   const Tensor d_full = column_parallel_input(tp_, d_x);

@@ -271,7 +271,16 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
       if (n > 0) fixed.push_back(r.ws(n, DType::f32));
     }
   }
-  replay_step(r, in, x, chunks, first, last);
+  std::vector<Dims> seq_chunks;
+  if (in.seq_chunk > 0 && in.seq_chunk < in.seq_len) {
+    MOETRON_CHECK(lay.pp == 1, "memory model: train.seq_chunk needs parallel.pp = 1");
+    for (int64_t begin = 0; begin < in.seq_len; begin += in.seq_chunk) {
+      MemoryInputs part = in;
+      part.seq_len = std::min(in.seq_chunk, in.seq_len - begin);
+      seq_chunks.push_back(dims_of(part));
+    }
+  }
+  replay_step(r, in, x, chunks, first, last, seq_chunks);
   {
     // Uncompressed all-reduces copy each bucket into a send buffer held
     // until the reduction completes (comm/mpi_communicator.cpp): at the end

@@ -67,6 +67,8 @@ struct MemoryInputs {
   std::vector<std::string> adamw_patterns;  // kept on AdamW under muon
   nn::RecomputePolicy recompute;
   int64_t micro_batch = 1, seq_len = 1;
+  // train.seq_chunk: positions per chunk of each sequence (0 or >= seq_len: whole).
+  int64_t seq_chunk = 0;
   int64_t grad_accum = 1;  // micro-batches per step (the pipeline's m under pp)
   int64_t ce_chunk_tokens = 1024;
   int64_t threads = 1;  // OpenMP threads: per-thread kernel scratch

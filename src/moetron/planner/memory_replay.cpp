@@ -49,6 +49,8 @@ struct ChunkStash {
   std::vector<BlockSaved> blocks;
   Buf positions, rstd, d_h, x_final;
   std::vector<Buf> segment_inputs, routing;  // recompute full / sqrt
+  int64_t last_segment = 0;
+  bool head_deferred = false;  // a sequence chunk's head runs again in backward
 };
 
 class StepReplay {
@@ -110,14 +112,45 @@ class StepReplay {
     embed_backward(d_x);
   }
 
-  // A pipeline stage: its chunks run in the schedule's order; sent tensors
-  // are held until the next send (PipelineRunner releases delivered ones then).
+  // A pipeline stage: its chunks run in the schedule's order.
   void run_pipeline(const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage,
                     bool last_stage) {
-    const Dims& x = x_;
     const int64_t m = in_.grad_accum, v = static_cast<int64_t>(chunks.size()), pp = in_.layout.pp;
-    const std::vector<parallel::PipeOp> ops =
-        parallel::pipeline_schedule(in_.layout.schedule, pp, in_.layout.stage, m, v);
+    run_ops(parallel::pipeline_schedule(in_.layout.schedule, pp, in_.layout.stage, m, v), chunks,
+            first_stage, last_stage, {});
+  }
+
+  // Chunked sequences (nn/transformer_chunked.cpp): the chunks (`parts`,
+  // each one's dims) run forward in order, then backward in reverse, like
+  // micro-batches of one stage; every layer holds the whole sequence's keys
+  // and values, and from its first backward their gradients' sums.
+  void run_sequence_chunks(const std::vector<Dims>& parts) {
+    const Dims whole = x_;
+    const auto n = static_cast<int64_t>(parts.size()), layers = in_.model.n_layers;
+    std::vector<parallel::PipeOp> ops;
+    for (int64_t i = 0; i < n; ++i) ops.push_back({.forward = true, .mb = i, .chunk = 0});
+    for (int64_t i = n; i-- > 0;) ops.push_back({.forward = false, .mb = i, .chunk = 0});
+    Buf positions = r_.alloc(whole.t, DType::i32);
+    std::vector<Buf> cache;
+    for (int64_t i = 0; i < 2 * layers; ++i)
+      cache.push_back(r_.alloc(whole.t * whole.hkv * whole.hd, whole.c));
+    kv_grads_.assign(static_cast<size_t>(layers), {});
+    chunked_seq_ = whole.s;
+    run_ops(ops, {{0, layers}}, true, true, parts);
+    kv_grads_.clear();
+    chunked_seq_ = 0;
+    x_ = whole;
+  }
+
+ private:
+  // Runs `ops` over the stage's chunks; sent tensors are held until the
+  // next send (PipelineRunner releases delivered ones then). With `parts`,
+  // op.mb is a chunk of the sequence with those dims.
+  void run_ops(const std::vector<parallel::PipeOp>& ops,
+               const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage,
+               bool last_stage, const std::vector<Dims>& parts) {
+    const Dims& x = x_;
+    const auto v = static_cast<int64_t>(chunks.size());
     std::map<std::pair<int64_t, int64_t>, ChunkStash> stash;
     std::vector<Buf> sends;
     const auto send = [&](Buf b) {
@@ -125,13 +158,21 @@ class StepReplay {
       sends.push_back(std::move(b));
     };
     for (const parallel::PipeOp& op : ops) {
+      if (!parts.empty()) {
+        x_ = parts[static_cast<size_t>(op.mb)];
+        chunk_offset_ = op.mb * parts[0].s;
+      }
       const bool first = op.chunk == 0 && first_stage, last = op.chunk == v - 1 && last_stage;
       const auto [b0, b1] = chunks[static_cast<size_t>(op.chunk)];
       if (op.forward) {
         ChunkStash st;
         Buf cur = first ? embed() : r_.alloc(x.tb * x.d, x.c);  // the received activations
         st.positions = r_.alloc(x.t, DType::i32);
-        const int64_t last_segment = last_segment_start(b0, b1);
+        // Every sequence chunk but the last is checkpointed whole (ChunkStep::checkpoint_all).
+        const bool all = !parts.empty() && op.mb + 1 < static_cast<int64_t>(parts.size()) && k_ > 0;
+        const int64_t last_segment = all ? b1 : last_segment_start(b0, b1);
+        st.last_segment = last_segment;
+        st.head_deferred = all;
         for (int64_t i = b0; i < b1; ++i) {
           if (i < last_segment && (i - b0) % k_ == 0) st.segment_inputs.push_back(cur);
           cur = block_forward(i, cur);
@@ -145,12 +186,8 @@ class StepReplay {
           s = BlockSaved{};
         }
         if (last) {
-          st.rstd = r_.alloc(x.tb, x.a);
-          Buf h = r_.alloc(x.tb * x.d, x.c);
-          Buf h_full = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
-          Buf losses = r_.alloc(x.t, x.a);
-          st.d_h = r_.alloc(x.t * x.d, x.c);
-          head_workspace();
+          head_forward(st, !st.head_deferred);
+          if (st.head_deferred) st.rstd = nullptr;
           st.x_final = cur;
           cur = nullptr;
         } else {
@@ -162,12 +199,12 @@ class StepReplay {
         MOETRON_CHECK(it != stash.end(), "memory model: pipeline backward without its forward");
         ChunkStash st = std::move(it->second);
         stash.erase(it);
+        if (last && st.head_deferred) head_forward(st, true);
         // The received gradient, or on the last stage the final norm's backward output.
         Buf d_x = r_.alloc(x.tb * x.d, x.c);
         if (last) std::vector<Buf> partial = norm_partial();
-        const int64_t last_segment = last_segment_start(b0, b1);
-        for (int64_t start = last_segment, end = b1; end > b0;
-             end = start, start = std::max(start - k_, b0)) {
+        const int64_t last_segment = st.last_segment;
+        for (const auto& [start, end] : backward_segments(b0, b1, last_segment)) {
           if (start < last_segment) {
             Buf in = std::move(st.segment_inputs[static_cast<size_t>((start - b0) / k_)]);
             for (int64_t i = start; i < end; ++i) {
@@ -180,7 +217,6 @@ class StepReplay {
             }
           }
           for (int64_t i = end - 1; i >= start; --i) d_x = block_backward(i);
-          if (start == b0) break;
         }
         st = ChunkStash{};
         if (first) {
@@ -193,7 +229,31 @@ class StepReplay {
     sends.clear();
   }
 
- private:
+  // Transformer::head_forward: the final norm and the fused cross-entropy
+  // (its gradient d_h with `backward`).
+  void head_forward(ChunkStash& st, bool backward) {
+    const Dims& x = x_;
+    st.rstd = r_.alloc(x.tb, x.a);
+    Buf h = r_.alloc(x.tb * x.d, x.c);
+    Buf h_full = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
+    Buf losses = r_.alloc(x.t, x.a);
+    if (backward) st.d_h = r_.alloc(x.t * x.d, x.c);
+    head_workspace();
+  }
+
+  // Transformer::backward_segments: the kept last segment, then the
+  // checkpointed ones from the last.
+  std::vector<std::pair<int64_t, int64_t>> backward_segments(int64_t b0, int64_t b1,
+                                                             int64_t last_segment) const {
+    std::vector<std::pair<int64_t, int64_t>> segments;
+    if (last_segment < b1) segments.emplace_back(last_segment, b1);
+    std::vector<int64_t> starts;
+    for (int64_t s = b0; s < last_segment; s += k_) starts.push_back(s);
+    for (size_t j = starts.size(); j-- > 0;)
+      segments.emplace_back(starts[j], std::min(starts[j] + k_, last_segment));
+    return segments;
+  }
+
   Buf embed() {
     const Dims& x = x_;
     Buf full = r_.alloc(x.t * x.d, x.c);
@@ -248,9 +308,11 @@ class StepReplay {
   // The attention kernels' scratch for this rank's heads, held.
   std::vector<Buf> attention_scratch(bool backward) {
     const Dims& x = x_;
-    const kernels::AttentionShape shape{.batch = x.b,
+    // A sequence chunk's calls go one sequence at a time over the keys up to its end.
+    const bool chunk = chunked_seq_ > 0;
+    const kernels::AttentionShape shape{.batch = chunk ? 1 : x.b,
                                         .seq_q = x.s,
-                                        .seq_k = x.s,
+                                        .seq_k = chunk ? chunk_offset_ + x.s : x.s,
                                         .heads = x.h,
                                         .kv_heads = x.hkv,
                                         .head_dim = x.hd,
@@ -309,6 +371,7 @@ class StepReplay {
     s.v = r_.alloc(x.t * x.hkv * x.hd, x.c);
     s.out = r_.alloc(x.t * x.h * x.hd, x.c);
     s.lse = r_.alloc(x.b * x.h * x.s, x.a);
+    if (chunked_seq_ > 0) s.k = s.v = nullptr;  // copied into the sequence's cache
     { std::vector<Buf> scratch = attention_scratch(false); }
     row_output();
     if (drop_core_) s.out = nullptr;
@@ -394,7 +457,7 @@ class StepReplay {
     Buf d_h = r_.alloc(x.tb * x.d, x.c);
     { std::vector<Buf> partial = norm_partial(); }
     if (drop_norm_) s.attn.x = column_input(rebuild_norm());
-    attn_backward(s.attn);
+    attn_backward(s.attn, i);
     Buf d_x = r_.alloc(x.tb * x.d, x.c);
     { std::vector<Buf> partial = norm_partial(); }
     s = BlockSaved{};
@@ -438,7 +501,7 @@ class StepReplay {
     s = MoeSaved{};
   }
 
-  void attn_backward(AttnSaved& s) {
+  void attn_backward(AttnSaved& s, int64_t layer) {
     const Dims& x = x_;
     Buf dy = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
     if (!s.out) {
@@ -450,7 +513,21 @@ class StepReplay {
     Buf dq = r_.alloc(x.t * x.h * x.hd, x.c);
     Buf dk = r_.alloc(x.t * x.hkv * x.hd, x.c);
     Buf dv = r_.alloc(x.t * x.hkv * x.hd, x.c);
-    { std::vector<Buf> scratch = attention_scratch(true); }
+    if (chunked_seq_ > 0) {
+      // The sequence's dK, dV sums (from the layer's first backward on), and
+      // the chunk's contribution over the keys up to its end.
+      auto& sums = kv_grads_[static_cast<size_t>(layer)];
+      if (!sums.first) {
+        sums.first = r_.alloc(x.b * chunked_seq_ * x.hkv * x.hd, x.a);
+        sums.second = r_.alloc(x.b * chunked_seq_ * x.hkv * x.hd, x.a);
+      }
+      const int64_t prefix = chunk_offset_ + x.s;
+      Buf dk_prefix = r_.ws(prefix * x.hkv * x.hd, x.c),
+          dv_prefix = r_.ws(prefix * x.hkv * x.hd, x.c);
+      std::vector<Buf> scratch = attention_scratch(true);
+    } else {
+      std::vector<Buf> scratch = attention_scratch(true);
+    }
     d_out = nullptr;
     if (x.tp > in_.model.n_kv_heads) {
       // Replicated kv heads: each weight gradient is summed over the ranks sharing it.
@@ -471,15 +548,21 @@ class StepReplay {
   int64_t k_ = 0;  // blocks per checkpointed segment
   bool drop_core_, drop_act_, drop_norm_, drop_dispatch_;
   std::vector<BlockSaved> blocks_;
+  // Chunked sequences: the whole sequence's length (0: not chunked), where
+  // the current chunk starts, and each layer's dK, dV sums.
+  int64_t chunked_seq_ = 0, chunk_offset_ = 0;
+  std::vector<std::pair<Buf, Buf>> kv_grads_;
 };
 
 }  // namespace
 
 void replay_step(Replay& r, const MemoryInputs& in, const Dims& x,
                  const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage,
-                 bool last_stage) {
+                 bool last_stage, const std::vector<Dims>& seq_chunks) {
   StepReplay step(r, in, x);
-  if (in.layout.pp == 1) {
+  if (!seq_chunks.empty()) {
+    step.run_sequence_chunks(seq_chunks);
+  } else if (in.layout.pp == 1) {
     step.run_whole();
   } else {
     step.run_pipeline(chunks, first_stage, last_stage);

@@ -81,9 +81,11 @@ struct Dims {
 // Replays forward and backward of the micro-batches of one step into `r`:
 // with one pipeline stage, one micro-batch (the next reuses its memory) with
 // the policy's checkpointed segments; under pp, the stage's schedule, each
-// micro-batch's saved tensors held from its forward to its backward.
+// micro-batch's saved tensors held from its forward to its backward. With
+// seq_chunks (train.seq_chunk: each chunk's dims, x the whole sequence's),
+// one micro-batch's chunks forward, then backward in reverse.
 void replay_step(Replay& r, const MemoryInputs& in, const Dims& x,
                  const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first_stage,
-                 bool last_stage);
+                 bool last_stage, const std::vector<Dims>& seq_chunks = {});
 
 }  // namespace moetron::planner

@@ -83,6 +83,7 @@ const std::vector<Field>& fields() {
       field("data.document_mask", &Config::data, &DataConfig::document_mask),
       field("train.seq_len", &Config::train, &TrainingConfig::seq_len),
       field("train.micro_batch", &Config::train, &TrainingConfig::micro_batch),
+      field("train.seq_chunk", &Config::train, &TrainingConfig::seq_chunk),
       field("train.grad_accum", &Config::train, &TrainingConfig::grad_accum),
       field("train.global_batch", &Config::train, &TrainingConfig::global_batch),
       field("train.steps", &Config::train, &TrainingConfig::steps),
@@ -429,6 +430,23 @@ void validate_optim(const Config& c) {
              "must be in (0, 1)");
 }
 
+// train.seq_chunk: one pipeline stage, and under tp every chunk's tokens
+// split over the tp ranks like a micro-batch's.
+void validate_seq_chunk(const Config& c) {
+  const auto& t = c.train;
+  check_rule(t.seq_chunk >= 0, "train.seq_chunk", "must be >= 0 (0: whole sequences)");
+  if (t.seq_chunk == 0 || t.seq_chunk >= t.seq_len) return;
+  check_rule(c.parallel.pp == 1, "train.seq_chunk",
+             "needs parallel.pp = 1 (the chunks of a sequence run forward, then backward in "
+             "reverse, through the whole model)");
+  const int64_t last = t.seq_len - (t.seq_len - 1) / t.seq_chunk * t.seq_chunk;
+  const int64_t tp = c.parallel.tp;
+  check_rule(tp <= 1 || (t.micro_batch * t.seq_chunk % tp == 0 && t.micro_batch * last % tp == 0),
+             "train.seq_chunk",
+             str_cat("= ", t.seq_chunk, ": train.micro_batch times each chunk's positions (",
+                     t.seq_chunk, ", the last ", last, ") must divide over parallel.tp = ", tp));
+}
+
 void validate_train(const Config& c) {
   const auto& m = c.model;
   const auto& t = c.train;
@@ -524,6 +542,7 @@ void validate_parallel(const Config& c) {
              "needs parallel.tp > 1");
   const auto& pl = c.parallel;
   check_rule(pl.pp >= 1, "parallel.pp", "must be >= 1");
+  validate_seq_chunk(c);
   check_rule(pl.cp == 1, "parallel.cp",
              "must be 1: context parallelism is not built yet (the long-sequence issue)");
   check_rule(pl.vpp >= 1, "parallel.vpp", "must be >= 1");

@@ -57,6 +57,11 @@ struct DataConfig {
 
 struct TrainingConfig {
   int64_t seq_len = 256;
+  // Chunked sequences (nn/transformer_chunked.cpp): each micro-batch goes
+  // through the model seq_chunk positions at a time, bounding activations
+  // by the chunk (attention keeps the whole sequence's keys and values).
+  // 0 (or >= seq_len): whole sequences.
+  int64_t seq_chunk = 0;
   int64_t micro_batch = 8;
   int64_t grad_accum = 1;
   // Rows (sequences) per optimizer step over all data-parallel ranks; 0:

@@ -24,6 +24,7 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingP
   in.recompute = recompute_policy(cfg);
   in.micro_batch = s.micro_batch;
   in.seq_len = s.seq_len;
+  in.seq_chunk = cfg.train.seq_chunk;
   in.grad_accum = plan.accumulation();
   in.threads = threads;
   in.layout = layout_of(plan, rank);

@@ -220,6 +220,7 @@ void Trainer::build_model() {
   model_->initialize(cfg_.train.seed);
   model_->set_recompute(recompute_policy(cfg_));
   model_->set_document_separator(document_separator_);
+  if (cfg_.train.seq_chunk < cfg_.train.seq_len) model_->set_sequence_chunk(cfg_.train.seq_chunk);
   // Every rank of a stage holds a distinct token shard for the MoE layers (tp folded in).
   if (balance_comm_) model_->set_balance_group(balance_comm_.get());
   if (ep_comm_) model_->set_expert_group(ep_comm_);
