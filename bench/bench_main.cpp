@@ -1,4 +1,7 @@
-// moetron_bench_kernels [--quick] [--filter SUBSTR] [--threads 1,2] [--json FILE]
+// moetron_bench_kernels [--quick] [--filter SUBSTR] [--threads 1,2] [--json FILE] [--warmup N]
+//   long_sequence (opt-in: --filter long_sequence) also reads
+//   [--long-modes full,hybrid,hybrid_chunked] [--long-seqs 4096,8192,...] [--long-chunk C]
+//   [--long-window W] [--long-max-gb G] [--long-max-seconds T]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,19 +19,19 @@
 
 namespace moetron::bench {
 
-std::vector<std::pair<std::string, BenchFn>>& registry() {
-  static std::vector<std::pair<std::string, BenchFn>> r;
+std::vector<Family>& registry() {
+  static std::vector<Family> r;
   return r;
 }
 
-Registration::Registration(const char* name, BenchFn fn) {
-  registry().emplace_back(name, std::move(fn));
+Registration::Registration(const char* name, BenchFn fn, bool opt_in) {
+  registry().push_back({name, std::move(fn), opt_in});
 }
 
 double Runner::time_median(const std::function<void()>& fn, double min_seconds) const {
   using clock = std::chrono::steady_clock;
   if (quick_) min_seconds = std::min(min_seconds, 0.05);
-  fn();
+  for (int i = 0; i < opts_.warmup; ++i) fn();
   std::vector<double> t;
   const auto start = clock::now();
   while (t.size() < 3 ||
@@ -53,6 +56,18 @@ void Runner::record(Result r) {
   results_.push_back(std::move(r));
 }
 
+namespace {
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) out.push_back(tok);
+  return out;
+}
+
+}  // namespace
+
 }  // namespace moetron::bench
 
 int main(int argc, char** argv) {
@@ -60,6 +75,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string filter, json_path;
   std::vector<int> threads = {1, 2};
+  Options opts;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -77,12 +93,27 @@ int main(int argc, char** argv) {
       json_path = value();
     } else if (a == "--threads") {
       threads.clear();
-      std::stringstream ss(value());
-      std::string tok;
-      while (std::getline(ss, tok, ',')) threads.push_back(std::stoi(tok));
+      for (const auto& tok : split(value())) threads.push_back(std::stoi(tok));
+    } else if (a == "--warmup") {
+      opts.warmup = std::stoi(value());
+    } else if (a == "--long-modes") {
+      opts.long_seq.modes = split(value());
+    } else if (a == "--long-seqs") {
+      opts.long_seq.seqs.clear();
+      for (const auto& tok : split(value())) opts.long_seq.seqs.push_back(std::stoll(tok));
+    } else if (a == "--long-chunk") {
+      opts.long_seq.chunk = std::stoll(value());
+    } else if (a == "--long-window") {
+      opts.long_seq.window = std::stoll(value());
+    } else if (a == "--long-max-gb") {
+      opts.long_seq.max_gb = std::stod(value());
+    } else if (a == "--long-max-seconds") {
+      opts.long_seq.max_seconds = std::stod(value());
     } else {
       std::cerr << "error: unknown argument '" << a
-                << "' (expected --quick, --filter SUBSTR, --threads LIST, --json FILE)\n";
+                << "' (expected --quick, --filter SUBSTR, --threads LIST, --json FILE, --warmup N,"
+                   " --long-modes LIST, --long-seqs LIST, --long-chunk C, --long-window W,"
+                   " --long-max-gb G, --long-max-seconds T)\n";
       return 2;
     }
   }
@@ -90,10 +121,12 @@ int main(int argc, char** argv) {
   try {
     for (int t : threads) {
       moetron::init_compute_threads(t);
-      Runner runner(quick, t);
-      for (auto& [name, fn] : registry()) {
-        if (!filter.empty() && name.find(filter) == std::string::npos) continue;
-        fn(runner);
+      Runner runner(quick, t, opts);
+      for (auto& fam : registry()) {
+        if (fam.opt_in ? filter != fam.name
+                       : !filter.empty() && fam.name.find(filter) == std::string::npos)
+          continue;
+        fam.fn(runner);
       }
       for (const auto& r : runner.results()) {
         out.push_back({{"name", r.name}, {"labels", r.labels}, {"metrics", r.metrics}});

@@ -3,9 +3,11 @@
 // table and writes every number as JSON, once per requested thread count.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moetron::bench {
@@ -16,12 +18,29 @@ struct Result {
   std::map<std::string, double> metrics;      // seconds, gflops, ratio, ...
 };
 
+// The opt-in long_sequence family's settings (bench_long_sequence.cpp).
+struct LongSequenceOptions {
+  std::vector<std::string> modes = {"full", "hybrid", "hybrid_chunked"};
+  std::vector<int64_t> seqs = {4096, 8192, 16384, 32768, 65536, 131072};
+  int64_t chunk = 4096;      // hybrid_chunked's sequence chunk
+  int64_t window = 1024;     // local layers' sliding window
+  double max_gb = 20;        // skip a point whose predicted peak exceeds this
+  double max_seconds = 600;  // skip a point predicted to take longer (warm-up included)
+};
+
+struct Options {
+  int warmup = 1;  // untimed calls before timing
+  LongSequenceOptions long_seq;
+};
+
 class Runner {
  public:
-  Runner(bool quick, int threads) : quick_(quick), threads_(threads) {}
+  Runner(bool quick, int threads, Options opts = {})
+      : quick_(quick), threads_(threads), opts_(std::move(opts)) {}
   bool quick() const { return quick_; }
   int threads() const { return threads_; }
-  // Median wall seconds of one call to fn, after one warm-up call; repeats
+  const Options& options() const { return opts_; }
+  // Median wall seconds of one call to fn, after options().warmup warm-up calls; repeats
   // until min_seconds (shorter in quick mode) and at least 3 times.
   double time_median(const std::function<void()>& fn, double min_seconds = 0.5) const;
   void record(Result r);
@@ -30,14 +49,20 @@ class Runner {
  private:
   bool quick_;
   int threads_;
+  Options opts_;
   std::vector<Result> results_;
 };
 
 using BenchFn = std::function<void(Runner&)>;
-struct Registration {
-  Registration(const char* name, BenchFn fn);
+struct Family {
+  std::string name;
+  BenchFn fn;
+  bool opt_in = false;  // runs only when --filter is exactly its name (slow families)
 };
-std::vector<std::pair<std::string, BenchFn>>& registry();
+struct Registration {
+  Registration(const char* name, BenchFn fn, bool opt_in = false);
+};
+std::vector<Family>& registry();
 
 }  // namespace moetron::bench
 
@@ -46,3 +71,6 @@ std::vector<std::pair<std::string, BenchFn>>& registry();
 // MOETRON_BENCH("family", fn) registers fn(Runner&) under a family name.
 #define MOETRON_BENCH(name, fn) \
   static ::moetron::bench::Registration MOETRON_BENCH_CAT(moetron_bench_, __LINE__)(name, fn)
+// MOETRON_BENCH_OPT_IN("family", fn): skipped unless `--filter family` names it.
+#define MOETRON_BENCH_OPT_IN(name, fn) \
+  static ::moetron::bench::Registration MOETRON_BENCH_CAT(moetron_bench_, __LINE__)(name, fn, true)
