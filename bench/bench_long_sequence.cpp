@@ -4,7 +4,7 @@
 // attention modes:
 //   full            full causal attention on every layer
 //   hybrid          sliding window (--long-window, 1024) on five layers of six,
-//                   one global layer in six ("LLLLLG", Gemma 3), 16 global tokens
+//                   one global layer in six (--long-pattern, "LLLLLG", Gemma 3), 16 global tokens
 //   hybrid_chunked  hybrid, run C (--long-chunk) positions at a time
 //                   (Transformer::set_sequence_chunk) under recompute full, so
 //                   activations scale with C rather than S
@@ -74,7 +74,7 @@ Setup setup_of(const Mode& mode, int64_t seq, const LongSequenceOptions& o) {
   if (mode.hybrid) {
     s.model.attention_window = o.window;
     s.model.attention_global_tokens = 16;
-    s.model.attention_layer_pattern = "LLLLLG";
+    s.model.attention_layer_pattern = o.pattern;
   }
   if (mode.chunked) {
     s.recompute = nn::make_recompute_policy("full", {}, s.model.n_layers);

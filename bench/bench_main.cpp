@@ -1,7 +1,7 @@
 // moetron_bench_kernels [--quick] [--filter SUBSTR] [--threads 1,2] [--json FILE] [--warmup N]
 //   long_sequence (opt-in: --filter long_sequence) also reads
 //   [--long-modes full,hybrid,hybrid_chunked] [--long-seqs 4096,8192,...] [--long-chunk C]
-//   [--long-window W] [--long-max-gb G] [--long-max-seconds T]
+//   [--long-window W] [--long-pattern LLLLLG] [--long-max-gb G] [--long-max-seconds T]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
       for (const auto& tok : split(value())) opts.long_seq.seqs.push_back(std::stoll(tok));
     } else if (a == "--long-chunk") {
       opts.long_seq.chunk = std::stoll(value());
+    } else if (a == "--long-pattern") {
+      opts.long_seq.pattern = value();
     } else if (a == "--long-window") {
       opts.long_seq.window = std::stoll(value());
     } else if (a == "--long-max-gb") {
@@ -112,7 +114,8 @@ int main(int argc, char** argv) {
     } else {
       std::cerr << "error: unknown argument '" << a
                 << "' (expected --quick, --filter SUBSTR, --threads LIST, --json FILE, --warmup N,"
-                   " --long-modes LIST, --long-seqs LIST, --long-chunk C, --long-window W,"
+                   " --long-modes LIST, --long-seqs LIST, --long-chunk C, --long-window W, "
+                   "--long-pattern P,"
                    " --long-max-gb G, --long-max-seconds T)\n";
       return 2;
     }

@@ -22,8 +22,11 @@ struct Result {
 struct LongSequenceOptions {
   std::vector<std::string> modes = {"full", "hybrid", "hybrid_chunked"};
   std::vector<int64_t> seqs = {4096, 8192, 16384, 32768, 65536, 131072};
-  int64_t chunk = 4096;      // hybrid_chunked's sequence chunk
-  int64_t window = 1024;     // local layers' sliding window
+  int64_t chunk = 4096;   // hybrid_chunked's sequence chunk
+  int64_t window = 1024;  // local layers' sliding window
+  // hybrid modes' layer pattern: LLLLLG (Gemma 3) or L (Longformer: every
+  // layer local + the global tokens, O(S (W + G)) throughout)
+  std::string pattern = "LLLLLG";
   double max_gb = 20;        // skip a point whose predicted peak exceeds this
   double max_seconds = 600;  // skip a point predicted to take longer (warm-up included)
 };
