@@ -115,21 +115,28 @@ void expect_same_grads(Trainer& t, const std::map<std::string, std::vector<float
   }
 }
 
+// One run of the layout's Trainer on `rows` rows per rank with `sets`:
+// losses, the validation loss and the first step's gradients equal `ref`'s.
+void expect_run_equals_reference(const Reference& ref, int64_t rows,
+                                 const std::vector<std::string>& sets, const std::string& dir,
+                                 const std::string& what) {
+  Trainer t(tp_config(rows, sets), run_dir(dir), false, shared_world());
+  std::map<std::string, std::vector<float>> grads;
+  t.before_update = [&](int64_t step) {
+    if (step == 1) grads = grads_of(t);
+  };
+  const TrainResult r = t.run();
+  expect_same_losses(r, ref.result, 0, 1e-5, what);
+  EXPECT_LE(rel(r.val_loss, ref.result.val_loss), 1e-5) << what;
+  expect_same_grads(t, grads, ref, what);
+}
+
 TEST(TensorParallel, LossesAndGradientsEqualOneRank) {
   for (const std::string opt : {"adamw", "muon"}) {
     const Reference& ref = reference(opt, {"optim.name=" + opt});
     for (const Layout& l : layouts()) {
-      const std::string what = opt + " " + l.name;
-      Trainer t(tp_config(kGlobalRows / l.dp, with({"optim.name=" + opt}, l.sets)),
-                run_dir("tp-" + opt + l.name), false, shared_world());
-      std::map<std::string, std::vector<float>> grads;
-      t.before_update = [&](int64_t step) {
-        if (step == 1) grads = grads_of(t);
-      };
-      const TrainResult r = t.run();
-      expect_same_losses(r, ref.result, 0, 1e-5, what);
-      EXPECT_LE(rel(r.val_loss, ref.result.val_loss), 1e-5) << what;
-      expect_same_grads(t, grads, ref, what);
+      expect_run_equals_reference(ref, kGlobalRows / l.dp, with({"optim.name=" + opt}, l.sets),
+                                  "tp-" + opt + l.name, opt + " " + l.name);
     }
   }
 }
@@ -185,19 +192,10 @@ TEST(TensorParallel, SequenceChunksEqualTheWholeSequenceOnOneRank) {
   const Reference& ref = reference("chunk", common);
   for (const Layout& l : {layouts()[0], layouts()[1]}) {
     for (const std::string policy : {"none", "full"}) {
-      const std::string what = l.name + " recompute " + policy;
-      Trainer t(tp_config(kGlobalRows / l.dp,
-                          with(with(common, {"train.seq_chunk=6", "recompute.policy=" + policy}),
-                               l.sets)),
-                run_dir("tp-chunk-" + l.name + policy), false, shared_world());
-      std::map<std::string, std::vector<float>> grads;
-      t.before_update = [&](int64_t step) {
-        if (step == 1) grads = grads_of(t);
-      };
-      const TrainResult r = t.run();
-      expect_same_losses(r, ref.result, 0, 1e-5, what);
-      EXPECT_LE(rel(r.val_loss, ref.result.val_loss), 1e-5) << what;
-      expect_same_grads(t, grads, ref, what);
+      expect_run_equals_reference(
+          ref, kGlobalRows / l.dp,
+          with(with(common, {"train.seq_chunk=6", "recompute.policy=" + policy}), l.sets),
+          "tp-chunk-" + l.name + policy, l.name + " recompute " + policy);
     }
   }
 }

@@ -31,8 +31,9 @@ Field field(const char* key, Member Config::*section, auto member) {
   return {key, [section, member](Config& c) -> Value { return &((c.*section).*member); }};
 }
 
-const std::vector<Field>& fields() {
-  static const std::vector<Field> table = {
+// The model's keys: [model], [attention], [moe], [optim], [data].
+std::vector<Field> model_fields() {
+  return {
       field("model.vocab_size", &Config::model, &ModelConfig::vocab_size),
       field("model.d_model", &Config::model, &ModelConfig::d_model),
       field("model.n_layers", &Config::model, &ModelConfig::n_layers),
@@ -81,6 +82,12 @@ const std::vector<Field>& fields() {
       field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
       field("data.source", &Config::data, &DataConfig::source),
       field("data.document_mask", &Config::data, &DataConfig::document_mask),
+  };
+}
+
+// The run's keys: [train], [recompute], [checkpoint], [parallel], [monitor].
+std::vector<Field> run_fields() {
+  return {
       field("train.seq_len", &Config::train, &TrainingConfig::seq_len),
       field("train.micro_batch", &Config::train, &TrainingConfig::micro_batch),
       field("train.seq_chunk", &Config::train, &TrainingConfig::seq_chunk),
@@ -137,6 +144,14 @@ const std::vector<Field>& fields() {
       field("monitor.straggler_margin", &Config::monitor, &MonitorConfig::straggler_margin),
       field("monitor.straggler_intervals", &Config::monitor, &MonitorConfig::straggler_intervals),
   };
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = [] {
+    std::vector<Field> all = model_fields();
+    for (Field& f : run_fields()) all.push_back(std::move(f));
+    return all;
+  }();
   return table;
 }
 
