@@ -41,7 +41,8 @@ int run_memory_command(const MemoryCommand& o) {
   if (!o.budget.empty()) sets.push_back("train.memory_budget=" + o.budget);
   const train::Config cfg = train::load_config(o.config, sets);
   MOETRON_CHECK(o.dp >= 1, "--dp must be >= 1, got ", o.dp);
-  planner::Layout layout = train::layout_of(cfg, o.dp * cfg.parallel.tp * cfg.parallel.pp, 0);
+  planner::Layout layout =
+      train::layout_of(cfg, o.dp * cfg.parallel.cp * cfg.parallel.tp * cfg.parallel.pp, 0);
   layout.zero1 = layout.zero1 || o.zero1;
   MOETRON_CHECK(o.stage >= -1 && o.stage < layout.pp,
                 "--stage must be in 0 .. parallel.pp - 1 = ", layout.pp - 1, ", got ", o.stage);

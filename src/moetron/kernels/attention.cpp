@@ -69,19 +69,20 @@ void check_float_dtype(const Tensor& t, const char* name, bool allow_f64) {
       t.str());
 }
 
-// Packed documents: causal, one start per key position, and every start in
-// [0, p] and never decreasing (what the CPU tiles' bounds rely on).
-void check_document_starts(const AttentionMask& mask, int64_t B, int64_t Sq, int64_t Sk) {
+// Packed documents: causal, one start per query position p in [q_offset,
+// q_offset + Sq) of a doc_stride-long row (doc_stride >= q_offset + Sq), each
+// start <= p and never decreasing along the queries (what the CPU tiles'
+// bounds rely on). A start may be negative: the document began before key 0
+// (a key block cut out of a longer sequence, nn/attention_context_parallel.cpp).
+void check_document_starts(const AttentionMask& mask, int64_t B, int64_t Sq) {
   if (!mask.doc_start) return;
   MOETRON_CHECK(mask.causal, "attention: document starts need a causal mask");
-  MOETRON_CHECK(mask.doc_stride == Sk, "attention: doc_stride must be the key length ", Sk,
-                ", got ", mask.doc_stride);
-  MOETRON_CHECK(mask.q_offset + Sq <= Sk, "attention: packed documents need every query ",
-                "position (q_offset ", mask.q_offset, " + ", Sq, ") among the ", Sk, " keys");
+  MOETRON_CHECK(mask.doc_stride >= mask.q_offset + Sq, "attention: doc_stride ", mask.doc_stride,
+                " does not cover every query position (q_offset ", mask.q_offset, " + ", Sq, ")");
   for (int64_t b = 0; b < B; ++b) {
-    const int32_t* s = mask.doc_start + b * Sk;
-    for (int64_t p = 0; p < Sk; ++p) {
-      MOETRON_CHECK(s[p] >= 0 && s[p] <= p && (p == 0 || s[p] >= s[p - 1]),
+    const int32_t* s = mask.doc_start + b * mask.doc_stride;
+    for (int64_t p = mask.q_offset; p < mask.q_offset + Sq; ++p) {
+      MOETRON_CHECK(s[p] <= p && (p == mask.q_offset || s[p] >= s[p - 1]),
                     "attention: document start ", s[p], " of position ", p, " in sequence ", b,
                     " is not in [previous start, ", p, "]");
     }
@@ -109,7 +110,7 @@ void check_attention_forward_args(const Tensor& q, const Tensor& k, const Tensor
       Sq < kMax && Sk < kMax && mask.q_offset >= 0 && mask.q_offset + Sq < kMax &&
           mask.window < kMax && mask.num_global >= 0 && mask.num_global < kMax,
       "attention: sequence lengths, q_offset, window and num_global must be in [0, 2^30)");
-  check_document_starts(mask, B, Sq, Sk);
+  check_document_starts(mask, B, Sq);
   check_float_dtype(q, "q", allow_f64);
   check_tensor(k, "attention k", k.shape(), q.dtype());
   check_tensor(v, "attention v", k.shape(), q.dtype());

@@ -27,8 +27,10 @@ struct AttentionMask {
   int64_t window = 0;
   int64_t num_global = 0;
   int64_t q_offset = 0;
-  // Packed documents: i32 starts, doc_stride (= Sk) per sequence, each start
-  // <= its position and never decreasing along the sequence. nullptr: none.
+  // Packed documents: i32 starts indexed by query position, doc_stride per
+  // sequence (at least q_offset + Sq; Sk for a whole sequence), each start
+  // <= its position and never decreasing along the queries; a negative
+  // start is a document that began before key 0. nullptr: none.
   const int32_t* doc_start = nullptr;
   int64_t doc_stride = 0;
 };

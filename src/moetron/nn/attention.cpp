@@ -97,7 +97,12 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const 
   s.out = Tensor::empty({batch, seq, h_, hd_}, prec_.compute);
   s.lse = Tensor::empty({batch, h_, seq}, prec_.accum);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  if (cache_.on()) {
+  if (context_parallel()) {
+    MOETRON_CHECK(!cache_.on(), "context parallelism with chunked sequences");
+    s.context_parallel = true;
+    s.doc_start = context_document_starts(positions, batch);
+    ring_attention_forward(ctx, s, scale);
+  } else if (cache_.on()) {
     s.offset = cache_.offset;
     s.doc_start = Tensor();  // the cache holds the whole sequence's
     keep_chunk_kv(s);
@@ -129,7 +134,9 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
   if (!s.out.defined()) {  // attn_core recompute: the same kernel on the same q, k, v
     s.out = Tensor::empty(s.q.shape(), prec_.compute);
     Tensor lse = Tensor::empty(s.lse.shape(), prec_.accum);
-    if (chunked) {
+    if (s.context_parallel) {
+      context_attention_forward(ctx, s, scale, s.out, lse);
+    } else if (chunked) {
       chunk_attention_forward(ctx, s, scale, s.out, lse);
     } else {
       kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, lse);
@@ -142,7 +149,9 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
   Tensor dq = Tensor::empty(s.q.shape(), prec_.compute);
   Tensor dk = Tensor::empty(kv_shape, prec_.compute);
   Tensor dv = Tensor::empty(kv_shape, prec_.compute);
-  if (chunked) {
+  if (s.context_parallel) {
+    context_attention_backward(ctx, s, d_out, scale, dq, dk, dv);
+  } else if (chunked) {
     chunk_attention_backward(ctx, s, d_out, scale, dq, dk, dv);
   } else {
     kernels::attention_backward(ctx, d_out, s.q, s.k, s.v, s.out, s.lse, mask_for(s), scale, dq, dk,

@@ -20,6 +20,7 @@
 
 #include "moetron/kernels/attention.h"
 #include "moetron/kernels/context.h"
+#include "moetron/nn/context_parallel.h"
 #include "moetron/nn/model_config.h"
 #include "moetron/nn/parameter.h"
 #include "moetron/nn/tensor_parallel.h"
@@ -60,8 +61,15 @@ class SelfAttention {
   void set_chunk(int64_t offset) { cache_.offset = offset; }
   void end_sequence() { cache_ = SequenceCache{}; }
 
+  // Context parallelism (nn/context_parallel.h): forward and backward see
+  // this rank's two chunks of every sequence (positions: theirs in the whole
+  // sequence); keys and values travel the cp ring. `cp` outlives the module;
+  // nullptr or size 1: off.
+  void set_context_parallel(const ContextParallel* cp) { cp_ = cp; }
+
  private:
   const TensorParallel* tp_;
+  const ContextParallel* cp_ = nullptr;
   int64_t d_, h_, hkv_, hd_;  // h_, hkv_: this rank's heads
   bool kv_replicated_ = false;
   float theta_;
@@ -86,6 +94,10 @@ class SelfAttention {
     // A chunk of a chunked sequence starts here (its k, v are in the cache,
     // not in k, v); -1: the whole sequence.
     int64_t offset = -1;
+    // Context parallelism: q, out, lse are this rank's chunks; k, v the
+    // whole sequence's (gathered around the ring); doc_start i32 [B * S]
+    // indexed by sequence position (only this rank's filled), or undefined.
+    bool context_parallel = false;
   };
   void swap_saved(Saved& other) { std::swap(saved_, other); }
 
@@ -102,6 +114,25 @@ class SelfAttention {
   // over this and every later chunk).
   void chunk_attention_backward(kernels::Context& ctx, const Saved& s, const Tensor& d_out,
                                 float scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+  // Context parallelism (nn/attention_context_parallel.cpp).
+  bool context_parallel() const { return cp_ && cp_->on(); }
+  Tensor context_document_starts(const Tensor& positions, int64_t batch) const;
+  // Ring attention: fills s.out, s.lse; s.k, s.v become the whole sequence's.
+  void ring_attention_forward(kernels::Context& ctx, Saved& s, float scale);
+  // The queries of `block` ([2 (k, v), B, 2C, hkv, hd], cp rank `owner`'s
+  // chunks) merged into acc [B, 2C, h, hd] and acc_lse [B, h, 2C] (accum).
+  void attend_block(kernels::Context& ctx, const Saved& s, const Tensor& block, int64_t owner,
+                    float scale, const Tensor& acc, const Tensor& acc_lse) const;
+  void keep_block(const Tensor& block, int64_t owner, const Tensor& k_all,
+                  const Tensor& v_all) const;
+  // From the saved whole-sequence K/V, no communication (attn_core recompute).
+  void context_attention_forward(kernels::Context& ctx, const Saved& s, float scale,
+                                 const Tensor& out, const Tensor& lse) const;
+  // dq of the local chunks; dk, dv of them summed over every cp rank's queries.
+  void context_attention_backward(kernels::Context& ctx, const Saved& s, const Tensor& d_out,
+                                  float scale, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv) const;
 };
 
 // i32 [B * S] document starts p - positions[p], or undefined when every

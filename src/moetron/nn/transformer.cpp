@@ -76,6 +76,34 @@ void Transformer::set_tensor_group(comm::Communicator* group) {
   }
 }
 
+void Transformer::set_context_group(comm::Communicator* group) {
+  MOETRON_CHECK(group && group->size() >= 1, "context parallelism without its cp group");
+  MOETRON_CHECK(seq_chunk_ == 0, "parallel.cp > 1 with train.seq_chunk: pick one");
+  cp_.group = group;
+  cp_.size = group->size();
+  cp_.rank = group->rank();
+  for (auto& blk : blocks_) blk->attention().set_context_parallel(&cp_);
+}
+
+Transformer::ContextSlice Transformer::context_slice(const Tensor& ids, const Tensor& targets) {
+  MOETRON_CHECK(ids.rank() == 2 && ids.dtype() == DType::i32, "inputs must be i32 [B, S], got ",
+                ids.str());
+  check_shape(targets, "targets", ids.shape());
+  const int64_t b = ids.dim(0), s = ids.dim(1);
+  MOETRON_CHECK(s <= model_.max_seq_len, "sequence of ", s,
+                " tokens exceeds model.max_seq_len = ", model_.max_seq_len);
+  check_context_split(cp_, s);
+  cp_.seq = s;
+  cp_.documents = document_separator_ >= 0;
+  ContextSlice out;
+  out.batch = b;
+  out.seq = cp_.local_seq();
+  out.ids = context_local_rows(cp_, ids, b);
+  out.targets = context_local_rows(cp_, targets, b);
+  out.positions = context_local_rows(cp_, positions_of(ids, b, s), b).reshape({b * out.seq});
+  return out;
+}
+
 void Transformer::grad_ready(Parameter* p) {
   if (on_grad_ready) on_grad_ready(*p);
 }
@@ -132,7 +160,7 @@ Tensor Transformer::embed(kernels::Context& ctx, const Tensor& ids) {
 }
 
 Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
-                                  LossStats& stats) {
+                                  LossStats& stats, const Tensor& positions) {
   MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32,
                 "inputs must be i32 [B, S], got ", inputs.str());
   MOETRON_CHECK(
@@ -143,7 +171,7 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
                 " tokens exceeds model.max_seq_len = ", model_.max_seq_len);
   Saved sv;
   sv.ids = inputs.reshape({t});
-  sv.positions = positions_of(sv.ids, b, s);
+  sv.positions = positions.defined() ? positions : positions_of(sv.ids, b, s);
   Tensor x = embed(ctx, sv.ids);
   MoeStats ms;
   x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms);
@@ -195,8 +223,10 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   LossStats stats;
   const auto t0 = std::chrono::steady_clock::now();
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
-  const Tensor h = hidden_states(ctx, inputs, loss_weight, stats);
-  Tensor d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);
+  ContextSlice local{inputs, targets, Tensor()};
+  if (cp_.on()) local = context_slice(inputs, targets);
+  const Tensor h = hidden_states(ctx, local.ids, loss_weight, stats, local.positions);
+  Tensor d_h = head_loss(ctx, h, local.targets, grad_scale, backward, stats);
   const auto t1 = std::chrono::steady_clock::now();
   stats.forward_s = std::chrono::duration<double>(t1 - t0).count();
   if (!backward) {
@@ -221,8 +251,9 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
 }
 
 Tensor Transformer::last_logits(kernels::Context& ctx, const Tensor& inputs, int64_t positions) {
-  MOETRON_CHECK(!tp_.on(),
-                "sampling runs on one rank (a tensor-parallel model's checkpoint loads there)");
+  MOETRON_CHECK(!tp_.on() && !cp_.on(),
+                "sampling runs on one rank (a tensor- or context-parallel model's checkpoint loads "
+                "there)");
   MOETRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32,
                 "inputs must be i32 [B, S], got ", inputs.str());
   MOETRON_CHECK(positions >= 1 && positions <= inputs.dim(1), "cannot take the logits of the last ",

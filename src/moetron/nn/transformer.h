@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moetron/nn/block.h"
+#include "moetron/nn/context_parallel.h"
 #include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
@@ -142,9 +143,26 @@ class Transformer {
   void set_sequence_chunk(int64_t tokens);
   int64_t sequence_chunk() const { return seq_chunk_; }
 
+  // Context parallelism (nn/context_parallel.h): `group` holds the cp ranks
+  // (ordered by cp rank) that split every sequence. forward_backward (and
+  // the pipeline runner, through context_slice) then takes the whole
+  // micro-batch and runs this rank's two chunks of every row; LossStats
+  // count this rank's tokens. Collective-free; not with seq_chunk.
+  void set_context_group(comm::Communicator* group);
+  const ContextParallel& context_parallel() const { return cp_; }
+  // This rank's share of a whole micro-batch (ids, targets: i32 [B, S]):
+  // ids and targets [B, 2 S / 2c], RoPE positions i32 [B * 2 S / 2c] in the
+  // whole sequence. Sets the sequence length the attention layers split.
+  struct ContextSlice {
+    Tensor ids, targets, positions;
+    int64_t batch = 0, seq = 0;  // seq: this rank's tokens per row
+  };
+  ContextSlice context_slice(const Tensor& ids, const Tensor& targets);
+
  private:
+  // positions: i32 [B * S] RoPE positions; undefined: positions_of(inputs).
   Tensor hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
-                       LossStats& stats);
+                       LossStats& stats, const Tensor& positions = Tensor());
   // Final-norm output h -> losses (counted into stats) and, with backward,
   // the gradient wrt h (this rank's rows).
   Tensor head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets,
@@ -161,7 +179,8 @@ class Transformer {
   ModelConfig model_;
   MoeConfig moe_;
   Precision prec_;
-  TensorParallel tp_;  // the blocks hold a pointer to it
+  TensorParallel tp_;   // the blocks hold a pointer to it
+  ContextParallel cp_;  // the attention layers hold a pointer to it
   std::unique_ptr<comm::Communicator> kv_group_;
   ParameterSet params_;
   Parameter* embed_;

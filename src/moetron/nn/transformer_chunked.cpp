@@ -23,6 +23,7 @@ void Transformer::set_sequence_chunk(int64_t tokens) {
   MOETRON_CHECK(tokens >= 0, "train.seq_chunk must be >= 0 (0: off), got ", tokens);
   MOETRON_CHECK(tokens == 0 || (embed_ && head_ && chunks_.size() == 1),
                 "train.seq_chunk needs the whole model on one pipeline stage (parallel.pp = 1)");
+  MOETRON_CHECK(tokens == 0 || !cp_.on(), "train.seq_chunk with parallel.cp > 1: pick one");
   seq_chunk_ = tokens;
 }
 

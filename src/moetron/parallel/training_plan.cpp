@@ -61,7 +61,7 @@ const char* name_of(GradGroup g) {
   return g == GradGroup::expert ? "expert" : g == GradGroup::partial ? "tp-partial" : "dense";
 }
 const char* name_of(Group g) {
-  constexpr const char* kNames[] = {"tp", "dp", "pp", "stage", "ep", "expert_dp"};
+  constexpr const char* kNames[] = {"tp", "dp", "pp", "stage", "ep", "expert_dp", "cp"};
   return kNames[static_cast<size_t>(g)];
 }
 
@@ -91,14 +91,16 @@ const ReducerPlan* RankPlan::reducer(GradGroup g) const {
 TrainingPlan::TrainingPlan(PlanSettings settings, int world_size, std::vector<LayerRange> stages)
     : s_(std::move(settings)), world_(world_size) {
   MOETRON_CHECK(world_ >= 1, "a job needs at least one rank, got ", world_);
-  MOETRON_CHECK(s_.cp == 1, "parallel.cp = ", s_.cp, ": context parallelism is not built yet");
+  MOETRON_CHECK(s_.cp >= 1, "parallel.cp must be >= 1, got ", s_.cp);
   MOETRON_CHECK(world_ % s_.pp == 0, "parallel.pp = ", s_.pp, " does not divide the ", world_,
                 " ranks of this job");
   stage_size_ = world_ / s_.pp;
   const char* within = s_.pp > 1 ? "a pipeline stage" : "this job";
   MOETRON_CHECK(stage_size_ % s_.tp == 0, "parallel.tp = ", s_.tp, " does not divide the ",
                 stage_size_, " ranks of ", within);
-  dp_ = stage_size_ / s_.tp;
+  MOETRON_CHECK(stage_size_ % (s_.tp * s_.cp) == 0, "parallel.tp * parallel.cp = ", s_.tp, " * ",
+                s_.cp, " does not divide the ", stage_size_, " ranks of ", within);
+  dp_ = stage_size_ / (s_.tp * s_.cp);
   MOETRON_CHECK(stage_size_ % s_.ep == 0, "parallel.ep = ", s_.ep, " does not divide the ",
                 stage_size_, " ranks of ", within, " (ep groups are cut out of the dp x tp ranks)");
   acc_ = accumulation_steps(s_, dp_);
@@ -140,6 +142,7 @@ comm::MeshShape TrainingPlan::dense_mesh() const {
   m[comm::Axis::pp] = static_cast<int>(s_.pp);
   m[comm::Axis::dp] = static_cast<int>(dp_);
   m[comm::Axis::tp] = static_cast<int>(s_.tp);
+  m[comm::Axis::cp] = static_cast<int>(s_.cp);
   return m;
 }
 
@@ -160,9 +163,10 @@ RankCoords TrainingPlan::coords(int rank) const {
   c.pp = d[static_cast<size_t>(comm::Axis::pp)];
   c.dp = d[static_cast<size_t>(comm::Axis::dp)];
   c.tp = d[static_cast<size_t>(comm::Axis::tp)];
+  c.cp = d[static_cast<size_t>(comm::Axis::cp)];
   c.ep = e[static_cast<size_t>(comm::Axis::ep)];
   c.edp = e[static_cast<size_t>(comm::Axis::dp)];
-  c.stage_rank = static_cast<int>(c.dp * s_.tp + c.tp);
+  c.stage_rank = static_cast<int>((c.dp * s_.cp + c.cp) * s_.tp + c.tp);
   return c;
 }
 
@@ -172,11 +176,13 @@ std::vector<int> TrainingPlan::group(Group g, int rank) const {
     case Group::tp:
       return comm::mesh_group(dense_mesh(), rank, {Axis::tp});
     case Group::dp:
-      return comm::mesh_group(dense_mesh(), rank, {Axis::dp});
+      return comm::mesh_group(dense_mesh(), rank, {Axis::cp, Axis::dp});
+    case Group::cp:
+      return comm::mesh_group(dense_mesh(), rank, {Axis::cp});
     case Group::pp:
       return comm::mesh_group(dense_mesh(), rank, {Axis::pp});
     case Group::stage:
-      return comm::mesh_group(dense_mesh(), rank, {Axis::tp, Axis::dp});
+      return comm::mesh_group(dense_mesh(), rank, {Axis::tp, Axis::cp, Axis::dp});
     case Group::ep:
       return comm::mesh_group(expert_mesh(), rank, {Axis::ep});
     case Group::expert_dp:
@@ -190,7 +196,9 @@ bool TrainingPlan::has_group(Group g) const {
     case Group::tp:
       return s_.tp > 1;
     case Group::dp:
-      return dp_ > 1 || s_.zero;
+      return replicas() > 1 || s_.zero;
+    case Group::cp:
+      return s_.cp > 1;
     case Group::pp:
       return s_.pp > 1;
     case Group::stage:
@@ -227,7 +235,7 @@ ReducerPlan TrainingPlan::reducer_plan(GradGroup g, const nn::ParamInventory& in
                                      : Group::dp;
   r.size = static_cast<int>(g == GradGroup::expert    ? stage_size_ / s_.ep
                             : g == GradGroup::partial ? stage_size_
-                                                      : dp_);
+                                                      : replicas());
   // Replicas of whole experts are all-reduced: ZeRO-1 shards only what every dp rank holds.
   if (g == GradGroup::expert) r.options.mode = ReduceMode::allreduce;
   const ParamFilter carries = [this, g](const nn::ParamInfo& p) { return grad_group(p) == g; };

@@ -6,11 +6,13 @@
 // the memory model (planner/) and `moetron plan` read the same plan, so
 // what is predicted and printed is what the ranks run.
 //
-// Rank order (comm::ProcessMesh, innermost first): tp, dp, pp for the dense
-// layers; the MoE layers fold the stage's dp x tp ranks into ep x edp
-// (Megatron-Core's "parallel folding": ep groups are consecutive ranks of a
-// stage, edp the ranks holding the same experts). cp is 1 until context
-// parallelism exists.
+// Rank order (comm::ProcessMesh, innermost first): tp, cp, dp, pp for the
+// dense layers; the MoE layers fold the stage's dp x cp x tp ranks into
+// ep x edp (Megatron-Core's "parallel folding": ep groups are consecutive
+// ranks of a stage, edp the ranks holding the same experts, so the cp ranks
+// fold into the expert-data-parallel group). The cp ranks of a replica
+// split its sequences (nn/context_parallel.h) and hold the same weights:
+// dense gradients reduce over dp x cp.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +50,7 @@ struct PlanSettings {
   nn::ModelConfig model;
   nn::MoeConfig moe;
   nn::Precision precision = nn::Precision::fp32();
-  // Layout: dp = world / (pp tp); ep groups cut from each stage's dp x tp ranks.
+  // Layout: dp = world / (pp tp cp); ep groups cut from each stage's dp x cp x tp ranks.
   int64_t tp = 1, ep = 1, pp = 1, vpp = 1, cp = 1;
   bool sequence_parallel = false;
   bool zero = false;  // ZeRO-1
@@ -77,15 +79,17 @@ int64_t accumulation_steps(const PlanSettings& s, int64_t dp);
 enum class GradGroup { expert, partial, dense };
 const char* name_of(GradGroup g);
 
-// The communicator groups a rank belongs to.
-enum class Group { tp, dp, pp, stage, ep, expert_dp };
+// The communicator groups a rank belongs to. dp: the ranks holding the same
+// dense weights (dp x cp: the dense gradients' reducer); cp: the ring that
+// splits each sequence; stage: every rank of a pipeline stage.
+enum class Group { tp, dp, pp, stage, ep, expert_dp, cp };
 const char* name_of(Group g);
 
 struct RankCoords {
   int rank = 0;
-  int pp = 0, dp = 0, tp = 0;  // dense mesh
-  int ep = 0, edp = 0;         // expert mesh (within the stage)
-  int stage_rank = 0;          // dp * tp + tp: position within the stage
+  int pp = 0, dp = 0, tp = 0, cp = 0;  // dense mesh
+  int ep = 0, edp = 0;                 // expert mesh (within the stage)
+  int stage_rank = 0;                  // (dp * cp_size + cp) * tp_size + tp: place in the stage
   bool operator==(const RankCoords&) const = default;
 };
 
@@ -117,6 +121,8 @@ class TrainingPlan {
   const PlanSettings& settings() const { return s_; }
   int world_size() const { return world_; }
   int64_t dp() const { return dp_; }
+  // Ranks holding the same dense weights: dp x cp.
+  int64_t replicas() const { return dp_ * s_.cp; }
   int64_t stage_size() const { return stage_size_; }
   int64_t accumulation() const { return acc_; }
   // vpp 1: every stage's layers; vpp > 1: empty (see chunks()).
@@ -124,7 +130,7 @@ class TrainingPlan {
   std::vector<LayerRange> chunks(int64_t pp_rank) const;
   nn::PipelinePlace place(int64_t pp_rank) const;
 
-  comm::MeshShape dense_mesh() const;   // pp x dp x tp
+  comm::MeshShape dense_mesh() const;   // pp x dp x cp x tp
   comm::MeshShape expert_mesh() const;  // pp x edp x ep
   RankCoords coords(int rank) const;
   std::vector<int> group(Group g, int rank) const;  // world ranks, in communicator order

@@ -141,11 +141,17 @@ Dims dims_of(const MemoryInputs& in) {
   const nn::ModelConfig& m = in.model;
   const nn::MoeConfig& e = in.moe;
   const bool sp = lay.tp > 1 && lay.sequence_parallel;
-  const int64_t t = in.micro_batch * in.seq_len;
+  // Under context parallelism every module but attention sees this rank's
+  // two chunks of each sequence as its sequence.
+  const int64_t s_local = in.seq_len / lay.cp;
+  const int64_t t = in.micro_batch * s_local;
   Dims x;
   x.b = in.micro_batch;
-  x.s = in.seq_len;
+  x.s = s_local;
   x.t = t;
+  x.cp = lay.cp;
+  x.cp_rank = (lay.stage_rank / lay.tp) % lay.cp;
+  x.cp_seq = in.seq_len;
   x.tp = lay.tp;
   x.ep = lay.ep;
   x.sp = sp;
@@ -212,19 +218,21 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   const Layout& lay = in.layout;
   MOETRON_CHECK(lay.dp >= 1 && lay.tp >= 1 && lay.pp >= 1 && lay.ep >= 1 && lay.vpp >= 1,
                 "memory model: every parallel degree must be >= 1");
-  MOETRON_CHECK(lay.cp == 1, "memory model: context parallelism (parallel.cp = ", lay.cp,
-                ") is not modelled yet");
+  MOETRON_CHECK(lay.cp >= 1, "memory model: parallel.cp must be >= 1");
   MOETRON_CHECK(lay.stage >= 0 && lay.stage < lay.pp, "memory model: stage ", lay.stage,
                 " of parallel.pp = ", lay.pp);
-  MOETRON_CHECK(lay.stage_rank >= 0 && lay.stage_rank < lay.dp * lay.tp, "memory model: rank ",
-                lay.stage_rank, " of a stage of ", lay.dp * lay.tp);
+  const int64_t stage_size = lay.dp * lay.cp * lay.tp;
+  MOETRON_CHECK(lay.stage_rank >= 0 && lay.stage_rank < stage_size, "memory model: rank ",
+                lay.stage_rank, " of a stage of ", stage_size);
   MOETRON_CHECK(in.micro_batch >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
                 "memory model: micro_batch, seq_len and grad_accum must be positive");
-  const int64_t t = in.micro_batch * in.seq_len;
-  MOETRON_CHECK(lay.tp == 1 || t % lay.tp == 0, "memory model: the ", t,
-                " tokens of a micro-batch must divide over parallel.tp = ", lay.tp);
+  MOETRON_CHECK(in.seq_len % (2 * lay.cp) == 0, "memory model: train.seq_len = ", in.seq_len,
+                " does not split into 2 * parallel.cp = ", 2 * lay.cp, " chunks");
+  const int64_t t = in.micro_batch * in.seq_len;  // the whole micro-batch's
+  MOETRON_CHECK(lay.tp == 1 || t / lay.cp % lay.tp == 0, "memory model: the ", t / lay.cp,
+                " tokens of a micro-batch on a cp rank must divide over parallel.tp = ", lay.tp);
   const parallel::TrainingPlan plan(
-      plan_settings(in), static_cast<int>(lay.dp * lay.tp * lay.pp),
+      plan_settings(in), static_cast<int>(stage_size * lay.pp),
       lay.vpp == 1 && lay.pp > 1 ? lay.stages : std::vector<parallel::LayerRange>{});
   const parallel::RankPlan rank =
       plan.rank_plan(static_cast<int>(lay.stage * plan.stage_size() + lay.stage_rank));
@@ -263,6 +271,13 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   }
 
   const Dims x = dims_of(in);
+  if (lay.cp > 1) {
+    // This rank's ids, targets and positions of each micro-batch in flight
+    // (nn::Transformer::context_slice): one at a time, all of them under pp.
+    for (int64_t mb = 0; mb < (lay.pp > 1 ? in.grad_accum : 1); ++mb) {
+      for (int i = 0; i < 3; ++i) fixed.push_back(r.alloc(x.t, DType::i32));
+    }
+  }
   if (in.widened_bf16_gemm) {
     // Held from the start: what every step after the first holds (the first
     // grows the slots as its GEMMs come, so this bounds it from above).

@@ -310,15 +310,63 @@ class StepReplay {
     const Dims& x = x_;
     // A sequence chunk's calls go one sequence at a time over the keys up to its end.
     const bool chunk = chunked_seq_ > 0;
-    const kernels::AttentionShape shape{.batch = chunk ? 1 : x.b,
-                                        .seq_q = x.s,
-                                        .seq_k = chunk ? chunk_offset_ + x.s : x.s,
+    return attention_scratch(backward, chunk ? 1 : x.b, x.s, chunk ? chunk_offset_ + x.s : x.s);
+  }
+  std::vector<Buf> attention_scratch(bool backward, int64_t batch, int64_t seq_q, int64_t seq_k) {
+    const Dims& x = x_;
+    const kernels::AttentionShape shape{.batch = batch,
+                                        .seq_q = seq_q,
+                                        .seq_k = seq_k,
                                         .heads = x.h,
                                         .kv_heads = x.hkv,
                                         .head_dim = x.hd,
                                         .dtype = x.c};
     return hold(backward ? kernels::attention_backward_scratch(kCpu, shape)
                          : kernels::attention_forward_scratch(kCpu, shape));
+  }
+
+  // Context parallelism (nn/attention_context_parallel.cpp): C positions
+  // per chunk, and the longest key prefix this rank's queries reach (its
+  // second chunk's end).
+  int64_t cp_chunk() const { return x_.cp_seq / (2 * x_.cp); }
+  int64_t cp_longest_prefix() const { return (2 * x_.cp - x_.cp_rank) * cp_chunk(); }
+
+  // The ring: the whole sequence's K/V (kept as the layer's), the block in
+  // hand and the one arriving, the merged output; each (query chunk, key
+  // chunk) call's partial output and the kernel's scratch. Every step
+  // holds the same, so one step stands for all.
+  void ring_forward(AttnSaved& s) {
+    const Dims& x = x_;
+    const int64_t kv_all = x.b * x.cp_seq * x.hkv * x.hd, c = cp_chunk();
+    Buf k_all = r_.alloc(kv_all, x.c), v_all = r_.alloc(kv_all, x.c);
+    {
+      Buf block = r_.alloc(2 * x.t * x.hkv * x.hd, x.c, MemTag::comm);
+      Buf acc = r_.ws(x.t * x.h * x.hd, x.a);
+      Buf incoming = r_.alloc(2 * x.t * x.hkv * x.hd, x.c, MemTag::comm);
+      {
+        Buf part = r_.ws(c * x.h * x.hd, x.c), part_acc = r_.ws(c * x.h * x.hd, x.a);
+        Buf part_lse = r_.ws(x.h * c, x.a);
+        std::vector<Buf> scratch = attention_scratch(false, 1, c, c);
+      }
+      block = std::move(incoming);
+    }
+    s.k = std::move(k_all);
+    s.v = std::move(v_all);
+  }
+
+  // Attention of the local chunks over their key prefixes (attn_core
+  // recompute and backward), then, in backward, dK/dV over the whole
+  // sequence reduce-scattered to their owners.
+  void context_backward() {
+    const Dims& x = x_;
+    const int64_t kv_all = x.b * x.cp_seq * x.hkv * x.hd, c = cp_chunk();
+    Buf dk_sum = r_.ws(kv_all, x.a), dv_sum = r_.ws(kv_all, x.a);
+    Buf dk_part = r_.ws(x.cp_seq * x.hkv * x.hd, x.c),
+        dv_part = r_.ws(x.cp_seq * x.hkv * x.hd, x.c);
+    Buf chunk_lse = r_.ws(x.h * c, x.a);
+    { std::vector<Buf> scratch = attention_scratch(true, 1, c, cp_longest_prefix()); }
+    Buf send = r_.alloc(x.cp * 2 * x.t * x.hkv * x.hd, x.a, MemTag::comm);
+    Buf mine = r_.alloc(2 * x.t * x.hkv * x.hd, x.a, MemTag::comm);
   }
 
   // Block::forward; the saved state goes to blocks_[i].
@@ -372,7 +420,11 @@ class StepReplay {
     s.out = r_.alloc(x.t * x.h * x.hd, x.c);
     s.lse = r_.alloc(x.b * x.h * x.s, x.a);
     if (chunked_seq_ > 0) s.k = s.v = nullptr;  // copied into the sequence's cache
-    { std::vector<Buf> scratch = attention_scratch(false); }
+    if (x.cp > 1) {
+      ring_forward(s);
+    } else {
+      std::vector<Buf> scratch = attention_scratch(false);
+    }
     row_output();
     if (drop_core_) s.out = nullptr;
     return s;
@@ -507,13 +559,20 @@ class StepReplay {
     if (!s.out) {
       s.out = r_.alloc(x.t * x.h * x.hd, x.c);
       Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
-      std::vector<Buf> scratch = attention_scratch(false);
+      if (x.cp > 1) {
+        Buf chunk_lse = r_.ws(x.h * cp_chunk(), x.a);
+        std::vector<Buf> scratch = attention_scratch(false, 1, cp_chunk(), cp_longest_prefix());
+      } else {
+        std::vector<Buf> scratch = attention_scratch(false);
+      }
     }
     Buf d_out = r_.alloc(x.t * x.h * x.hd, x.c);
     Buf dq = r_.alloc(x.t * x.h * x.hd, x.c);
     Buf dk = r_.alloc(x.t * x.hkv * x.hd, x.c);
     Buf dv = r_.alloc(x.t * x.hkv * x.hd, x.c);
-    if (chunked_seq_ > 0) {
+    if (x.cp > 1) {
+      context_backward();
+    } else if (chunked_seq_ > 0) {
       // The sequence's dK, dV sums (from the layer's first backward on), and
       // the chunk's contribution over the keys up to its end.
       auto& sums = kv_grads_[static_cast<size_t>(layer)];

@@ -73,6 +73,9 @@ struct Dims {
   int64_t shared_hidden = 0;
   int64_t threads = 1;
   int64_t tp = 1, ep = 1;
+  // Context parallelism: s, t are this rank's two chunks of each sequence;
+  // cp_seq the whole sequence, cp_rank this rank's place on the ring.
+  int64_t cp = 1, cp_rank = 0, cp_seq = 0;
   bool sp = false;
   DType c = DType::f32, a = DType::f32;
   bool aux = false, z = false;

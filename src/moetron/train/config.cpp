@@ -549,17 +549,25 @@ void validate_parallel(const Config& c) {
                str_cat("must divide model.vocab_size = ", m.vocab_size));
     check_rule(m.ffn_hidden % tp == 0, "parallel.tp",
                str_cat("must divide model.ffn_hidden = ", m.ffn_hidden));
-    check_rule(t.micro_batch * t.seq_len % tp == 0, "parallel.tp",
-               str_cat("must divide the micro-batch's train.micro_batch * train.seq_len = ",
-                       t.micro_batch * t.seq_len, " tokens (the MoE layers split them over tp)"));
+    const int64_t rank_tokens = t.micro_batch * t.seq_len / std::max<int64_t>(c.parallel.cp, 1);
+    check_rule(rank_tokens % tp == 0, "parallel.tp",
+               str_cat("must divide the micro-batch's tokens on a cp rank, train.micro_batch * ",
+                       "train.seq_len / parallel.cp = ", rank_tokens,
+                       " (the MoE layers split them over tp)"));
   }
   check_rule(!c.parallel.sequence_parallel || tp > 1, "parallel.sequence_parallel",
              "needs parallel.tp > 1");
   const auto& pl = c.parallel;
   check_rule(pl.pp >= 1, "parallel.pp", "must be >= 1");
   validate_seq_chunk(c);
-  check_rule(pl.cp == 1, "parallel.cp",
-             "must be 1: context parallelism is not built yet (the long-sequence issue)");
+  check_rule(pl.cp >= 1, "parallel.cp", "must be >= 1");
+  if (pl.cp > 1) {
+    check_rule(t.seq_len % (2 * pl.cp) == 0, "parallel.cp",
+               str_cat("2 * parallel.cp = ", 2 * pl.cp, " must divide train.seq_len = ", t.seq_len,
+                       " (each cp rank holds two equal chunks of every sequence)"));
+    check_rule(t.seq_chunk == 0 || t.seq_chunk >= t.seq_len, "parallel.cp",
+               "does not combine with train.seq_chunk (chunked sequences): pick one");
+  }
   check_rule(pl.vpp >= 1, "parallel.vpp", "must be >= 1");
   (void)parallel::parse_schedule(pl.schedule);
   check_rule(pl.microbatches >= 0, "parallel.microbatches",

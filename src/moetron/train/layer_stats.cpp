@@ -55,11 +55,11 @@ LayerStatistics::LayerStatistics(const nn::ModelConfig& model, const nn::MoeConf
 }
 
 bool LayerStatistics::counts_here(const nn::Parameter& p) const {
-  // One holder of each element: the first replica over dp (experts: over
+  // One holder of each element: the first replica over dp x cp (experts: over
   // their expert-data-parallel replicas), the primary tp holder of a shard,
   // tp rank 0 of what every tp rank holds whole.
   if (p.kind == nn::ParallelKind::expert) return at_.edp == 0;
-  if (at_.dp != 0) return false;
+  if (at_.dp != 0 || at_.cp != 0) return false;
   return p.sharded() ? p.shard.primary : at_.tp == 0;
 }
 

@@ -40,7 +40,7 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingP
 planner::MemoryInputs memory_inputs(const Config& cfg, const nn::Precision& prec, int64_t threads,
                                     const planner::Layout& layout) {
   const parallel::TrainingPlan plan =
-      make_plan(cfg, prec, static_cast<int>(layout.dp * layout.tp * layout.pp));
+      make_plan(cfg, prec, static_cast<int>(layout.dp * layout.cp * layout.tp * layout.pp));
   planner::MemoryInputs in = memory_inputs(cfg, plan, 0, threads);
   in.layout = layout;  // as given (e.g. ZeRO-1 asked for by `moetron memory --zero1`)
   return in;
@@ -86,6 +86,7 @@ planner::Layout layout_of(const Config& cfg, int64_t world_size, int64_t rank) {
 std::string describe(const planner::Layout& l) {
   std::ostringstream os;
   os << "dp " << l.dp << (l.zero1 ? " (ZeRO-1)" : "");
+  if (l.cp > 1) os << ", cp " << l.cp;
   if (l.tp > 1) os << ", tp " << l.tp << (l.sequence_parallel ? " (sp)" : "");
   if (l.ep > 1) os << ", ep " << l.ep;
   if (l.pp > 1)

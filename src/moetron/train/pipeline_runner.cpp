@@ -24,6 +24,17 @@ int64_t PipelineRunner::activation_rows(int64_t tokens) const {
   return tp.sequence_parallel ? tp.slice_rows(tokens) : tokens;
 }
 
+nn::Transformer::ContextSlice PipelineRunner::share_of(const Tensor& ids,
+                                                       const Tensor& targets) const {
+  // Under context parallelism every stage runs this rank's chunks of each row.
+  if (model_.context_parallel().on()) return model_.context_slice(ids, targets);
+  return {.ids = ids,
+          .targets = targets,
+          .positions = Tensor(),
+          .batch = ids.dim(0),
+          .seq = ids.dim(1)};
+}
+
 int PipelineRunner::tag(int64_t mb, int64_t stage, bool forward) const {
   return static_cast<int>((mb * stages() + stage) * 2 + (forward ? 0 : 1));
 }
@@ -57,6 +68,9 @@ PipelineRunner::StepResult PipelineRunner::train_step(
   const auto m = static_cast<int64_t>(inputs.size());
   const int64_t pp = pp_.size(), me = pp_.rank(), last = stages() - 1;
   const std::vector<parallel::PipeOp> ops = parallel::pipeline_schedule(schedule_, pp, me, m, v_);
+  std::vector<nn::Transformer::ContextSlice> local;
+  for (int64_t i = 0; i < m; ++i)
+    local.push_back(share_of(inputs[static_cast<size_t>(i)], targets[static_cast<size_t>(i)]));
   // The last backward of each chunk completes its gradients.
   std::vector<int64_t> backwards_left(static_cast<size_t>(v_), m);
   StepResult res;
@@ -65,12 +79,12 @@ PipelineRunner::StepResult PipelineRunner::train_step(
   for (const parallel::PipeOp& op : ops) {
     const auto mi = static_cast<size_t>(op.mb);
     const int64_t j = virtual_stage(op.chunk);
-    const int64_t batch = inputs[mi].dim(0), seq = inputs[mi].dim(1),
-                  rows = activation_rows(batch * seq);
+    const nn::Transformer::ContextSlice& mb = local[mi];
+    const int64_t batch = mb.batch, seq = mb.seq, rows = activation_rows(batch * seq);
     const auto op_start = std::chrono::steady_clock::now();
     if (op.forward) {
       const Tensor in =
-          j == 0 ? inputs[mi] : receive(rows, static_cast<int>((j - 1) % pp), tag(op.mb, j, true));
+          j == 0 ? mb.ids : receive(rows, static_cast<int>((j - 1) % pp), tag(op.mb, j, true));
       nn::LossStats st;
       const nn::Transformer::ChunkStep at{.chunk = op.chunk,
                                           .mb = op.mb,
@@ -79,8 +93,9 @@ PipelineRunner::StepResult PipelineRunner::train_step(
                                           .grad_scale = grad_scale,
                                           .loss_weight = loss_weights[mi],
                                           .backward = true,
-                                          .ids = inputs[mi]};
-      const Tensor out = model_.chunk_forward(ctx, at, in, targets[mi], st);
+                                          .ids = mb.ids,
+                                          .positions = mb.positions};
+      const Tensor out = model_.chunk_forward(ctx, at, in, mb.targets, st);
       res.stats.ce_sum += st.ce_sum;
       res.stats.tokens += st.tokens;
       res.stats.dropped += st.dropped;
@@ -107,14 +122,17 @@ PipelineRunner::StepResult PipelineRunner::train_step(
 nn::LossStats PipelineRunner::forward_only(kernels::Context& ctx, const Tensor& inputs,
                                            const Tensor& targets) {
   const int64_t pp = pp_.size(), last = stages() - 1;
-  const int64_t batch = inputs.dim(0), seq = inputs.dim(1), rows = activation_rows(batch * seq);
+  const nn::Transformer::ContextSlice mb = share_of(inputs, targets);
+  const int64_t batch = mb.batch, seq = mb.seq, rows = activation_rows(batch * seq);
   nn::LossStats stats;
   for (int64_t c = 0; c < v_; ++c) {
     const int64_t j = virtual_stage(c);
     const Tensor in =
-        j == 0 ? inputs : receive(rows, static_cast<int>((j - 1) % pp), tag(0, j, true));
+        j == 0 ? mb.ids : receive(rows, static_cast<int>((j - 1) % pp), tag(0, j, true));
     const Tensor out = model_.chunk_forward(
-        ctx, {.chunk = c, .mb = 0, .batch = batch, .seq = seq, .ids = inputs}, in, targets, stats);
+        ctx,
+        {.chunk = c, .mb = 0, .batch = batch, .seq = seq, .ids = mb.ids, .positions = mb.positions},
+        in, mb.targets, stats);
     if (j < last) send(out, static_cast<int>((j + 1) % pp), tag(0, j + 1, true));
   }
   finish_sends();

@@ -48,6 +48,9 @@ class PipelineRunner {
   int64_t stages() const { return pp_.size() * v_; }
   int64_t virtual_stage(int64_t chunk) const { return chunk * pp_.size() + pp_.rank(); }
   int64_t activation_rows(int64_t tokens) const;
+  // This rank's rows of a micro-batch: all of them, or under context
+  // parallelism its chunks (nn::Transformer::context_slice).
+  nn::Transformer::ContextSlice share_of(const Tensor& ids, const Tensor& targets) const;
   int tag(int64_t mb, int64_t stage, bool forward) const;
   double wait_s_ = 0;
   std::vector<std::pair<std::unique_ptr<comm::Work>, Tensor>> sends_;

@@ -13,7 +13,7 @@ namespace {
 using nlohmann::json;
 using parallel::Group;
 
-constexpr Group kGroups[] = {Group::tp,    Group::dp, Group::pp,
+constexpr Group kGroups[] = {Group::tp,    Group::cp, Group::dp,       Group::pp,
                              Group::stage, Group::ep, Group::expert_dp};
 
 json layer_ranges(const std::vector<parallel::LayerRange>& ranges) {
@@ -27,6 +27,7 @@ json settings_json(const parallel::TrainingPlan& plan) {
   return {{"world_size", plan.world_size()},
           {"dp", plan.dp()},
           {"tp", s.tp},
+          {"cp", s.cp},
           {"pp", s.pp},
           {"ep", s.ep},
           {"cp", s.cp},
@@ -95,13 +96,15 @@ json rank_json(const Config& cfg, const parallel::TrainingPlan& plan, int rank,
   const parallel::RankCoords& c = rp.coords;
   int64_t params = 0;
   for (const auto& p : rp.inventory.params) params += p.numel();
-  json j = {{"rank", rank},
-            {"coords", {{"pp", c.pp}, {"dp", c.dp}, {"tp", c.tp}, {"ep", c.ep}, {"edp", c.edp}}},
-            {"layers", layer_ranges(plan.chunks(c.pp))},
-            {"embedding", rp.place.embedding},
-            {"head", rp.place.head},
-            {"parameters", params},
-            {"reducers", reducers_json(rp)}};
+  json j = {
+      {"rank", rank},
+      {"coords",
+       {{"pp", c.pp}, {"dp", c.dp}, {"cp", c.cp}, {"tp", c.tp}, {"ep", c.ep}, {"edp", c.edp}}},
+      {"layers", layer_ranges(plan.chunks(c.pp))},
+      {"embedding", rp.place.embedding},
+      {"head", rp.place.head},
+      {"parameters", params},
+      {"reducers", reducers_json(rp)}};
   if (o.memory)
     j["memory"] = memory_bytes(planner::estimate_memory(memory_inputs(cfg, plan, rank, o.threads)));
   return j;

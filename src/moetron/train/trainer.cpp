@@ -162,9 +162,11 @@ void Trainer::build_communicators() {
   dense_mesh_ = std::make_unique<comm::ProcessMesh>(*world_, plan_->dense_mesh());
   if (plan_->has_group(parallel::Group::tp)) tp_comm_ = &dense_mesh_->axis(Axis::tp);
   if (plan_->has_group(parallel::Group::pp)) pp_comm_ = &dense_mesh_->axis(Axis::pp);
-  stage_comm_ = &dense_mesh_->group({Axis::tp, Axis::dp});  // (of one rank when pp = world)
+  if (plan_->has_group(parallel::Group::cp)) cp_comm_ = &dense_mesh_->axis(Axis::cp);
+  // (of one rank when pp = world)
+  stage_comm_ = &dense_mesh_->group({Axis::tp, Axis::cp, Axis::dp});
   if (plan_->has_group(parallel::Group::stage))
-    balance_comm_ = dense_mesh_->make_group({Axis::tp, Axis::dp});
+    balance_comm_ = dense_mesh_->make_group({Axis::tp, Axis::cp, Axis::dp});
   if (plan_->has_group(parallel::Group::ep)) {
     expert_mesh_ = std::make_unique<comm::ProcessMesh>(*world_, plan_->expert_mesh());
     ep_comm_ = &expert_mesh_->axis(Axis::ep);
@@ -175,10 +177,10 @@ void Trainer::build_communicators() {
         expert_grad_comm_ = expert_mesh_->make_group({Axis::dp});
         break;
       case parallel::Group::stage:
-        partial_grad_comm_ = dense_mesh_->make_group({Axis::tp, Axis::dp});
+        partial_grad_comm_ = dense_mesh_->make_group({Axis::tp, Axis::cp, Axis::dp});
         break;
-      case parallel::Group::dp:
-        grad_comm_ = dense_mesh_->make_group({Axis::dp});
+      case parallel::Group::dp:  // the ranks holding the same dense weights: dp x cp
+        grad_comm_ = dense_mesh_->make_group({Axis::cp, Axis::dp});
         break;
       default:
         MOETRON_FAIL("a reducer over the ", parallel::name_of(r.over), " group");
@@ -200,6 +202,8 @@ comm::Communicator* Trainer::group_comm(parallel::Group g) {
       return ep_comm_;
     case parallel::Group::expert_dp:
       return expert_grad_comm_.get();
+    case parallel::Group::cp:
+      return cp_comm_;
   }
   return nullptr;
 }
@@ -216,6 +220,7 @@ void Trainer::build_model() {
   MOETRON_CHECK(diff.empty(), "rank ", world_->rank(),
                 ": the model built differs from its plan: ", diff);
   if (tp_comm_) model_->set_tensor_group(tp_comm_);
+  if (cp_comm_) model_->set_context_group(cp_comm_);
   if (pp_comm_) pipeline_ = std::make_unique<PipelineRunner>(*model_, *pp_comm_, s.schedule, s.vpp);
   model_->initialize(cfg_.train.seed);
   model_->set_recompute(recompute_policy(cfg_));
@@ -474,14 +479,14 @@ std::vector<std::pair<std::string, const comm::Communicator*>> Trainer::named_co
 bool Trainer::writes_checkpoint_tensor(const std::string& name) const {
   // Replicated tensors once, by rank 0; each expert by the first ep group
   // (ranks 0 .. ep-1), the one rank there that holds it; each tp block by its
-  // rank of the first dp replica (once: a kv head replicated over tp ranks
+  // rank of the first dp (and cp) replica (once: a kv head replicated over tp ranks
   // by the first of them). Under pp the same per stage. `name` is a
   // parameter's, or a piece of its optimizer state's ("<parameter>.exp_avg").
   const nn::ParameterSet& params = model_->params();
   const nn::Parameter* p = params.find(name);
   if (!p && name.rfind('.') != std::string::npos) p = params.find(name.substr(0, name.rfind('.')));
   if (p && ep() > 1 && p->kind == nn::ParallelKind::expert) return at().stage_rank < ep();
-  if (p && p->sharded()) return at().dp == 0 && p->shard.primary;
+  if (p && p->sharded()) return at().dp == 0 && at().cp == 0 && p->shard.primary;
   return at().stage_rank == 0;
 }
 

@@ -229,6 +229,7 @@ class Trainer {
   // sums, expert loads), balance (MoE statistics), and one per reducer.
   std::unique_ptr<comm::ProcessMesh> dense_mesh_, expert_mesh_;
   comm::Communicator* tp_comm_ = nullptr;
+  comm::Communicator* cp_comm_ = nullptr;  // the context-parallel ring (parallel.cp > 1)
   comm::Communicator* ep_comm_ = nullptr;
   comm::Communicator* pp_comm_ = nullptr;
   comm::Communicator* stage_comm_ = nullptr;

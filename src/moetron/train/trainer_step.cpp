@@ -417,7 +417,8 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
       std::copy(window.begin() + 1, window.end(), targets[mi].data<int32_t>() + r * s);
     }
     const int32_t* tp = targets[mi].data<int32_t>();
-    if (at().tp == 0 && at().pp == 0) {  // the tp ranks (and the stages) hold the same rows
+    // The tp and cp ranks (and the stages) hold the same rows.
+    if (at().tp == 0 && at().cp == 0 && at().pp == 0) {
       for (int64_t i = 0; i < mb * s; ++i) counts.data<int64_t>()[m] += tp[i] >= 0;
     }
   }

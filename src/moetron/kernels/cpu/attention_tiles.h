@@ -247,8 +247,9 @@ inline TileKind classify_tile(const AttentionMask& m, int64_t i0, int64_t j0, in
 // Visibility bits of keys j0 .. j0 + 15 from absolute query position p:
 // attention_visible() on 16 lanes (a mask of one sequence), plus j < Sk.
 inline simd::mask16 visible16(const AttentionMask& m, int64_t p, int64_t j0, int64_t Sk) {
-  // A padded query row may lie past the last key: its bits are discarded.
-  const int64_t s = document_start(m, std::min(p, Sk - 1));
+  // A padded query row may lie past the last query position the document
+  // starts cover: its bits are discarded.
+  const int64_t s = m.doc_start ? document_start(m, std::min(p, m.doc_stride - 1)) : 0;
 #if MOETRON_SIMD_AVX512
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(j0)), iota);

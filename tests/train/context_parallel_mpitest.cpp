@@ -1,0 +1,191 @@
+// Context parallelism under mpirun (2, 4 and 8 ranks): every sequence split
+// over cp ranks (rank r holding chunks r and 2cp - 1 - r), alone and composed
+// with dp, tp (+ sequence parallelism), pp and ep, computes what one rank
+// computes: losses per step, the validation loss and the first step's
+// gradients; under hybrid attention (sliding window + global tokens) with
+// packed documents, under recomputation; and a checkpoint saved at cp 2
+// resumes at cp 1 (and the one-rank checkpoint under cp).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moetron/train/trainer.h"
+#include "util/layout_runs.h"
+#include "util/mpi_test_main.h"
+
+namespace moetron::train {
+namespace {
+
+comm::Communicator& world() {
+  return test::mpi_world();
+}
+using test::shared_world;
+
+const std::string& job_dir() {
+  return test::layout_job_dir("moetron_cp_");
+}
+std::string run_dir(const std::string& name, bool local = false) {
+  return test::layout_run_dir(job_dir(), name, local);
+}
+using test::block_of;
+using test::expect_same_losses;
+using test::grads_of;
+using test::Reference;
+using test::rel_norm_diff;
+using test::with;
+
+constexpr int64_t kGlobalRows = 8;  // per micro-batch, over all ranks
+
+Config cp_config(int64_t rows, const std::vector<std::string>& extra = {}) {
+  return test::layout_config(job_dir(), rows, 2, extra);
+}
+
+const Reference& reference(const std::string& key, const std::vector<std::string>& extra) {
+  return test::cached_reference(key, [&] {
+    return test::run_reference(cp_config(kGlobalRows, extra), run_dir("ref-" + key, true));
+  });
+}
+
+struct Layout {
+  std::string name;
+  std::vector<std::string> sets;
+  int64_t dp;
+};
+
+Layout layout(int64_t cp, int64_t tp = 1, int64_t pp = 1, int64_t ep = 1) {
+  const int64_t dp = world().size() / (cp * tp * pp);
+  Layout l{"cp" + std::to_string(cp), {"parallel.cp=" + std::to_string(cp)}, dp};
+  if (tp > 1) {
+    l.name += "-tp" + std::to_string(tp) + "-sp";
+    l.sets.push_back("parallel.tp=" + std::to_string(tp));
+    l.sets.push_back("parallel.sequence_parallel=true");
+  }
+  if (pp > 1) {
+    l.name += "-pp" + std::to_string(pp);
+    l.sets.push_back("parallel.pp=" + std::to_string(pp));
+  }
+  if (ep > 1) {
+    l.name += "-ep" + std::to_string(ep);
+    l.sets.push_back("parallel.ep=" + std::to_string(ep));
+  }
+  l.name += "-dp" + std::to_string(dp);
+  return l;
+}
+
+std::vector<Layout> layouts() {
+  switch (world().size()) {
+    case 2:
+      return {layout(2)};
+    case 4:
+      return {layout(2), layout(4), layout(2, 2), layout(2, 1, 2), layout(2, 1, 1, 2)};
+    default:
+      return {layout(2, 2), layout(2, 1, 2), layout(2, 1, 1, 2), layout(4), layout(2, 2, 2)};
+  }
+}
+
+void expect_same_grads(Trainer& t, const std::map<std::string, std::vector<float>>& got,
+                       const Reference& ref, const std::string& what) {
+  for (const auto& p : t.model().params().all()) {
+    const std::vector<float>& g = got.at(p->name);
+    const std::vector<float> want = block_of(*p, ref.first_grads.at(p->name));
+    ASSERT_EQ(g.size(), want.size()) << what << " " << p->name;
+    EXPECT_LE(rel_norm_diff(g, want), 1e-5) << what << " " << p->name;
+  }
+}
+
+void expect_run_equals_reference(const Reference& ref, const Layout& l,
+                                 const std::vector<std::string>& sets, const std::string& dir) {
+  const std::string what = l.name + " " + dir;
+  Trainer t(cp_config(kGlobalRows / l.dp, with(sets, l.sets)), run_dir(dir + "-" + l.name), false,
+            shared_world());
+  std::map<std::string, std::vector<float>> grads;
+  t.before_update = [&](int64_t step) {
+    if (step == 1) grads = grads_of(t);
+  };
+  const TrainResult r = t.run();
+  expect_same_losses(r, ref.result, 0, 1e-5, what, /*aux=*/true);
+  EXPECT_LE(test::rel_diff(r.val_loss, ref.result.val_loss), 1e-5) << what;
+  expect_same_grads(t, grads, ref, what);
+}
+
+TEST(ContextParallel, LossesAndGradientsEqualOneRank) {
+  for (const std::string opt : {"adamw", "muon"}) {
+    const Reference& ref = reference(opt, {"optim.name=" + opt});
+    for (const Layout& l : layouts())
+      expect_run_equals_reference(ref, l, {"optim.name=" + opt}, opt);
+  }
+}
+
+// The ring under a sliding window (5) with a global token per document, on
+// packed documents: each (query chunk, key chunk) call works in shifted
+// coordinates, and documents start inside and across chunks.
+TEST(ContextParallel, HybridAttentionOnPackedDocumentsEqualsOneRank) {
+  const std::vector<std::string> docs = {"attention.window=5", "attention.global_tokens=1",
+                                         "attention.layer_pattern=LG", "data.document_mask=true"};
+  const Reference& ref = reference("docs", docs);
+  for (const Layout& l : layouts()) expect_run_equals_reference(ref, l, docs, "docs");
+  const std::vector<std::string> hybrid = {"attention.window=3", "attention.global_tokens=2",
+                                           "attention.layer_pattern=L"};
+  const Reference& local_ref = reference("local", hybrid);
+  expect_run_equals_reference(local_ref, layouts().front(), hybrid, "local");
+}
+
+// Recompute: attn_core rebuilds the attention from the saved whole-sequence
+// K/V (no ring); full re-runs each block's forward, ring included.
+TEST(ContextParallel, RecomputePoliciesEqualOneRank) {
+  const Reference& ref = reference("adamw", {"optim.name=adamw"});
+  for (const std::string policy : {"selective", "full"}) {
+    expect_run_equals_reference(ref, layouts().front(),
+                                {"optim.name=adamw", "recompute.policy=" + policy},
+                                "recompute-" + policy);
+  }
+}
+
+// The cp ranks hold the same weights: a checkpoint saved at cp 2 is the
+// one-rank checkpoint and resumes without cp, and the one-rank checkpoint
+// resumes under cp.
+TEST(ContextParallel, CheckpointsResumeAcrossCp) {
+  const std::vector<std::string> common = {"optim.name=muon", "checkpoint.every=5"};
+  const Reference& ref = reference("ckpt", common);
+  const Layout l = layouts().front();
+  const std::string saved = run_dir("ckpt-cp");
+  {
+    Trainer t(cp_config(kGlobalRows / l.dp, with(common, l.sets)), saved, false, shared_world());
+    t.before_update = [](int64_t step) {
+      if (step == 6) throw Error("stop after the step-5 checkpoint");
+    };
+    EXPECT_THROW(t.run(), Error);
+  }
+  {
+    const int64_t dp = world().size();
+    Trainer t(cp_config(kGlobalRows / dp, common),
+              test::copy_step5(job_dir(), saved, "ckpt-cp-to-dp"), true, shared_world());
+    expect_same_losses(t.run(), ref.result, 5, 1e-5, l.name + " -> cp1 dp" + std::to_string(dp));
+  }
+  {
+    const Layout other = layouts().back();
+    Trainer t(cp_config(kGlobalRows / other.dp, with(common, other.sets)),
+              test::copy_step5(job_dir(), job_dir() + "/runs/ref-ckpt-rank0", "ckpt-one-to-cp"),
+              true, shared_world());
+    expect_same_losses(t.run(), ref.result, 5, 1e-5, "one rank -> " + other.name);
+  }
+}
+
+// Bad layouts are refused by key.
+TEST(ContextParallel, BadSettingsAreRefusedByKey) {
+  const auto refused = [](const std::vector<std::string>& sets, const std::string& key) {
+    try {
+      (void)cp_config(1, sets);
+      ADD_FAILURE() << "accepted " << sets.front();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  };
+  refused({"parallel.cp=3"}, "parallel.cp");  // 6 does not divide seq_len 16
+  refused({"parallel.cp=2", "train.seq_chunk=8"}, "parallel.cp");
+}
+
+}  // namespace
+}  // namespace moetron::train
