@@ -226,6 +226,29 @@ TEST(Attention, QueryChunkWithOffset) {
   }
 }
 
+// A key block cut out of a longer sequence, as context-parallel attention
+// calls it (nn/attention_context_parallel.cpp): keys 0 .. Sk - 1 of the
+// block, queries q_offset further on, document starts in the block's
+// coordinates and negative where a document began before the block, with a
+// start row (doc_stride) longer than the block.
+TEST(Attention, KeyBlockOfALongerSequence) {
+  const std::vector<AttentionMask> masks = {mask_of(true, 0, 0, 150), mask_of(true, 120, 3, 150),
+                                            mask_of(true, 16, 1, 40)};
+  int n = 0;
+  for (const auto& base : masks) {
+    for (const int64_t mean : {5, 60}) {
+      const int64_t len = base.q_offset + 37, block_start = 90;
+      std::vector<int32_t> starts = random_documents(2, len, mean, 31 + n++);
+      for (int32_t& st : starts) st -= block_start;
+      Case c{2, 37, 70, 4, 2, 24, base};
+      c.mask.doc_start = starts.data();
+      c.mask.doc_stride = len;
+      SCOPED_TRACE(testing::Message() << "mean document " << mean);
+      for (DType dt : {DType::f32, DType::bf16}) expect_match(c, dt);
+    }
+  }
+}
+
 // Queries far past every key under a window see nothing: out 0, lse -inf,
 // and no gradient. Row 0 of the mixed case sees one key, the others none.
 TEST(Attention, FullyMaskedRowsGiveZeroOutputAndNegInfLse) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "moetron/core/error.h"
@@ -46,7 +47,7 @@ TEST(TrainingPlan, CoordinatesAndGroupsFollowTheMesh) {
   EXPECT_EQ(plan.dp(), 2);
   EXPECT_EQ(plan.stage_size(), 4);
   const RankCoords c = plan.coords(5);
-  EXPECT_EQ(c, (RankCoords{5, 1, 0, 1, 1, 0, 1}));
+  EXPECT_EQ(c, (RankCoords{5, 1, 0, 1, 0, 1, 0, 1}));
   EXPECT_EQ(plan.group(Group::tp, 5), (std::vector<int>{4, 5}));
   EXPECT_EQ(plan.group(Group::dp, 5), (std::vector<int>{5, 7}));
   EXPECT_EQ(plan.group(Group::pp, 5), (std::vector<int>{1, 5}));
@@ -62,6 +63,33 @@ TEST(TrainingPlan, CoordinatesAndGroupsFollowTheMesh) {
       for (int m : plan.group(g, r)) EXPECT_EQ(plan.group(g, m), plan.group(g, r));
     }
   }
+}
+
+// cp sits between tp and dp: the cp ranks of a replica split its sequences,
+// the dense gradients reduce over dp x cp, the experts' over every rank
+// holding them (cp folded into expert-dp).
+TEST(TrainingPlan, ContextParallelRanksSitBetweenTpAndDp) {
+  PlanSettings s = tiny(2, 2, 1);
+  s.cp = 2;
+  const TrainingPlan plan(s, 8);  // tp 2 x cp 2 x dp 2
+  EXPECT_EQ(plan.dp(), 2);
+  EXPECT_EQ(plan.replicas(), 4);
+  EXPECT_EQ(plan.coords(5), (RankCoords{5, 0, 1, 1, 0, 1, 2, 5}));
+  EXPECT_EQ(plan.group(Group::cp, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(plan.group(Group::tp, 5), (std::vector<int>{4, 5}));
+  std::vector<int> dense = plan.group(Group::dp, 5);
+  std::sort(dense.begin(), dense.end());
+  EXPECT_EQ(dense, (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(plan.group(Group::stage, 5).size(), 8u);
+  EXPECT_EQ(plan.group(Group::ep, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(plan.group(Group::expert_dp, 5), (std::vector<int>{1, 3, 5, 7}));
+  const RankPlan rp = plan.rank_plan(5);
+  ASSERT_NE(rp.reducer(GradGroup::dense), nullptr);
+  EXPECT_EQ(rp.reducer(GradGroup::dense)->size, 4);
+  EXPECT_EQ(rp.reducer(GradGroup::partial)->size, 8);
+  EXPECT_EQ(rp.reducer(GradGroup::expert)->size, 4);
+  EXPECT_NE(error_of([&] { TrainingPlan(s, 6); }).find("parallel.tp * parallel.cp = 2 * 2"),
+            std::string::npos);
 }
 
 TEST(TrainingPlan, StagesHoldEveryLayerOnceWithEmbeddingFirstAndHeadLast) {
@@ -170,8 +198,9 @@ TEST(TrainingPlan, LayoutErrorsNameTheKey) {
   EXPECT_NE(error_of([&] { TrainingPlan(g, 1); }).find("train.global_batch = 6 is not a multiple"),
             std::string::npos);
   PlanSettings c = tiny(1, 1, 1);
-  c.cp = 2;
-  EXPECT_NE(error_of([&] { TrainingPlan(c, 2); }).find("parallel.cp"), std::string::npos);
+  c.cp = 3;
+  EXPECT_NE(error_of([&] { TrainingPlan(c, 2); }).find("parallel.tp * parallel.cp = 1 * 3"),
+            std::string::npos);
   EXPECT_NE(error_of([] { parse_optimizer("sgd"); }).find("'optim.name'"), std::string::npos);
   EXPECT_NE(error_of([] { parse_schedule("zb"); }).find("'parallel.schedule'"), std::string::npos);
   EXPECT_NE(error_of([] { parse_muon_distribution("all"); }).find("'optim.muon_distribution'"),

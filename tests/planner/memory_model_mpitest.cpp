@@ -54,6 +54,10 @@ std::vector<Case> cases() {
     out.push_back({"pp2 gpipe", {"parallel.pp=2", "parallel.schedule=gpipe"}, 1});
     out.push_back({"pp2 vpp2", {"parallel.pp=2", "parallel.vpp=2"}, 1});
     out.push_back({"pp2 full", {"parallel.pp=2", "recompute.policy=full"}, 1});
+    // Context parallelism: the ring's K/V blocks, the whole sequence's K/V
+    // per layer, the dK/dV sums and their reduce-scatter.
+    out.push_back({"cp2", {"parallel.cp=2"}, 1});
+    out.push_back({"cp2 full", {"parallel.cp=2", "recompute.policy=full"}, 1});
     out.push_back(
         {"tp2 zero1 muon", {"parallel.tp=2", "parallel.zero=true", "optim.name=muon"}, 1});
     out.push_back({"pp2 zero1", {"parallel.pp=2", "parallel.zero=true"}, 1});
@@ -68,6 +72,10 @@ std::vector<Case> cases() {
     out.push_back({"pp2 ep2", {"parallel.pp=2", "parallel.ep=2"}, 2});
     out.push_back({"pp2 tp2 muon", {"parallel.pp=2", "parallel.tp=2", "optim.name=muon"}, 1});
     out.push_back({"pp4", {"parallel.pp=4"}, 1});
+    out.push_back({"cp4", {"parallel.cp=4"}, 1});
+    out.push_back(
+        {"cp2 tp2 sp", {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, 1});
+    out.push_back({"cp2 pp2", {"parallel.cp=2", "parallel.pp=2"}, 1});
     out.push_back(
         {"dp2 tp2 zero1 muon", {"parallel.tp=2", "parallel.zero=true", "optim.name=muon"}, 2});
     out.push_back({"pp2 tp2 zero1 sp",

@@ -242,7 +242,8 @@ TEST(MemoryModel, ZeroOneSplitsTheOptimizerStateOverDataParallelRanks) {
               0.01 * 12.0 * static_cast<double>(one.param_count) / 4);
   EXPECT_GT(one.peak_of(MemTag::optimizer), 8 * one.param_count);
   EXPECT_LE(one.peak_of(MemTag::optimizer), 12 * one.param_count + 64 * 3 * 200);
-  in.layout.cp = 2;
+  in.layout.cp = 3;  // 2 * 3 chunks do not split a sequence of 32
+  in.seq_len = 32;
   EXPECT_THROW(estimate_memory(in), Error);
 }
 

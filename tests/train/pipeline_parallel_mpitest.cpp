@@ -263,7 +263,7 @@ TEST(PipelineParallel, LayoutErrorsNameTheRule) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"parallel.pp=2", "parallel.vpp=4"}, "parallel.vpp"},  // 8 virtual stages over 4 layers
       {{"parallel.pp=8"}, "parallel.pp"},                     // more stages than layers
-      {{"parallel.cp=2"}, "parallel.cp"},
+      {{"parallel.cp=3"}, "parallel.cp"},                     // 6 chunks do not split seq_len 16
       {{"parallel.pp=2", "train.grad_accum=1"}, "1F1B needs at least as many micro-batches"},
       {{"parallel.pp=2", "parallel.schedule=zigzag"}, "parallel.schedule"},
       {{"parallel.pp=2", "parallel.stage_balance=guess"}, "parallel.stage_balance"},
