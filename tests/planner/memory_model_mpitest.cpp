@@ -58,6 +58,10 @@ std::vector<Case> cases() {
     // per layer, the dK/dV sums and their reduce-scatter.
     out.push_back({"cp2", {"parallel.cp=2"}, 1});
     out.push_back({"cp2 full", {"parallel.cp=2", "recompute.policy=full"}, 1});
+    out.push_back({"cp2 all_to_all", {"parallel.cp=2", "parallel.cp_comm=all_to_all"}, 1});
+    out.push_back({"cp2 a2a selective",
+                   {"parallel.cp=2", "parallel.cp_comm=all_to_all", "recompute.policy=selective"},
+                   1});
     out.push_back(
         {"tp2 zero1 muon", {"parallel.tp=2", "parallel.zero=true", "optim.name=muon"}, 1});
     out.push_back({"pp2 zero1", {"parallel.pp=2", "parallel.zero=true"}, 1});

@@ -143,6 +143,27 @@ TEST(ContextParallel, RecomputePoliciesEqualOneRank) {
   }
 }
 
+// parallel.cp_comm = "all_to_all" (Ulysses): each rank attends the whole
+// sequence with half of tiny's 4 query and 2 kv heads; the same runs as the
+// ring's, with packed documents under hybrid attention, recompute and ep.
+TEST(ContextParallel, AllToAllEqualsOneRank) {
+  std::vector<Layout> picked = {layout(2)};
+  if (world().size() >= 4) {
+    picked.push_back(layout(2, 1, 2));
+    picked.push_back(layout(2, 1, 1, 2));
+  }
+  const std::vector<std::string> a2a = {"parallel.cp_comm=all_to_all"};
+  const Reference& ref = reference("adamw", {"optim.name=adamw"});
+  for (const Layout& l : picked)
+    expect_run_equals_reference(ref, l, with(a2a, {"optim.name=adamw"}), "a2a");
+  const std::vector<std::string> docs = {"attention.window=5", "attention.global_tokens=1",
+                                         "attention.layer_pattern=LG", "data.document_mask=true"};
+  expect_run_equals_reference(reference("docs", docs), picked.front(), with(a2a, docs), "a2a-docs");
+  expect_run_equals_reference(ref, picked.front(),
+                              with(a2a, {"optim.name=adamw", "recompute.policy=selective"}),
+                              "a2a-selective");
+}
+
 // The cp ranks hold the same weights: a checkpoint saved at cp 2 is the
 // one-rank checkpoint and resumes without cp, and the one-rank checkpoint
 // resumes under cp.
@@ -185,6 +206,9 @@ TEST(ContextParallel, BadSettingsAreRefusedByKey) {
   };
   refused({"parallel.cp=3"}, "parallel.cp");  // 6 does not divide seq_len 16
   refused({"parallel.cp=2", "train.seq_chunk=8"}, "parallel.cp");
+  refused({"parallel.cp=2", "parallel.cp_comm=ulysses"}, "parallel.cp_comm");
+  // tiny's 2 kv heads do not split over 4 ranks.
+  refused({"parallel.cp=4", "parallel.cp_comm=all_to_all"}, "parallel.cp_comm");
 }
 
 }  // namespace

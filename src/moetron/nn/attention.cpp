@@ -100,8 +100,12 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const 
   if (context_parallel()) {
     MOETRON_CHECK(!cache_.on(), "context parallelism with chunked sequences");
     s.context_parallel = true;
-    s.doc_start = context_document_starts(positions, batch);
-    ring_attention_forward(ctx, s, scale);
+    if (cp_->all_to_all) {
+      ulysses_forward(ctx, s, scale);
+    } else {
+      s.doc_start = context_document_starts(positions, batch);
+      ring_attention_forward(ctx, s, scale);
+    }
   } else if (cache_.on()) {
     s.offset = cache_.offset;
     s.doc_start = Tensor();  // the cache holds the whole sequence's
@@ -118,7 +122,7 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const 
     const Tensor done = finish_row_parallel(*tp_, partial);
     if (done.raw() != y.raw()) y.copy_from(done);
   }
-  if (drop_core_) s.out = Tensor();
+  if (drop_core_) s.out = s.out_heads = Tensor();
   saved_ = std::move(s);
 }
 
@@ -131,7 +135,9 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
                 "sequence ended");
   const int64_t t = s.batch * s.seq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  if (!s.out.defined()) {  // attn_core recompute: the same kernel on the same q, k, v
+  if (!s.out.defined() && s.ulysses) {  // attn_core recompute (all-to-all included)
+    ulysses_core(ctx, s, scale);
+  } else if (!s.out.defined()) {  // attn_core recompute: the same kernel on the same q, k, v
     s.out = Tensor::empty(s.q.shape(), prec_.compute);
     Tensor lse = Tensor::empty(s.lse.shape(), prec_.accum);
     if (s.context_parallel) {
@@ -146,10 +152,12 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
   linear_backward(ctx, dy, as_matrix(s.out, h_ * hd_), wo_->value, wo_->grad,
                   as_matrix(d_out, h_ * hd_));
   const Shape kv_shape{s.batch, s.seq, hkv_, hd_};
-  Tensor dq = Tensor::empty(s.q.shape(), prec_.compute);
+  Tensor dq = Tensor::empty({s.batch, s.seq, h_, hd_}, prec_.compute);
   Tensor dk = Tensor::empty(kv_shape, prec_.compute);
   Tensor dv = Tensor::empty(kv_shape, prec_.compute);
-  if (s.context_parallel) {
+  if (s.ulysses) {
+    ulysses_backward(ctx, s, d_out, scale, dq, dk, dv);
+  } else if (s.context_parallel) {
     context_attention_backward(ctx, s, d_out, scale, dq, dk, dv);
   } else if (chunked) {
     chunk_attention_backward(ctx, s, d_out, scale, dq, dk, dv);

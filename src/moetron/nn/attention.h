@@ -98,6 +98,11 @@ class SelfAttention {
     // whole sequence's (gathered around the ring); doc_start i32 [B * S]
     // indexed by sequence position (only this rank's filled), or undefined.
     bool context_parallel = false;
+    // ... with all-to-all exchanges (ContextParallel::all_to_all): q, k, v,
+    // lse and out_heads are the whole sequence's for 1/c of the heads; out
+    // stays this rank's chunks (o_proj's input).
+    bool ulysses = false;
+    Tensor out_heads;
   };
   void swap_saved(Saved& other) { std::swap(saved_, other); }
 
@@ -129,6 +134,16 @@ class SelfAttention {
   // From the saved whole-sequence K/V, no communication (attn_core recompute).
   void context_attention_forward(kernels::Context& ctx, const Saved& s, float scale,
                                  const Tensor& out, const Tensor& lse) const;
+  // All-to-all context parallelism (nn/attention_ulysses.cpp): [B, L, n, hd]
+  // this rank's chunks, every head <-> [B, S, n / c, hd] every position,
+  // this rank's heads. Collective over the cp group.
+  Tensor sequence_to_heads(const Tensor& local) const;
+  void heads_to_sequence(const Tensor& heads, const Tensor& local) const;
+  Tensor sequence_document_starts(const Tensor& positions, int64_t batch) const;
+  void ulysses_forward(kernels::Context& ctx, Saved& s, float scale);
+  void ulysses_core(kernels::Context& ctx, Saved& s, float scale) const;
+  void ulysses_backward(kernels::Context& ctx, Saved& s, const Tensor& d_out, float scale,
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
   // dq of the local chunks; dk, dv of them summed over every cp rank's queries.
   void context_attention_backward(kernels::Context& ctx, const Saved& s, const Tensor& d_out,
                                   float scale, const Tensor& dq, const Tensor& dk,

@@ -28,6 +28,9 @@ struct ContextParallel {
   // Packed documents (each starting with global tokens): every ring step
   // may be seen. Set by the model, the same on every rank.
   bool documents = false;
+  // Attention by all-to-all (whole sequence, 1/c of the heads per rank;
+  // nn/attention_ulysses.cpp) instead of the K/V ring.
+  bool all_to_all = false;
   bool on() const { return size > 1; }
   int64_t chunk() const { return seq / (2 * size); }
   int64_t local_seq() const { return 2 * chunk(); }

@@ -1,5 +1,6 @@
 #include "moetron/nn/transformer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "moetron/kernels/cross_entropy.h"
@@ -76,12 +77,20 @@ void Transformer::set_tensor_group(comm::Communicator* group) {
   }
 }
 
-void Transformer::set_context_group(comm::Communicator* group) {
+void Transformer::set_context_group(comm::Communicator* group, bool all_to_all) {
   MOETRON_CHECK(group && group->size() >= 1, "context parallelism without its cp group");
   MOETRON_CHECK(seq_chunk_ == 0, "parallel.cp > 1 with train.seq_chunk: pick one");
   cp_.group = group;
   cp_.size = group->size();
   cp_.rank = group->rank();
+  cp_.all_to_all = all_to_all;
+  if (all_to_all) {
+    const int64_t heads = model_.n_heads / tp_.size;
+    const int64_t kv_heads = std::max<int64_t>(model_.n_kv_heads / tp_.size, 1);
+    MOETRON_CHECK(heads % cp_.size == 0 && kv_heads % cp_.size == 0,
+                  "parallel.cp_comm = \"all_to_all\" splits each rank's ", heads, " query and ",
+                  kv_heads, " kv heads over parallel.cp = ", cp_.size, ": both must divide");
+  }
   for (auto& blk : blocks_) blk->attention().set_context_parallel(&cp_);
 }
 

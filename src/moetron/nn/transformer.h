@@ -148,7 +148,9 @@ class Transformer {
   // the pipeline runner, through context_slice) then takes the whole
   // micro-batch and runs this rank's two chunks of every row; LossStats
   // count this rank's tokens. Collective-free; not with seq_chunk.
-  void set_context_group(comm::Communicator* group);
+  // all_to_all: attention by all-to-all exchanges (a 1/c share of the heads
+  // over the whole sequence per rank) instead of the K/V ring.
+  void set_context_group(comm::Communicator* group, bool all_to_all = false);
   const ContextParallel& context_parallel() const { return cp_; }
   // This rank's share of a whole micro-batch (ids, targets: i32 [B, S]):
   // ids and targets [B, 2 S / 2c], RoPE positions i32 [B * 2 S / 2c] in the

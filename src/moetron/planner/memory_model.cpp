@@ -152,6 +152,7 @@ Dims dims_of(const MemoryInputs& in) {
   x.cp = lay.cp;
   x.cp_rank = (lay.stage_rank / lay.tp) % lay.cp;
   x.cp_seq = in.seq_len;
+  x.cp_all_to_all = lay.cp > 1 && in.cp_all_to_all;
   x.tp = lay.tp;
   x.ep = lay.ep;
   x.sp = sp;

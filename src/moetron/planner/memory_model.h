@@ -81,6 +81,9 @@ struct MemoryInputs {
   // The CPU backend widens bf16 GEMMs to fp32 here (kernels::cpu_widens_bf16_matmul):
   // its persistent scratch (planner/gemm_scratch.h) is counted as workspace.
   bool widened_bf16_gemm = false;
+  // parallel.cp_comm = "all_to_all": attention over the whole sequence for
+  // 1/cp of the heads (nn/attention_ulysses.cpp) instead of the K/V ring.
+  bool cp_all_to_all = false;
   // ZeRO-1 with Muon (optim.muon_distribution): "owner" buckets whole
   // matrices per rank; "replicated" gathers every update; "gather" gathers
   // the matrices a chunk boundary cuts.

@@ -27,6 +27,7 @@ constexpr kernels::Backend kCpu = kernels::Backend::cpu;
 
 struct AttnSaved {
   Buf x, q, k, v, out, lse, positions;
+  Buf out_heads;  // all-to-all context parallelism: the head-split output
 };
 struct MlpSaved {
   Buf x, gate_up, act;
@@ -312,13 +313,14 @@ class StepReplay {
     const bool chunk = chunked_seq_ > 0;
     return attention_scratch(backward, chunk ? 1 : x.b, x.s, chunk ? chunk_offset_ + x.s : x.s);
   }
-  std::vector<Buf> attention_scratch(bool backward, int64_t batch, int64_t seq_q, int64_t seq_k) {
+  std::vector<Buf> attention_scratch(bool backward, int64_t batch, int64_t seq_q, int64_t seq_k,
+                                     int64_t head_share = 1) {
     const Dims& x = x_;
     const kernels::AttentionShape shape{.batch = batch,
                                         .seq_q = seq_q,
                                         .seq_k = seq_k,
-                                        .heads = x.h,
-                                        .kv_heads = x.hkv,
+                                        .heads = x.h / head_share,
+                                        .kv_heads = x.hkv / head_share,
                                         .head_dim = x.hd,
                                         .dtype = x.c};
     return hold(backward ? kernels::attention_backward_scratch(kCpu, shape)
@@ -352,6 +354,45 @@ class StepReplay {
     }
     s.k = std::move(k_all);
     s.v = std::move(v_all);
+  }
+
+  // All-to-all (nn/attention_ulysses.cpp): one exchange of `elems` per
+  // rank, send and receive buffers held around it, the result kept.
+  Buf exchange_heads(int64_t elems) {
+    Buf send = r_.alloc(elems, x_.c, MemTag::comm), recv = r_.alloc(elems, x_.c, MemTag::comm);
+    return r_.alloc(elems, x_.c);
+  }
+  void exchange_back(int64_t elems) {
+    Buf send = r_.alloc(elems, x_.c, MemTag::comm), recv = r_.alloc(elems, x_.c, MemTag::comm);
+  }
+  // q, k, v to head-split, the whole sequence's attention for 1/cp of the
+  // heads, its output back to this rank's chunks.
+  void ulysses_forward(AttnSaved& s) {
+    const Dims& x = x_;
+    const int64_t qn = x.t * x.h * x.hd, kvn = x.t * x.hkv * x.hd;
+    s.q = exchange_heads(qn);
+    s.k = exchange_heads(kvn);
+    s.v = exchange_heads(kvn);
+    Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
+    s.lse = std::move(lse);
+    ulysses_core(s);
+  }
+  void ulysses_core(AttnSaved& s) {
+    const Dims& x = x_;
+    s.out_heads = r_.alloc(x.t * x.h * x.hd, x.c);
+    if (!s.out) s.out = r_.alloc(x.t * x.h * x.hd, x.c);
+    { std::vector<Buf> scratch = attention_scratch(false, x.b, x.cp_seq, x.cp_seq, x.cp); }
+    exchange_back(x.t * x.h * x.hd);
+  }
+  void ulysses_backward() {
+    const Dims& x = x_;
+    const int64_t qn = x.t * x.h * x.hd, kvn = x.t * x.hkv * x.hd;
+    Buf d_out_heads = exchange_heads(qn);
+    Buf dq = r_.alloc(qn, x.c), dk = r_.alloc(kvn, x.c), dv = r_.alloc(kvn, x.c);
+    { std::vector<Buf> scratch = attention_scratch(true, x.b, x.cp_seq, x.cp_seq, x.cp); }
+    exchange_back(qn);
+    exchange_back(kvn);
+    exchange_back(kvn);
   }
 
   // Attention of the local chunks over their key prefixes (attn_core
@@ -420,13 +461,15 @@ class StepReplay {
     s.out = r_.alloc(x.t * x.h * x.hd, x.c);
     s.lse = r_.alloc(x.b * x.h * x.s, x.a);
     if (chunked_seq_ > 0) s.k = s.v = nullptr;  // copied into the sequence's cache
-    if (x.cp > 1) {
+    if (x.cp_all_to_all) {
+      ulysses_forward(s);
+    } else if (x.cp > 1) {
       ring_forward(s);
     } else {
       std::vector<Buf> scratch = attention_scratch(false);
     }
     row_output();
-    if (drop_core_) s.out = nullptr;
+    if (drop_core_) s.out = s.out_heads = nullptr;
     return s;
   }
 
@@ -556,7 +599,9 @@ class StepReplay {
   void attn_backward(AttnSaved& s, int64_t layer) {
     const Dims& x = x_;
     Buf dy = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
-    if (!s.out) {
+    if (!s.out && x.cp_all_to_all) {
+      ulysses_core(s);
+    } else if (!s.out) {
       s.out = r_.alloc(x.t * x.h * x.hd, x.c);
       Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
       if (x.cp > 1) {
@@ -570,7 +615,9 @@ class StepReplay {
     Buf dq = r_.alloc(x.t * x.h * x.hd, x.c);
     Buf dk = r_.alloc(x.t * x.hkv * x.hd, x.c);
     Buf dv = r_.alloc(x.t * x.hkv * x.hd, x.c);
-    if (x.cp > 1) {
+    if (x.cp_all_to_all) {
+      ulysses_backward();
+    } else if (x.cp > 1) {
       context_backward();
     } else if (chunked_seq_ > 0) {
       // The sequence's dK, dV sums (from the layer's first backward on), and

@@ -76,6 +76,7 @@ struct Dims {
   // Context parallelism: s, t are this rank's two chunks of each sequence;
   // cp_seq the whole sequence, cp_rank this rank's place on the ring.
   int64_t cp = 1, cp_rank = 0, cp_seq = 0;
+  bool cp_all_to_all = false;  // attention by all-to-all (Ulysses), not the ring
   bool sp = false;
   DType c = DType::f32, a = DType::f32;
   bool aux = false, z = false;

@@ -134,6 +134,7 @@ std::vector<Field> run_fields() {
       field("parallel.stage_balance", &Config::parallel, &ParallelConfig::stage_balance),
       field("parallel.microbatches", &Config::parallel, &ParallelConfig::microbatches),
       field("parallel.cp", &Config::parallel, &ParallelConfig::cp),
+      field("parallel.cp_comm", &Config::parallel, &ParallelConfig::cp_comm),
       field("monitor.enabled", &Config::monitor, &MonitorConfig::enabled),
       field("monitor.serve", &Config::monitor, &MonitorConfig::serve),
       field("monitor.host", &Config::monitor, &MonitorConfig::host),
@@ -567,6 +568,16 @@ void validate_parallel(const Config& c) {
                        " (each cp rank holds two equal chunks of every sequence)"));
     check_rule(t.seq_chunk == 0 || t.seq_chunk >= t.seq_len, "parallel.cp",
                "does not combine with train.seq_chunk (chunked sequences): pick one");
+  }
+  check_rule(pl.cp_comm == "ring" || pl.cp_comm == "all_to_all", "parallel.cp_comm",
+             str_cat("must be \"ring\" or \"all_to_all\", got \"", pl.cp_comm, "\""));
+  if (pl.cp > 1 && pl.cp_comm == "all_to_all") {
+    const int64_t tp = std::max<int64_t>(pl.tp, 1);
+    const int64_t heads = m.n_heads / tp, kv_heads = std::max<int64_t>(m.n_kv_heads / tp, 1);
+    check_rule(
+        heads % pl.cp == 0 && kv_heads % pl.cp == 0, "parallel.cp_comm",
+        str_cat("\"all_to_all\" splits each tp rank's ", heads, " query and ", kv_heads,
+                " kv heads over parallel.cp = ", pl.cp, ": both must divide (or use \"ring\")"));
   }
   check_rule(pl.vpp >= 1, "parallel.vpp", "must be >= 1");
   (void)parallel::parse_schedule(pl.schedule);

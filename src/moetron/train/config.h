@@ -146,7 +146,10 @@ struct ParallelConfig {
   // Micro-batches per step per dp rank; 0: derived (train.global_batch /
   // (micro_batch * dp), else train.grad_accum). Set, it must agree with them.
   int64_t microbatches = 0;
-  int64_t cp = 1;  // context parallelism: 1 until the long-sequence work
+  int64_t cp = 1;  // context parallelism: ranks splitting each sequence
+  // How cp attention exchanges: "ring" (K/V blocks around the cp ranks) or
+  // "all_to_all" (Ulysses: the whole sequence for 1/cp of the heads).
+  std::string cp_comm = "ring";
 };
 
 struct CheckpointConfig {

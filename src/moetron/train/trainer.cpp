@@ -220,7 +220,7 @@ void Trainer::build_model() {
   MOETRON_CHECK(diff.empty(), "rank ", world_->rank(),
                 ": the model built differs from its plan: ", diff);
   if (tp_comm_) model_->set_tensor_group(tp_comm_);
-  if (cp_comm_) model_->set_context_group(cp_comm_);
+  if (cp_comm_) model_->set_context_group(cp_comm_, cfg_.parallel.cp_comm == "all_to_all");
   if (pp_comm_) pipeline_ = std::make_unique<PipelineRunner>(*model_, *pp_comm_, s.schedule, s.vpp);
   model_->initialize(cfg_.train.seed);
   model_->set_recompute(recompute_policy(cfg_));
