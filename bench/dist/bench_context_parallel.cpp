@@ -40,6 +40,7 @@ double median(std::vector<double> v) {
 struct Options {
   int64_t seq = 32768, window = 0, layers = 8, steps = 3;
   int threads = 1;
+  bool all_to_all = false;  // --cp-comm all_to_all (Ulysses) instead of ring
   std::string json_path;
 };
 
@@ -57,11 +58,14 @@ Options parse(int argc, char** argv) {
       o.steps = std::stoll(v);
     } else if (a == "--threads") {
       o.threads = std::stoi(v);
+    } else if (a == "--cp-comm") {
+      MOETRON_CHECK(v == "ring" || v == "all_to_all", "--cp-comm: ring or all_to_all, got ", v);
+      o.all_to_all = v == "all_to_all";
     } else if (a == "--json") {
       o.json_path = v;
     } else {
       MOETRON_FAIL("unknown option ", a,
-                   " (--seq, --window, --layers, --steps, --threads, --json)");
+                   " (--seq, --window, --layers, --steps, --threads, --cp-comm, --json)");
     }
   }
   return o;
@@ -98,6 +102,19 @@ double analytic_bytes(const nn::ModelConfig& m, int64_t seq, int64_t c, int64_t 
   return static_cast<double>(m.n_layers) * (forward + backward);
 }
 
+// All-to-all (Ulysses): forward sends q, k, v to head-split and the output
+// back, backward d_out out and dq, dk, dv back: 8 exchanges of a local
+// [S / c, heads, hd] tensor (bf16) a layer, of which (c - 1) / c leaves the
+// rank (this bench's model has as many kv heads as query heads); and the
+// positions every rank gathers for the document starts.
+double analytic_all_to_all_bytes(const nn::ModelConfig& m, int64_t seq, int64_t c) {
+  const double local = static_cast<double>(seq / c * m.n_heads * m.resolved_head_dim());
+  const double exchanges = 8.0 * local * 2 * static_cast<double>(c - 1) / static_cast<double>(c);
+  // Plus each layer's all-gather of the i32 positions (document starts).
+  const double positions = static_cast<double>((c - 1) * (seq / c) * 4);
+  return static_cast<double>(m.n_layers) * (exchanges + positions);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,7 +135,7 @@ int main(int argc, char** argv) {
       kernels::Context ctx(kernels::Backend::cpu, o.threads);
       nn::Transformer t(model, moe, prec);
       t.initialize(1);
-      if (c > 1) t.set_context_group(world.get());
+      if (c > 1) t.set_context_group(world.get(), o.all_to_all);
       optim::OptimizerOptions oo;
       oo.schedule = {1e-3, 0.1, 0, 100};
       optim::Optimizer opt(t.params(), oo);
@@ -160,6 +177,7 @@ int main(int argc, char** argv) {
     mi.matrix_grad = prec.matrix_grad();
     mi.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
     mi.layout.cp = c;
+    mi.cp_all_to_all = o.all_to_all;
     mi.layout.stage_rank = world->rank();
     // The model's activations (the part cp divides); its total would add the
     // gradient reducer this bench leaves out.
@@ -179,7 +197,9 @@ int main(int argc, char** argv) {
     const int64_t hops = o.window > 0 ? -1 : c - 1;
     if (world->rank() == 0) {
       const double* r = v.data<double>();
-      const double analytic = hops >= 0 ? analytic_bytes(model, o.seq, c, hops) : 0;
+      const double analytic = o.all_to_all ? analytic_all_to_all_bytes(model, o.seq, c)
+                              : hops >= 0  ? analytic_bytes(model, o.seq, c, hops)
+                                           : 0;
       std::printf("%-4s %7s %9s %11s %9s %12s %12s %9s %9s %9s\n", "cp", "seq", "s/step",
                   "blocked_s", "comm_s", "bytes", "analytic", "peak_MB", "act_MB", "act_pred");
       std::printf("%-4lld %7lld %9.2f %11.3f %9.3f %12lld %12.0f %9.1f %9.1f %9.1f\n",
@@ -196,6 +216,7 @@ int main(int argc, char** argv) {
       }
       if (!o.json_path.empty()) {
         const nlohmann::json j = {{"cp", c},
+                                  {"cp_comm", o.all_to_all ? "all_to_all" : "ring"},
                                   {"seq", o.seq},
                                   {"window", o.window},
                                   {"layers", o.layers},

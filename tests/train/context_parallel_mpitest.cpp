@@ -130,6 +130,12 @@ TEST(ContextParallel, HybridAttentionOnPackedDocumentsEqualsOneRank) {
                                            "attention.layer_pattern=L"};
   const Reference& local_ref = reference("local", hybrid);
   expect_run_equals_reference(local_ref, layouts().front(), hybrid, "local");
+  // A window inside one chunk without global tokens: at cp 4 only ring
+  // distances 1 and 3 are exchanged (nn::context_ring_offsets).
+  if (world().size() >= 4) {
+    const std::vector<std::string> window = {"attention.window=2", "attention.layer_pattern=L"};
+    expect_run_equals_reference(reference("window", window), layout(4), window, "window");
+  }
 }
 
 // Recompute: attn_core rebuilds the attention from the saved whole-sequence

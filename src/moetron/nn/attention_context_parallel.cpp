@@ -1,15 +1,18 @@
 // SelfAttention under context parallelism (parallel.cp, nn/context_parallel.h).
 //
 // Forward is ring attention: each rank's keys and values (its two chunks)
-// travel around the cp ring, one hop per step, by non-blocking send/recv;
-// while the next block is in flight the rank attends its queries to the
-// block it holds. Each (query chunk, key chunk) pair is one kernel call in
+// go to the ranks 1, 2, .. c - 1 places further round the cp ring, one
+// distance per step, by non-blocking send/recv (sent straight, not relayed,
+// so a distance no rank can see is simply not sent); while the next block
+// is in flight the rank attends its queries to the block it holds (its own
+// first). Each (query chunk, key chunk) pair is one kernel call in
 // the pair's own coordinates: keys at 0 .. C - 1, queries at q_offset = the
 // chunks' distance, document starts shifted by the key chunk's offset (so
 // windows, global tokens and packed documents mean what they mean in the
 // whole sequence). The partial outputs merge by their log-sum-exps, so the
-// result is the one softmax over every visible key. Ring steps that no rank
-// can see (a sliding window without global tokens) are not taken.
+// result is the one softmax over every visible key. Under a sliding window
+// without global tokens only distances 1 and c - 1 are exchanged
+// (nn::context_ring_offsets).
 //
 // The blocks that arrive are kept, at their sequence positions, as the
 // layer's saved keys and values (B x S, not B x S / c: one layer's K/V, the
@@ -28,35 +31,6 @@
 namespace moetron::nn {
 
 namespace {
-
-// Whether a query of chunk [qo, qo + len) may see a key of chunk [ko, ko + len):
-// conservative (the kernel decides the rest tile by tile). With packed
-// documents every document's first tokens are global: anything before may be.
-bool chunk_visible(const kernels::AttentionMask& mask, bool documents, int64_t qo, int64_t ko,
-                   int64_t len) {
-  if (ko > qo) return false;  // causal
-  if (mask.window <= 0 || documents || ko < mask.num_global) return true;
-  return qo - (ko + len - 1) < mask.window;
-}
-
-// Ring steps (1 .. c - 1) worth taking: the farthest hop any rank's queries
-// can see across. The same on every rank.
-int64_t ring_steps(const ContextParallel& cp, const kernels::AttentionMask& mask) {
-  int64_t steps = 0;
-  for (int64_t r = 0; r < cp.size; ++r) {
-    for (int64_t t = 1; t < cp.size; ++t) {
-      const int64_t owner = (r - t + cp.size) % cp.size;
-      for (int64_t kq = 0; kq < 2; ++kq) {
-        for (int64_t kk = 0; kk < 2; ++kk) {
-          if (chunk_visible(mask, cp.documents, cp.chunk_offset(r, kq), cp.chunk_offset(owner, kk),
-                            cp.chunk()))
-            steps = std::max(steps, t);
-        }
-      }
-    }
-  }
-  return steps;
-}
 
 // acc (rows [B, L, H, hd]) and acc_lse ([B, H, L]) take in a partial result
 // of rows row0 .. row0 + C of sequence b: part [C, H, hd] with part_lse [H, C].
@@ -132,7 +106,7 @@ void SelfAttention::attend_block(kernels::Context& ctx, const Saved& s, const Te
       const int64_t qo = cp.chunk_offset(cp.rank, kq);
       for (int64_t kk = 0; kk < 2; ++kk) {
         const int64_t ko = cp.chunk_offset(owner, kk);
-        if (!chunk_visible(mask_, cp.documents, qo, ko, C)) continue;
+        if (!context_chunk_visible(mask_, cp.documents, qo, ko, C)) continue;
         kernels::AttentionMask m = mask_;
         m.q_offset = qo - ko;
         if (shifted_starts) {
@@ -185,30 +159,35 @@ void SelfAttention::ring_attention_forward(kernels::Context& ctx, Saved& s, floa
   const int64_t B = s.batch, L = cp.local_seq();
   const Tensor k_all = Tensor::zeros({B, cp.seq, hkv_, hd_}, prec_.compute);
   const Tensor v_all = Tensor::zeros({B, cp.seq, hkv_, hd_}, prec_.compute);
-  Tensor block = Tensor::empty({2, B, L, hkv_, hd_}, prec_.compute, MemTag::comm);
-  block[0].copy_from(s.k);
-  block[1].copy_from(s.v);
-  keep_block(block, cp.rank, k_all, v_all);
+  // This rank's block (its chunks' K and V) goes to every rank that sees it.
+  Tensor own = Tensor::empty({2, B, L, hkv_, hd_}, prec_.compute, MemTag::comm);
+  own[0].copy_from(s.k);
+  own[1].copy_from(s.v);
+  keep_block(own, cp.rank, k_all, v_all);
   const Tensor acc = Tensor::zeros({B, L, h_, hd_}, prec_.accum, MemTag::workspace);
   fill_negative_infinity(s.lse);
-  const int64_t steps = ring_steps(cp, mask_);
-  const int next = static_cast<int>((cp.rank + 1) % cp.size);
-  const int prev = static_cast<int>((cp.rank + cp.size - 1) % cp.size);
-  for (int64_t t = 0; t <= steps; ++t) {
+  const std::vector<int64_t> offsets = context_ring_offsets(cp, mask_);
+  Tensor current = own;
+  int64_t owner = cp.rank;
+  for (size_t i = 0; i <= offsets.size(); ++i) {
     Tensor incoming;
     std::unique_ptr<comm::Work> recv, send;
-    if (t < steps) {  // the next hop travels while this block is attended to
-      incoming = Tensor::empty(block.shape(), prec_.compute, MemTag::comm);
-      recv = cp.group->recv_async(incoming, prev, 0);
-      send = cp.group->send_async(block, next, 0);
+    int64_t from = 0;
+    if (i < offsets.size()) {  // the next block travels while this one is attended to
+      const int64_t t = offsets[i];
+      from = (cp.rank - t + cp.size) % cp.size;
+      incoming = Tensor::empty(own.shape(), prec_.compute, MemTag::comm);
+      recv = cp.group->recv_async(incoming, static_cast<int>(from), static_cast<int>(t));
+      send =
+          cp.group->send_async(own, static_cast<int>((cp.rank + t) % cp.size), static_cast<int>(t));
     }
-    const int64_t owner = (cp.rank - t + cp.size) % cp.size;  // t < cp.size
-    attend_block(ctx, s, block, owner, scale, acc, s.lse);
-    if (t == steps) break;
+    attend_block(ctx, s, current, owner, scale, acc, s.lse);
+    if (i == offsets.size()) break;
     recv->wait();
     send->wait();
-    block = incoming;
-    keep_block(block, (owner + cp.size - 1) % cp.size, k_all, v_all);
+    current = incoming;
+    owner = from;
+    keep_block(current, owner, k_all, v_all);
   }
   kernels::convert(ctx, acc, s.out);
   s.k = k_all;

@@ -14,9 +14,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "moetron/comm/communicator.h"
 #include "moetron/core/tensor.h"
+#include "moetron/kernels/attention.h"
 
 namespace moetron::nn {
 
@@ -43,6 +45,22 @@ struct ContextParallel {
     return chunk_offset(r, j / chunk()) + j % chunk();
   }
 };
+
+// Whether a query of chunk [qo, qo + len) may see a key of chunk
+// [ko, ko + len) under a layer's mask: conservative (the kernel decides the
+// rest tile by tile). With packed documents every document starts with
+// global tokens, so anything earlier may be seen.
+bool context_chunk_visible(const kernels::AttentionMask& mask, bool documents, int64_t qo,
+                           int64_t ko, int64_t len);
+
+// The ring distances t in 1 .. c - 1 at which some rank's queries see a
+// chunk of the rank t places before it; each rank receives exactly those
+// blocks, straight from (r - t) mod c. Full causal: every t. A sliding
+// window within one chunk and no global tokens: 1 and c - 1 (chunk r's
+// predecessor lives on rank r - 1, chunk 2c - 1 - r's on rank r + 1). The
+// same on every rank.
+std::vector<int64_t> context_ring_offsets(const ContextParallel& cp,
+                                          const kernels::AttentionMask& mask);
 
 // Throws naming parallel.cp unless S splits into 2c equal chunks.
 void check_context_split(const ContextParallel& cp, int64_t seq);

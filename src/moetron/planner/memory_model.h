@@ -84,6 +84,8 @@ struct MemoryInputs {
   // parallel.cp_comm = "all_to_all": attention over the whole sequence for
   // 1/cp of the heads (nn/attention_ulysses.cpp) instead of the K/V ring.
   bool cp_all_to_all = false;
+  // data.document_mask: under cp every ring distance may be seen.
+  bool document_mask = false;
   // ZeRO-1 with Muon (optim.muon_distribution): "owner" buckets whole
   // matrices per rank; "replicated" gathers every update; "gather" gathers
   // the matrices a chunk boundary cuts.

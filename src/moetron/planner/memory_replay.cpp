@@ -8,6 +8,7 @@
 #include "moetron/kernels/cross_entropy.h"
 #include "moetron/kernels/embedding.h"
 #include "moetron/kernels/norm.h"
+#include "moetron/nn/context_parallel.h"
 #include "moetron/planner/memory_model.h"
 
 namespace moetron::planner {
@@ -337,20 +338,37 @@ class StepReplay {
   // hand and the one arriving, the merged output; each (query chunk, key
   // chunk) call's partial output and the kernel's scratch. Every step
   // holds the same, so one step stands for all.
-  void ring_forward(AttnSaved& s) {
+  void ring_forward(AttnSaved& s, int64_t layer) {
     const Dims& x = x_;
     const int64_t kv_all = x.b * x.cp_seq * x.hkv * x.hd, c = cp_chunk();
+    kernels::AttentionMask mask;
+    if (nn::layer_is_local(in_.model, layer)) {
+      mask.window = in_.model.attention_window;
+      mask.num_global = in_.model.attention_global_tokens;
+    }
+    nn::ContextParallel cp;
+    cp.size = x.cp;
+    cp.rank = x.cp_rank;
+    cp.seq = x.cp_seq;
+    cp.documents = in_.document_mask;
+    const size_t hops = nn::context_ring_offsets(cp, mask).size();
     Buf k_all = r_.alloc(kv_all, x.c), v_all = r_.alloc(kv_all, x.c);
     {
-      Buf block = r_.alloc(2 * x.t * x.hkv * x.hd, x.c, MemTag::comm);
+      // The own block stays (it is sent at every distance); from the second
+      // exchange on, the block in hand and the one arriving sit beside it.
+      Buf own = r_.alloc(2 * x.t * x.hkv * x.hd, x.c, MemTag::comm);
       Buf acc = r_.ws(x.t * x.h * x.hd, x.a);
-      Buf incoming = r_.alloc(2 * x.t * x.hkv * x.hd, x.c, MemTag::comm);
-      {
-        Buf part = r_.ws(c * x.h * x.hd, x.c), part_acc = r_.ws(c * x.h * x.hd, x.a);
-        Buf part_lse = r_.ws(x.h * c, x.a);
-        std::vector<Buf> scratch = attention_scratch(false, 1, c, c);
+      Buf current;
+      for (size_t i = 0; i <= std::min<size_t>(hops, 2); ++i) {
+        Buf incoming = i < hops ? r_.alloc(2 * x.t * x.hkv * x.hd, x.c, MemTag::comm) : nullptr;
+        {
+          Buf part = r_.ws(c * x.h * x.hd, x.c), part_acc = r_.ws(c * x.h * x.hd, x.a);
+          Buf part_lse = r_.ws(x.h * c, x.a);
+          std::vector<Buf> scratch = attention_scratch(false, 1, c, c);
+        }
+        if (i == hops) break;
+        current = std::move(incoming);
       }
-      block = std::move(incoming);
     }
     s.k = std::move(k_all);
     s.v = std::move(v_all);
@@ -419,7 +437,7 @@ class StepReplay {
     s.rstd1 = r_.alloc(x.tb, x.a);
     Buf n1 = r_.alloc(x.tb * x.d, x.c);
     s.h = r_.alloc(x.tb * x.d, x.c);
-    s.attn = attn_forward(n1);
+    s.attn = attn_forward(n1, i);
     if (drop_norm_) s.attn.x = nullptr;
     s.rstd2 = r_.alloc(x.tb, x.a);
     Buf n2 = r_.alloc(x.tb * x.d, x.c);
@@ -451,7 +469,7 @@ class StepReplay {
     Buf slice = r_.alloc(x_.tb * x_.d, x_.c);
   }
 
-  AttnSaved attn_forward(const Buf& n1) {
+  AttnSaved attn_forward(const Buf& n1, int64_t layer) {
     const Dims& x = x_;
     AttnSaved s;
     s.x = column_input(n1);
@@ -464,7 +482,7 @@ class StepReplay {
     if (x.cp_all_to_all) {
       ulysses_forward(s);
     } else if (x.cp > 1) {
-      ring_forward(s);
+      ring_forward(s, layer);
     } else {
       std::vector<Buf> scratch = attention_scratch(false);
     }

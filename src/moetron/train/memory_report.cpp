@@ -35,6 +35,7 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingP
   in.moment_dtype = s.moment_dtype;
   in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   in.cp_all_to_all = cfg.parallel.cp_comm == "all_to_all";
+  in.document_mask = cfg.data.document_mask;
   return in;
 }
 
