@@ -29,11 +29,10 @@ const std::string& job_dir() {
 std::string run_dir(const std::string& name, bool local = false) {
   return test::layout_run_dir(job_dir(), name, local);
 }
-using test::block_of;
+using test::expect_same_grads;
 using test::expect_same_losses;
 using test::grads_of;
 using test::Reference;
-using test::rel_norm_diff;
 using test::with;
 
 constexpr int64_t kGlobalRows = 8;  // per micro-batch, over all ranks
@@ -82,16 +81,6 @@ std::vector<Layout> layouts() {
       return {layout(2), layout(4), layout(2, 2), layout(2, 1, 2), layout(2, 1, 1, 2)};
     default:
       return {layout(2, 2), layout(2, 1, 2), layout(2, 1, 1, 2), layout(4), layout(2, 2, 2)};
-  }
-}
-
-void expect_same_grads(Trainer& t, const std::map<std::string, std::vector<float>>& got,
-                       const Reference& ref, const std::string& what) {
-  for (const auto& p : t.model().params().all()) {
-    const std::vector<float>& g = got.at(p->name);
-    const std::vector<float> want = block_of(*p, ref.first_grads.at(p->name));
-    ASSERT_EQ(g.size(), want.size()) << what << " " << p->name;
-    EXPECT_LE(rel_norm_diff(g, want), 1e-5) << what << " " << p->name;
   }
 }
 

@@ -44,11 +44,10 @@ std::string copy_step5(const std::string& from, const std::string& name) {
 double rel(double a, double b) {
   return test::rel_diff(a, b);
 }
-using test::block_of;
+using test::expect_same_grads;
 using test::expect_same_losses;
 using test::grads_of;
 using test::Reference;
-using test::rel_norm_diff;
 using test::with;
 
 constexpr int64_t kGlobalRows = 8;  // per micro-batch, over all ranks
@@ -103,16 +102,6 @@ std::vector<Layout> layouts() {
     add(2, 4, false);
   }
   return out;
-}
-
-void expect_same_grads(Trainer& t, const std::map<std::string, std::vector<float>>& got,
-                       const Reference& ref, const std::string& what) {
-  for (const auto& p : t.model().params().all()) {
-    const std::vector<float>& g = got.at(p->name);
-    const std::vector<float> want = block_of(*p, ref.first_grads.at(p->name));
-    ASSERT_EQ(g.size(), want.size()) << what << " " << p->name;
-    EXPECT_LE(rel_norm_diff(g, want), 1e-5) << what << " " << p->name;
-  }
 }
 
 // One run of the layout's Trainer on `rows` rows per rank with `sets`:

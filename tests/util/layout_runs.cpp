@@ -113,6 +113,16 @@ train::Config layout_config(const std::string& job, int64_t rows, int64_t microb
   return train::load_config(MOETRON_SOURCE_DIR "/configs/tiny.toml", sets);
 }
 
+void expect_same_grads(train::Trainer& t, const std::map<std::string, std::vector<float>>& got,
+                       const Reference& ref, const std::string& what) {
+  for (const auto& p : t.model().params().all()) {
+    const std::vector<float>& g = got.at(p->name);
+    const std::vector<float> want = block_of(*p, ref.first_grads.at(p->name));
+    ASSERT_EQ(g.size(), want.size()) << what << " " << p->name;
+    EXPECT_LE(rel_norm_diff(g, want), 1e-5) << what << " " << p->name;
+  }
+}
+
 const Reference& cached_reference(const std::string& key, const std::function<Reference()>& run) {
   static std::map<std::string, Reference> cache;
   const auto it = cache.find(key);

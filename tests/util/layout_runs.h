@@ -43,6 +43,10 @@ Reference run_reference(const train::Config& cfg, const std::string& run_dir);
 // `rows` per dp rank, small gradient buckets, one thread; then `extra`.
 train::Config layout_config(const std::string& job, int64_t rows, int64_t microbatches,
                             const std::vector<std::string>& extra);
+// Every parameter's first-step gradient `got` (this rank's block, from
+// grads_of) equals the reference's block within 1e-5 (relative norm).
+void expect_same_grads(train::Trainer& t, const std::map<std::string, std::vector<float>>& got,
+                       const Reference& ref, const std::string& what);
 // A one-rank reference, run on first use of `key` and kept for the process.
 const Reference& cached_reference(const std::string& key, const std::function<Reference()>& run);
 // Copies checkpoint step-5 of run `from` into a fresh run directory `name`; collective.

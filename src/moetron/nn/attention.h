@@ -131,6 +131,7 @@ class SelfAttention {
                     float scale, const Tensor& acc, const Tensor& acc_lse) const;
   void keep_block(const Tensor& block, int64_t owner, const Tensor& k_all,
                   const Tensor& v_all) const;
+  kernels::AttentionMask prefix_mask(const Saved& s, int64_t b, int64_t qo) const;
   // From the saved whole-sequence K/V, no communication (attn_core recompute).
   void context_attention_forward(kernels::Context& ctx, const Saved& s, float scale,
                                  const Tensor& out, const Tensor& lse) const;

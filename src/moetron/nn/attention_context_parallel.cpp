@@ -194,21 +194,27 @@ void SelfAttention::ring_attention_forward(kernels::Context& ctx, Saved& s, floa
   s.v = v_all;
 }
 
+kernels::AttentionMask SelfAttention::prefix_mask(const Saved& s, int64_t b, int64_t qo) const {
+  // A local query chunk at qo over the saved keys [0, qo + C) of sequence b.
+  kernels::AttentionMask m = mask_;
+  m.q_offset = qo;
+  if (s.doc_start.defined()) {
+    m.doc_start = s.doc_start.data<int32_t>() + b * cp_->seq;
+    m.doc_stride = cp_->seq;
+  }
+  return m;
+}
+
 void SelfAttention::context_attention_forward(kernels::Context& ctx, const Saved& s, float scale,
                                               const Tensor& out, const Tensor& lse) const {
   // The saved whole-sequence K/V: each local query chunk over its prefix.
   const ContextParallel& cp = *cp_;
-  const int64_t C = cp.chunk(), seq = cp.seq;
+  const int64_t C = cp.chunk();
   const Tensor chunk_lse = Tensor::empty({1, h_, C}, prec_.accum, MemTag::workspace);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t kq = 0; kq < 2; ++kq) {
       const int64_t qo = cp.chunk_offset(cp.rank, kq), prefix = qo + C;
-      kernels::AttentionMask m = mask_;
-      m.q_offset = qo;
-      if (s.doc_start.defined()) {
-        m.doc_start = s.doc_start.data<int32_t>() + b * seq;
-        m.doc_stride = seq;
-      }
+      const kernels::AttentionMask m = prefix_mask(s, b, qo);
       const Shape kv{1, prefix, hkv_, hd_};
       const auto rows = [&](const Tensor& t) {
         return t[b].slice(kq * C, (kq + 1) * C).reshape({1, C, h_, hd_});
@@ -236,12 +242,7 @@ void SelfAttention::context_attention_backward(kernels::Context& ctx, const Save
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t kq = 0; kq < 2; ++kq) {
       const int64_t qo = cp.chunk_offset(cp.rank, kq), prefix = qo + C;
-      kernels::AttentionMask m = mask_;
-      m.q_offset = qo;
-      if (s.doc_start.defined()) {
-        m.doc_start = s.doc_start.data<int32_t>() + b * seq;
-        m.doc_stride = seq;
-      }
+      const kernels::AttentionMask m = prefix_mask(s, b, qo);
       for (int64_t h = 0; h < h_; ++h)
         chunk_lse[0][h].copy_from(s.lse[b][h].slice(kq * C, (kq + 1) * C));
       const Shape kv{1, prefix, hkv_, hd_};

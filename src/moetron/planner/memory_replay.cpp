@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "moetron/core/error.h"
 #include "moetron/kernels/attention.h"
 #include "moetron/kernels/cross_entropy.h"
 #include "moetron/kernels/embedding.h"
 #include "moetron/kernels/norm.h"
-#include "moetron/nn/context_parallel.h"
 #include "moetron/planner/memory_model.h"
+#include "moetron/planner/memory_replay_context.h"
 
 namespace moetron::planner {
 
@@ -314,118 +315,17 @@ class StepReplay {
     const bool chunk = chunked_seq_ > 0;
     return attention_scratch(backward, chunk ? 1 : x.b, x.s, chunk ? chunk_offset_ + x.s : x.s);
   }
-  std::vector<Buf> attention_scratch(bool backward, int64_t batch, int64_t seq_q, int64_t seq_k,
-                                     int64_t head_share = 1) {
+  std::vector<Buf> attention_scratch(bool backward, int64_t batch, int64_t seq_q, int64_t seq_k) {
     const Dims& x = x_;
     const kernels::AttentionShape shape{.batch = batch,
                                         .seq_q = seq_q,
                                         .seq_k = seq_k,
-                                        .heads = x.h / head_share,
-                                        .kv_heads = x.hkv / head_share,
+                                        .heads = x.h,
+                                        .kv_heads = x.hkv,
                                         .head_dim = x.hd,
                                         .dtype = x.c};
     return hold(backward ? kernels::attention_backward_scratch(kCpu, shape)
                          : kernels::attention_forward_scratch(kCpu, shape));
-  }
-
-  // Context parallelism (nn/attention_context_parallel.cpp): C positions
-  // per chunk, and the longest key prefix this rank's queries reach (its
-  // second chunk's end).
-  int64_t cp_chunk() const { return x_.cp_seq / (2 * x_.cp); }
-  int64_t cp_longest_prefix() const { return (2 * x_.cp - x_.cp_rank) * cp_chunk(); }
-
-  // The ring: the whole sequence's K/V (kept as the layer's), the block in
-  // hand and the one arriving, the merged output; each (query chunk, key
-  // chunk) call's partial output and the kernel's scratch. Every step
-  // holds the same, so one step stands for all.
-  void ring_forward(AttnSaved& s, int64_t layer) {
-    const Dims& x = x_;
-    const int64_t kv_all = x.b * x.cp_seq * x.hkv * x.hd, c = cp_chunk();
-    kernels::AttentionMask mask;
-    if (nn::layer_is_local(in_.model, layer)) {
-      mask.window = in_.model.attention_window;
-      mask.num_global = in_.model.attention_global_tokens;
-    }
-    nn::ContextParallel cp;
-    cp.size = x.cp;
-    cp.rank = x.cp_rank;
-    cp.seq = x.cp_seq;
-    cp.documents = in_.document_mask;
-    const size_t hops = nn::context_ring_offsets(cp, mask).size();
-    Buf k_all = r_.alloc(kv_all, x.c), v_all = r_.alloc(kv_all, x.c);
-    {
-      // The own block stays (it is sent at every distance); from the second
-      // exchange on, the block in hand and the one arriving sit beside it.
-      Buf own = r_.alloc(2 * x.t * x.hkv * x.hd, x.c, MemTag::comm);
-      Buf acc = r_.ws(x.t * x.h * x.hd, x.a);
-      Buf current;
-      for (size_t i = 0; i <= std::min<size_t>(hops, 2); ++i) {
-        Buf incoming = i < hops ? r_.alloc(2 * x.t * x.hkv * x.hd, x.c, MemTag::comm) : nullptr;
-        {
-          Buf part = r_.ws(c * x.h * x.hd, x.c), part_acc = r_.ws(c * x.h * x.hd, x.a);
-          Buf part_lse = r_.ws(x.h * c, x.a);
-          std::vector<Buf> scratch = attention_scratch(false, 1, c, c);
-        }
-        if (i == hops) break;
-        current = std::move(incoming);
-      }
-    }
-    s.k = std::move(k_all);
-    s.v = std::move(v_all);
-  }
-
-  // All-to-all (nn/attention_ulysses.cpp): one exchange of `elems` per
-  // rank, send and receive buffers held around it, the result kept.
-  Buf exchange_heads(int64_t elems) {
-    Buf send = r_.alloc(elems, x_.c, MemTag::comm), recv = r_.alloc(elems, x_.c, MemTag::comm);
-    return r_.alloc(elems, x_.c);
-  }
-  void exchange_back(int64_t elems) {
-    Buf send = r_.alloc(elems, x_.c, MemTag::comm), recv = r_.alloc(elems, x_.c, MemTag::comm);
-  }
-  // q, k, v to head-split, the whole sequence's attention for 1/cp of the
-  // heads, its output back to this rank's chunks.
-  void ulysses_forward(AttnSaved& s) {
-    const Dims& x = x_;
-    const int64_t qn = x.t * x.h * x.hd, kvn = x.t * x.hkv * x.hd;
-    s.q = exchange_heads(qn);
-    s.k = exchange_heads(kvn);
-    s.v = exchange_heads(kvn);
-    Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
-    s.lse = std::move(lse);
-    ulysses_core(s);
-  }
-  void ulysses_core(AttnSaved& s) {
-    const Dims& x = x_;
-    s.out_heads = r_.alloc(x.t * x.h * x.hd, x.c);
-    if (!s.out) s.out = r_.alloc(x.t * x.h * x.hd, x.c);
-    { std::vector<Buf> scratch = attention_scratch(false, x.b, x.cp_seq, x.cp_seq, x.cp); }
-    exchange_back(x.t * x.h * x.hd);
-  }
-  void ulysses_backward() {
-    const Dims& x = x_;
-    const int64_t qn = x.t * x.h * x.hd, kvn = x.t * x.hkv * x.hd;
-    Buf d_out_heads = exchange_heads(qn);
-    Buf dq = r_.alloc(qn, x.c), dk = r_.alloc(kvn, x.c), dv = r_.alloc(kvn, x.c);
-    { std::vector<Buf> scratch = attention_scratch(true, x.b, x.cp_seq, x.cp_seq, x.cp); }
-    exchange_back(qn);
-    exchange_back(kvn);
-    exchange_back(kvn);
-  }
-
-  // Attention of the local chunks over their key prefixes (attn_core
-  // recompute and backward), then, in backward, dK/dV over the whole
-  // sequence reduce-scattered to their owners.
-  void context_backward() {
-    const Dims& x = x_;
-    const int64_t kv_all = x.b * x.cp_seq * x.hkv * x.hd, c = cp_chunk();
-    Buf dk_sum = r_.ws(kv_all, x.a), dv_sum = r_.ws(kv_all, x.a);
-    Buf dk_part = r_.ws(x.cp_seq * x.hkv * x.hd, x.c),
-        dv_part = r_.ws(x.cp_seq * x.hkv * x.hd, x.c);
-    Buf chunk_lse = r_.ws(x.h * c, x.a);
-    { std::vector<Buf> scratch = attention_scratch(true, 1, c, cp_longest_prefix()); }
-    Buf send = r_.alloc(x.cp * 2 * x.t * x.hkv * x.hd, x.a, MemTag::comm);
-    Buf mine = r_.alloc(2 * x.t * x.hkv * x.hd, x.a, MemTag::comm);
   }
 
   // Block::forward; the saved state goes to blocks_[i].
@@ -480,9 +380,9 @@ class StepReplay {
     s.lse = r_.alloc(x.b * x.h * x.s, x.a);
     if (chunked_seq_ > 0) s.k = s.v = nullptr;  // copied into the sequence's cache
     if (x.cp_all_to_all) {
-      ulysses_forward(s);
+      cp_.ulysses_forward(s.q, s.k, s.v, s.lse, s.out, s.out_heads);
     } else if (x.cp > 1) {
-      ring_forward(s, layer);
+      std::tie(s.k, s.v) = cp_.ring_forward(layer);
     } else {
       std::vector<Buf> scratch = attention_scratch(false);
     }
@@ -618,13 +518,12 @@ class StepReplay {
     const Dims& x = x_;
     Buf dy = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
     if (!s.out && x.cp_all_to_all) {
-      ulysses_core(s);
+      cp_.ulysses_core(s.out, s.out_heads);
     } else if (!s.out) {
       s.out = r_.alloc(x.t * x.h * x.hd, x.c);
       Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
       if (x.cp > 1) {
-        Buf chunk_lse = r_.ws(x.h * cp_chunk(), x.a);
-        std::vector<Buf> scratch = attention_scratch(false, 1, cp_chunk(), cp_longest_prefix());
+        cp_.prefix_forward();
       } else {
         std::vector<Buf> scratch = attention_scratch(false);
       }
@@ -634,9 +533,9 @@ class StepReplay {
     Buf dk = r_.alloc(x.t * x.hkv * x.hd, x.c);
     Buf dv = r_.alloc(x.t * x.hkv * x.hd, x.c);
     if (x.cp_all_to_all) {
-      ulysses_backward();
+      cp_.ulysses_backward();
     } else if (x.cp > 1) {
-      context_backward();
+      cp_.ring_backward();
     } else if (chunked_seq_ > 0) {
       // The sequence's dK, dV sums (from the layer's first backward on), and
       // the chunk's contribution over the keys up to its end.
@@ -669,7 +568,8 @@ class StepReplay {
   Replay& r_;
   const MemoryInputs& in_;
   Dims x_;
-  int64_t k_ = 0;  // blocks per checkpointed segment
+  ContextAttentionReplay cp_{r_, in_, x_};  // reads x_ as it changes
+  int64_t k_ = 0;                           // blocks per checkpointed segment
   bool drop_core_, drop_act_, drop_norm_, drop_dispatch_;
   std::vector<BlockSaved> blocks_;
   // Chunked sequences: the whole sequence's length (0: not chunked), where
