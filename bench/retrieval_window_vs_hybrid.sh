@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long-sequence issue's retrieval probe: the same small model
-# (configs/retrieval-8k.toml) trained for the same steps on 8K-token
+# (bench/retrieval-8k.toml) trained for the same steps on 8K-token
 # key-retrieval examples, once with both layers local (window 256:
 # attention.layer_pattern = "LL") and once with the second layer global
 # ("LG"); then `moetron eval --task retrieval` on the held-out examples.
@@ -30,7 +30,7 @@ printf '%-8s %6s %10s %10s %9s %8s\n' pattern steps final_loss accuracy chance s
 [[ -n "$json" ]] && : > "$json"
 for pattern in LL LG; do
   run="$work/run-$pattern"
-  "$moetron" train --config "$root/configs/retrieval-8k.toml" --out "$run" \
+  "$moetron" train --config "$root/bench/retrieval-8k.toml" --out "$run" \
     --set "data.path=$work/data" --set "train.steps=$steps" --set "train.threads=$threads" \
     --set "checkpoint.every=$steps" --set "attention.layer_pattern=$pattern" >"$work/train-$pattern.log"
   score=$("$moetron" eval --task retrieval --checkpoint "$run" --data "$work/data")
