@@ -7,13 +7,16 @@
 # Window-only cannot see the key from the query, so it should stay near
 # chance (1 / key vocabulary); the hybrid's global layer can carry it.
 #
-#   bench/retrieval_window_vs_hybrid.sh [--steps 400] [--key-len 16] [--threads 2] [--json FILE]
+#   bench/retrieval_window_vs_hybrid.sh [--steps 400] [--key-len 16] [--key-within 64]
+#     [--patterns "LL LG"] [--threads 2] [--json FILE]
 set -euo pipefail
-steps=400 key_len=16 threads=2 json="" moetron=""
+steps=400 key_len=16 key_within=64 patterns="LL LG" threads=2 json="" moetron=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
     --key-len) key_len=$2; shift 2 ;;
+    --key-within) key_within=$2; shift 2 ;;
+    --patterns) patterns=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --moetron) moetron=$2; shift 2 ;;
@@ -25,10 +28,10 @@ moetron=${moetron:-$root/build/moetron}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$moetron" prepare-data --task retrieval --seq-len 8192 --examples 1024 --key-len "$key_len" \
-  --out "$work/data" >/dev/null
+  --key-within "$key_within" --out "$work/data" >/dev/null
 printf '%-8s %6s %10s %10s %9s %8s\n' pattern steps final_loss accuracy chance s/step
 [[ -n "$json" ]] && : > "$json"
-for pattern in LL LG; do
+for pattern in $patterns; do
   run="$work/run-$pattern"
   "$moetron" train --config "$root/bench/retrieval-8k.toml" --out "$run" \
     --set "data.path=$work/data" --set "train.steps=$steps" --set "train.threads=$threads" \
