@@ -41,12 +41,7 @@ std::string run_dir(const std::string& name, bool local = false) {
 std::string copy_step5(const std::string& from, const std::string& name) {
   return test::copy_step5(job_dir(), from, name);
 }
-double rel(double a, double b) {
-  return test::rel_diff(a, b);
-}
-using test::expect_same_grads;
 using test::expect_same_losses;
-using test::grads_of;
 using test::Reference;
 using test::with;
 
@@ -110,14 +105,7 @@ void expect_run_equals_reference(const Reference& ref, int64_t rows,
                                  const std::vector<std::string>& sets, const std::string& dir,
                                  const std::string& what) {
   Trainer t(tp_config(rows, sets), run_dir(dir), false, shared_world());
-  std::map<std::string, std::vector<float>> grads;
-  t.before_update = [&](int64_t step) {
-    if (step == 1) grads = grads_of(t);
-  };
-  const TrainResult r = t.run();
-  expect_same_losses(r, ref.result, 0, 1e-5, what);
-  EXPECT_LE(rel(r.val_loss, ref.result.val_loss), 1e-5) << what;
-  expect_same_grads(t, grads, ref, what);
+  test::expect_run_matches(t, ref, what);
 }
 
 TEST(TensorParallel, LossesAndGradientsEqualOneRank) {

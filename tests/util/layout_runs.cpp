@@ -123,6 +123,18 @@ void expect_same_grads(train::Trainer& t, const std::map<std::string, std::vecto
   }
 }
 
+void expect_run_matches(train::Trainer& t, const Reference& ref, const std::string& what,
+                        bool aux) {
+  std::map<std::string, std::vector<float>> grads;
+  t.before_update = [&](int64_t step) {
+    if (step == 1) grads = grads_of(t);
+  };
+  const train::TrainResult r = t.run();
+  expect_same_losses(r, ref.result, 0, 1e-5, what, aux);
+  EXPECT_LE(rel_diff(r.val_loss, ref.result.val_loss), 1e-5) << what;
+  expect_same_grads(t, grads, ref, what);
+}
+
 const Reference& cached_reference(const std::string& key, const std::function<Reference()>& run) {
   static std::map<std::string, Reference> cache;
   const auto it = cache.find(key);

@@ -47,6 +47,11 @@ train::Config layout_config(const std::string& job, int64_t rows, int64_t microb
 // grads_of) equals the reference's block within 1e-5 (relative norm).
 void expect_same_grads(train::Trainer& t, const std::map<std::string, std::vector<float>>& got,
                        const Reference& ref, const std::string& what);
+// Runs `t` and expects what one rank computed: its losses (and, with aux,
+// the balancing losses) for every step, the validation loss and every
+// first-step gradient, each within 1e-5.
+void expect_run_matches(train::Trainer& t, const Reference& ref, const std::string& what,
+                        bool aux = false);
 // A one-rank reference, run on first use of `key` and kept for the process.
 const Reference& cached_reference(const std::string& key, const std::function<Reference()>& run);
 // Copies checkpoint step-5 of run `from` into a fresh run directory `name`; collective.
