@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_moe_widths.h"
 #include "bench_util.h"
 #include "moetron/core/allocator.h"
 #include "moetron/core/error.h"
@@ -60,16 +61,7 @@ struct Setup {
 
 Setup setup_of(const Mode& mode, int64_t seq, const LongSequenceOptions& o) {
   Setup s;
-  s.model.vocab_size = 8192;
-  s.model.d_model = 512;
-  s.model.n_layers = 8;
-  s.model.n_heads = 8;
-  s.model.n_kv_heads = 8;
-  s.model.ffn_hidden = 1408;
-  s.model.max_seq_len = seq;
-  s.moe.num_experts = 8;
-  s.moe.top_k = 2;
-  s.moe.expert_hidden = 1024;
+  set_bench_moe_widths(s.model, s.moe, seq);
   s.seq = seq;
   if (mode.hybrid) {
     s.model.attention_window = o.window;

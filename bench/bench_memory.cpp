@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "bench_moe_widths.h"
 #include "bench_util.h"
 #include "moetron/core/allocator.h"
 #include "moetron/core/rng.h"
@@ -33,15 +34,7 @@ struct Setup {
 
 Setup long_bench_moe() {
   Setup s;
-  s.model.vocab_size = 8192;
-  s.model.d_model = 512;
-  s.model.n_layers = 8;
-  s.model.n_heads = 8;
-  s.model.n_kv_heads = 8;
-  s.model.max_seq_len = 2048;
-  s.moe.num_experts = 8;
-  s.moe.top_k = 2;
-  s.moe.expert_hidden = 1024;
+  set_bench_moe_widths(s.model, s.moe, 2048);
   return s;
 }
 

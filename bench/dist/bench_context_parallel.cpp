@@ -18,6 +18,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "../bench_moe_widths.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/allocator.h"
 #include "moetron/core/error.h"
@@ -74,16 +75,8 @@ Options parse(int argc, char** argv) {
 // configs/bench-moe.toml's widths; --window: every layer local (window W,
 // 16 global tokens), so ring hops beyond the window are skipped.
 void model_of(const Options& o, nn::ModelConfig& m, nn::MoeConfig& e) {
-  m.vocab_size = 8192;
-  m.d_model = 512;
+  bench::set_bench_moe_widths(m, e, o.seq);
   m.n_layers = o.layers;
-  m.n_heads = 8;
-  m.n_kv_heads = 8;
-  m.ffn_hidden = 1408;
-  m.max_seq_len = o.seq;
-  e.num_experts = 8;
-  e.top_k = 2;
-  e.expert_hidden = 1024;
   if (o.window > 0) {
     m.attention_window = o.window;
     m.attention_layer_pattern = "L";
