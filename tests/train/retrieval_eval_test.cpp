@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "moetron/ckpt/checkpoint.h"
@@ -87,6 +88,47 @@ TEST(RetrievalEval, TheTrainerTrainsOnARetrievalCorpusAndItsCheckpointIsScored) 
   // A text corpus is not a retrieval corpus.
   EXPECT_THROW(evaluate_retrieval(ctx, *lm.model, test::tiny_corpus_root() + "/prepared", 8),
                Error);
+}
+
+TEST(RetrievalEval, LossOnAnswersCountsOnlyTheKeyTargets) {
+  // Each example's loss is over its key_len = 3 answers: the step's token
+  // count is 3 per row, and the first step's loss is near ln(vocab) (the
+  // untrained model's answer logits are near uniform); without the option
+  // every target of the row counts.
+  const auto run_with = [](const std::string& name, const std::vector<std::string>& extra) {
+    const std::string run = test::tiny_corpus_root() + "/runs/" + name;
+    remove_tree(run);
+    std::vector<std::string> sets = {"data.path=" + tiny_retrieval_corpus(),
+                                     "train.seq_len=24",
+                                     "train.steps=2",
+                                     "train.micro_batch=2",
+                                     "train.grad_accum=2",
+                                     "train.eval_every=2"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    Trainer t(test::tiny_train_config(sets), run, false);
+    return t.run();
+  };
+  const TrainResult answers = run_with("retrieval_answers", {"data.loss_on_answers=true"});
+  ASSERT_EQ(answers.history.size(), 2u);
+  EXPECT_EQ(answers.history[0].tokens, 2 * 2 * 3);
+  EXPECT_NEAR(answers.first_loss, std::log(320.0), 1.0);
+  EXPECT_TRUE(std::isfinite(answers.val_loss));
+  const TrainResult all = run_with("retrieval_all", {});
+  EXPECT_EQ(all.history[0].tokens, 2 * 2 * 24);
+  EXPECT_NE(all.first_loss, answers.first_loss);
+}
+
+TEST(RetrievalEval, LossOnAnswersRefusesATextCorpusNamingTheKey) {
+  const std::string run = test::tiny_corpus_root() + "/runs/retrieval_text_answers";
+  remove_tree(run);
+  const Config cfg = test::tiny_train_config({"data.loss_on_answers=true", "train.steps=1"});
+  try {
+    Trainer t(cfg, run, false);
+    t.run();
+    FAIL() << "trained on answers of a text corpus";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.loss_on_answers"), std::string::npos) << e.what();
+  }
 }
 
 TEST(RetrievalEval, TheTrainerRefusesAnotherSeqLenNamingIt) {

@@ -443,5 +443,56 @@ TEST(Trainer, CheckpointMomentsConvertToTheOtherMomentDtypeOnLoad) {
   }
 }
 
+void expect_same_params(nn::Transformer& got, nn::Transformer& want) {
+  const auto& g = got.params().all();
+  const auto& w = want.params().all();
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_EQ(g[i]->name, w[i]->name);
+    ASSERT_EQ(g[i]->value.nbytes(), w[i]->value.nbytes()) << g[i]->name;
+    EXPECT_EQ(std::memcmp(g[i]->value.raw(), w[i]->value.raw(),
+                          static_cast<size_t>(g[i]->value.nbytes())),
+              0)
+        << g[i]->name;
+  }
+}
+
+TEST(Trainer, InitFromStartsANewRunFromAnotherRunsWeights) {
+  const std::string a = run_dir("init_source");
+  Trainer ta(tiny_config({"train.steps=3", "checkpoint.every=3"}), a, false);
+  ta.run();
+  LoadedModel source = load_model(ckpt::checkpoint_dir(a, 3));
+  // A new bf16 run at another sequence length (the next stage of a
+  // curriculum) starts from those weights; with lr 1e-30 its step rounds
+  // away, so its own checkpoint holds them again, to the bit: the fp32
+  // masters were loaded, not rounded through the bf16 live values.
+  const std::string b = run_dir("init_target");
+  Trainer tb(tiny_config({"train.init_from=" + a, "train.seq_len=16", "train.steps=1",
+                          "train.precision=bf16", "checkpoint.every=1", "optim.lr=1e-30",
+                          "optim.warmup_steps=0"}),
+             b, false);
+  const TrainResult r = tb.run();
+  EXPECT_EQ(r.steps_done, 1);  // a new run: step 1, not 4
+  LoadedModel after = load_model(ckpt::checkpoint_dir(b, 1));
+  expect_same_params(*after.model, *source.model);
+  // Started fresh, the same run would not hold them.
+  Trainer fresh(tiny_config({"train.seq_len=16"}), run_dir("init_none"), false);
+  EXPECT_NE(std::memcmp(fresh.model().params().all()[0]->value.raw(),
+                        source.model->params().all()[0]->value.raw(),
+                        static_cast<size_t>(source.model->params().all()[0]->value.nbytes())),
+            0);
+}
+
+TEST(Trainer, InitFromAMissingCheckpointNamesTheKeyAndThePath) {
+  try {
+    Trainer t(tiny_config({"train.init_from=/nonexistent/run"}), run_dir("init_missing"), false);
+    FAIL() << "started from a checkpoint that does not exist";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("train.init_from"), std::string::npos) << m;
+    EXPECT_NE(m.find("/nonexistent/run"), std::string::npos) << m;
+  }
+}
+
 }  // namespace
 }  // namespace moetron::train

@@ -283,10 +283,12 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks,
 
 }  // namespace
 
-nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
-                               optim::ParamOptimizer* opt,
-                               const std::vector<optim::StateSlice>& extra) {
-  const nlohmann::json manifest = verify_manifest(dir);
+namespace {
+
+// load_weights after the manifest was verified (hashing every file is the
+// cost of a load, so it happens once).
+void load_verified_weights(const std::string& dir, const nlohmann::json& manifest,
+                           nn::Transformer& model, optim::ParamOptimizer* opt) {
   // Parameters by name from whichever model files hold their pieces: a
   // checkpoint of any layout loads into any other.
   std::vector<std::string> paths;
@@ -310,16 +312,29 @@ nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
       kernels::convert(conv, local, p->value);
     }
   }
+  SafetensorsReader state(dir + "/" + kStateFile);
+  for (nn::MoeLayer* layer : model.moe_layers()) {
+    if (state.contains(router_bias_name(*layer)))
+      state.read_into(router_bias_name(*layer), layer->bias());
+  }
+}
+
+}  // namespace
+
+void load_weights(const std::string& dir, nn::Transformer& model, optim::ParamOptimizer* opt) {
+  load_verified_weights(dir, verify_manifest(dir), model, opt);
+}
+
+nlohmann::json load_checkpoint(const std::string& dir, nn::Transformer& model,
+                               optim::ParamOptimizer* opt,
+                               const std::vector<optim::StateSlice>& extra) {
+  const nlohmann::json manifest = verify_manifest(dir);
+  load_verified_weights(dir, manifest, model, opt);
   if (opt) {
     std::vector<optim::StateSlice> slices = opt->state_slices();
     slices.insert(slices.end(), extra.begin(), extra.end());
     load_optimizer_slices(dir, manifest.value("optimizer_ranks", int64_t{1}), std::move(slices));
     opt->finish_state_load();
-  }
-  SafetensorsReader state(dir + "/" + kStateFile);
-  for (nn::MoeLayer* layer : model.moe_layers()) {
-    if (state.contains(router_bias_name(*layer)))
-      state.read_into(router_bias_name(*layer), layer->bias());
   }
   std::ifstream f(dir + "/" + kTrainerFile);
   return nlohmann::json::parse(f);

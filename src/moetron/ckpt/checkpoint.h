@@ -104,6 +104,11 @@ std::vector<std::string> remove_dead_staging_dirs(const std::string& run_dir);
 // deleted). Returns the new path.
 std::string quarantine_checkpoint(const std::string& dir);
 
+// Loads the weights (into the optimizer's fp32 masters, which round them
+// into the live values, when opt is given) and the router biases; no
+// optimizer state. Errors name the file.
+void load_weights(const std::string& dir, nn::Transformer& model, optim::ParamOptimizer* opt);
+
 // Loads weights (and optimizer state and router biases when opt is given)
 // after verifying the manifest; returns trainer.json. The optimizer's slices
 // are cut from whatever slices the checkpoint's ranks saved. Errors name the file.

@@ -111,6 +111,7 @@ RetrievalReport prepare_retrieval(const RetrievalOptions& o) {
       {"seq_len", o.seq_len},
       {"example_tokens", o.seq_len + 1},
       {"key_len", o.key_len},
+      {"answer_tokens", o.key_len},  // the last key_len targets: data.loss_on_answers
       {"key_within", o.key_within},
       {"min_key_query_distance", o.seq_len - o.key_within},
       {"seed", o.seed},

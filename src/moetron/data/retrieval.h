@@ -16,7 +16,9 @@
 // int32 ids, DIR/manifest.json), without a tokenizer: the manifest holds
 // "task": "retrieval", the special ids, both vocabulary ranges and
 // "example_tokens" = seq_len + 1, which makes the trainer cut its windows
-// at example boundaries (data/token_dataset.h).
+// at example boundaries (data/token_dataset.h), and "answer_tokens" = K,
+// the targets data.loss_on_answers trains on (the filler is unpredictable
+// noise that otherwise makes up all but K of every example's targets).
 #pragma once
 
 #include <cstdint>

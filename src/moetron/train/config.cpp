@@ -82,6 +82,7 @@ std::vector<Field> model_fields() {
       field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
       field("data.source", &Config::data, &DataConfig::source),
       field("data.document_mask", &Config::data, &DataConfig::document_mask),
+      field("data.loss_on_answers", &Config::data, &DataConfig::loss_on_answers),
   };
 }
 
@@ -95,6 +96,7 @@ std::vector<Field> run_fields() {
       field("train.global_batch", &Config::train, &TrainingConfig::global_batch),
       field("train.steps", &Config::train, &TrainingConfig::steps),
       field("train.seed", &Config::train, &TrainingConfig::seed),
+      field("train.init_from", &Config::train, &TrainingConfig::init_from),
       field("train.precision", &Config::train, &TrainingConfig::precision),
       field("train.grad_dtype", &Config::train, &TrainingConfig::grad_dtype),
       field("train.loss_scale_init", &Config::train, &TrainingConfig::loss_scale_init),

@@ -53,10 +53,20 @@ struct DataConfig {
   // Packed documents stay apart: positions restart after each end-of-document
   // token and no token attends across one (the corpus manifest's eos_id).
   bool document_mask = false;
+  // Only the answer tokens count in the loss (targets elsewhere are ignored):
+  // the last `answer_tokens` targets of every example of a task corpus
+  // (prepare-data --task retrieval writes the count in its manifest).
+  bool loss_on_answers = false;
 };
 
 struct TrainingConfig {
   int64_t seq_len = 256;
+  // A new run starts from these weights (a checkpoint, or a run directory:
+  // its newest checkpoint) instead of random ones, with a fresh optimizer,
+  // schedule and data order: fine-tuning, or the next stage of a
+  // progressive-length curriculum. A --resume that finds a checkpoint of its
+  // own continues from that instead.
+  std::string init_from;
   // Chunked sequences (nn/transformer_chunked.cpp): each micro-batch goes
   // through the model seq_chunk positions at a time, bounding activations
   // by the chunk (attention keeps the whole sequence's keys and values).

@@ -57,6 +57,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, const ResumeOptions& resume,
   build_model();
   build_reducers();
   build_optimizer();
+  if (!cfg_.train.init_from.empty()) load_initial_weights();
   fs::create_directories(run_dir_);
   if (is_root()) {
     for (const auto& d : ckpt::remove_dead_staging_dirs(run_dir_))
@@ -131,6 +132,16 @@ void Trainer::open_corpus() {
     MOETRON_CHECK(info.contains("eos_id"), "data.document_mask needs the corpus's end-of-document ",
                   "token, but '", data_dir, "/manifest.json' has no eos_id");
     document_separator_ = info.at("eos_id").get<int32_t>();
+  }
+  if (cfg_.data.loss_on_answers) {
+    MOETRON_CHECK(
+        example_tokens > 0 && info.contains("answer_tokens"),
+        "data.loss_on_answers needs a task corpus whose manifest names its answer_tokens ",
+        "(prepare-data --task retrieval), but '", data_dir, "/manifest.json' has none");
+    answer_tokens_ = info.at("answer_tokens").get<int64_t>();
+    MOETRON_CHECK(answer_tokens_ >= 1 && answer_tokens_ <= cfg_.train.seq_len, "corpus '", data_dir,
+                  "' names answer_tokens = ", answer_tokens_,
+                  ", outside [1, train.seq_len = ", cfg_.train.seq_len, "]");
   }
   train_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/train.bin", cfg_.model.vocab_size);
   val_tokens_ = std::make_unique<data::TokenFile>(data_dir + "/val.bin", cfg_.model.vocab_size);
@@ -303,6 +314,17 @@ void Trainer::build_optimizer() {
   }
 }
 
+void Trainer::load_initial_weights() {
+  std::string dir;
+  try {
+    dir = ckpt::resolve_checkpoint_dir(cfg_.train.init_from);
+    ckpt::load_weights(dir, *model_, opt_.get());
+  } catch (const Error& e) {
+    MOETRON_FAIL("train.init_from = '", cfg_.train.init_from, "': ", e.what());
+  }
+  if (is_root()) std::cerr << "initial weights from " << dir << "\n";
+}
+
 std::string Trainer::pick_checkpoint(const ResumeOptions& ro) {
   std::vector<std::string> warnings, skipped;
   std::optional<std::string> dir = ckpt::latest_checkpoint(run_dir_, &warnings, &skipped);
@@ -407,6 +429,7 @@ double Trainer::evaluate() {
       const int32_t* w = val_tokens_->data() + start;
       std::copy(w, w + s, inputs.data<int32_t>() + r * s);
       std::copy(w + 1, w + s + 1, targets.data<int32_t>() + r * s);
+      keep_only_answers(targets.data<int32_t>() + r * s);
     }
     const nn::LossStats st = pipeline_
                                  ? pipeline_->forward_only(*ctx_, inputs, targets)

@@ -139,6 +139,9 @@ class Trainer {
   void make_plan_for_world();
   void build_communicators();
   void build_model();
+  // train.init_from: the weights (into the optimizer's masters) and router
+  // biases of a checkpoint; the optimizer's state stays fresh.
+  void load_initial_weights();
   void build_reducers();
   void build_optimizer();
   void refuse_existing_run() const;
@@ -192,6 +195,9 @@ class Trainer {
   void save_periodic_checkpoint(int64_t step);
   // Appends one line to metrics.jsonl; a failed write warns (once) and is counted.
   void write_metrics(std::ofstream& metrics, const nlohmann::json& line);
+  // data.loss_on_answers: every target of one example's row but its answers
+  // becomes -1 (ignored by the loss and the token count).
+  void keep_only_answers(int32_t* row_targets) const;
   void fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
                     std::vector<int64_t>& mb_tokens);
   void reduce_expert_loads();
@@ -214,6 +220,7 @@ class Trainer {
   std::unique_ptr<data::TokenFile> train_tokens_, val_tokens_;
   std::unique_ptr<data::WindowSampler> sampler_;
   int32_t document_separator_ = -1;  // the corpus's eos_id under data.document_mask
+  int64_t answer_tokens_ = 0;        // data.loss_on_answers: targets counted per example
   std::unique_ptr<parallel::TrainingPlan> plan_;
   parallel::RankPlan rank_;
   std::unique_ptr<MeasuredStageCosts> measured_;  // parallel.stage_balance = measured (pp > 1)

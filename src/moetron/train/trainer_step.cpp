@@ -395,6 +395,13 @@ double Trainer::grad_norm(double grad_scale) {
   return std::sqrt(total.data<double>()[0]) * std::fabs(grad_scale);
 }
 
+void Trainer::keep_only_answers(int32_t* row_targets) const {
+  // A window is one whole example (example_tokens = seq_len + 1, checked
+  // when the corpus opened), so its answers are its last targets.
+  if (answer_tokens_ <= 0) return;
+  std::fill(row_targets, row_targets + cfg_.train.seq_len - answer_tokens_, -1);
+}
+
 void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
                            std::vector<int64_t>& mb_tokens) {
   // Rows of the global batch, in order: micro-batch m of the step is rows
@@ -415,6 +422,7 @@ void Trainer::fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vecto
       if (on_sample) on_sample(step, index);
       std::copy(window.begin(), window.end() - 1, inputs[mi].data<int32_t>() + r * s);
       std::copy(window.begin() + 1, window.end(), targets[mi].data<int32_t>() + r * s);
+      keep_only_answers(targets[mi].data<int32_t>() + r * s);
     }
     const int32_t* tp = targets[mi].data<int32_t>();
     // The tp and cp ranks (and the stages) hold the same rows.
