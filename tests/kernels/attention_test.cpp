@@ -226,6 +226,16 @@ TEST(Attention, QueryChunkWithOffset) {
   }
 }
 
+// The last chunk of a long sequence under a window: key tiles 1 .. 3 (keys
+// 64 .. 255) are seen by no query, only the global keys in tile 0 and the
+// window's; the backward skips those tiles and their dK/dV must be zeros.
+TEST(Attention, QueryChunkFarPastMostKeysUnderAWindow) {
+  for (const auto& m : {mask_of(true, 16, 3, 260), mask_of(true, 40, 0, 260)}) {
+    const Case c{2, 40, 300, 4, 2, 24, m};
+    for (DType dt : {DType::f32, DType::bf16}) expect_match(c, dt);
+  }
+}
+
 // A key block cut out of a longer sequence, as context-parallel attention
 // calls it (nn/attention_context_parallel.cpp): keys 0 .. Sk - 1 of the
 // block, queries q_offset further on, document starts in the block's

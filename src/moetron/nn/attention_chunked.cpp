@@ -12,6 +12,9 @@
 // Every query that sees position j sits in j's chunk or a later one, so when
 // chunk c's turn comes its own positions' sums are complete: they go on
 // through RoPE and the k/v projections like an unchunked backward's.
+#include <algorithm>
+#include <vector>
+
 #include "moetron/kernels/elementwise.h"
 #include "moetron/nn/attention.h"
 
@@ -64,6 +67,30 @@ ChunkCall chunk_call(const kernels::AttentionMask& layer_mask, const Tensor& doc
   return c;
 }
 
+// A half-open range of key positions.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+};
+
+// The keys chunk [offset, prefix) of a causal layer can see: for a local
+// layer without packed documents the first G (global) positions and the
+// W - 1 before the chunk with the chunk itself; otherwise the whole prefix.
+// The kernel's dK/dV are zero elsewhere, so summing only these ranges into
+// the cache's accumulators is exact and keeps a chunk's cost O(W + C + G)
+// rather than O(prefix). (With documents the global keys sit at every
+// document's start: left to the whole prefix.)
+std::vector<KeyRange> visible_key_ranges(const kernels::AttentionMask& m, bool documents,
+                                         int64_t offset, int64_t prefix) {
+  if (m.window <= 0 || documents || !m.causal) return {{0, prefix}};
+  const int64_t lo = std::max<int64_t>(0, offset - m.window + 1);
+  const int64_t globals = std::min(m.num_global, prefix);
+  // A chunk starting inside the global positions holds global queries,
+  // which see every key before them; lo <= globals covers that case.
+  if (lo <= globals) return {{0, prefix}};
+  if (globals == 0) return {{lo, prefix}};
+  return {{0, globals}, {lo, prefix}};
+}
+
 }  // namespace
 
 void SelfAttention::chunk_attention_forward(kernels::Context& ctx, const Saved& s, float scale,
@@ -99,8 +126,13 @@ void SelfAttention::chunk_attention_backward(kernels::Context& ctx, const Saved&
                                 cache_.v[b].slice(0, prefix).reshape(kv), s.out[b].reshape(q_shape),
                                 s.lse[b].reshape({1, h_, len}), c.mask, scale,
                                 dq[b].reshape(q_shape), dk_prefix, dv_prefix);
-    kernels::axpy(ctx, 1.0f, dk_prefix, cache_.dk[b].slice(0, prefix));
-    kernels::axpy(ctx, 1.0f, dv_prefix, cache_.dv[b].slice(0, prefix));
+    for (const KeyRange& r :
+         visible_key_ranges(mask_, cache_.doc_start.defined(), s.offset, prefix)) {
+      kernels::axpy(ctx, 1.0f, dk_prefix[0].slice(r.begin, r.end),
+                    cache_.dk[b].slice(r.begin, r.end));
+      kernels::axpy(ctx, 1.0f, dv_prefix[0].slice(r.begin, r.end),
+                    cache_.dv[b].slice(r.begin, r.end));
+    }
     kernels::convert(ctx, cache_.dk[b].slice(s.offset, prefix), dk[b]);
     kernels::convert(ctx, cache_.dv[b].slice(s.offset, prefix), dv[b]);
   }

@@ -78,6 +78,14 @@ void store_rows(const float* acc, int64_t hdp, int64_t rows, int64_t hd, T* dst,
   }
 }
 
+// Whether any query block sees key block kb.
+bool key_block_seen(const AttentionMask& mask, int64_t kb, int64_t nqb, int64_t Sq, int64_t Sk) {
+  for (int64_t qb = 0; qb < nqb; ++qb) {
+    if (classify_tile(mask, qb * kBq, kb * kBk, Sq, Sk) != TileKind::empty) return true;
+  }
+  return false;
+}
+
 template <typename T>
 void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& lse, const AttentionMask& mask, float scale,
@@ -114,15 +122,6 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
       const AttentionMask seq_mask = sequence_mask(mask, b);
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
-        const int64_t rows = std::min(kBk, Sk - kb * kBk);
-        pack_rows(ptr<T>(k) + off, Hkv * hd, rows, hd, raw.data(), kBk, hdp);
-        pack_nk(raw.data(), kBk, hdp, k_nk.data() + kb * ktile);
-        pack_kn(raw.data(), kBk, hdp, k_kn.data() + kb * ktile);
-        pack_rows(ptr<T>(v) + off, Hkv * hd, rows, hd, raw.data(), kBk, hdp);
-        pack_nk(raw.data(), kBk, hdp, v_nk.data() + kb * ktile);
-      }
       // Padded rows and rows with no visible key get lse = +inf, so their P
       // is exactly 0 (after the mask) or flushes to 0.
       for (int64_t qb = 0; qb < nqb; ++qb) {
@@ -163,6 +162,17 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         const T* kk = k_kn.data() + kb * ktile;
         std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
         std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
+        // A key block no query sees (outside a chunk's window, say) is
+        // neither packed nor multiplied: its dK/dV rows are stored as zeros.
+        if (key_block_seen(seq_mask, kb, nqb, Sq, Sk)) {
+          const int64_t off = ((b * Sk + kb * kBk) * Hkv + kvh) * hd;
+          const int64_t rows = std::min(kBk, Sk - kb * kBk);
+          pack_rows(ptr<T>(k) + off, Hkv * hd, rows, hd, raw.data(), kBk, hdp);
+          pack_nk(raw.data(), kBk, hdp, k_nk.data() + kb * ktile);
+          pack_kn(raw.data(), kBk, hdp, k_kn.data() + kb * ktile);
+          pack_rows(ptr<T>(v) + off, Hkv * hd, rows, hd, raw.data(), kBk, hdp);
+          pack_nk(raw.data(), kBk, hdp, v_nk.data() + kb * ktile);
+        }
         for (int64_t qb = 0; qb < nqb; ++qb) {
           const TileKind kind = classify_tile(seq_mask, qb * kBq, kb * kBk, Sq, Sk);
           if (kind == TileKind::empty) continue;
