@@ -144,6 +144,7 @@ std::vector<Field> run_fields() {
       field("monitor.required", &Config::monitor, &MonitorConfig::required),
       field("monitor.layer_stats_every", &Config::monitor, &MonitorConfig::layer_stats_every),
       field("monitor.update_stats", &Config::monitor, &MonitorConfig::update_stats),
+      field("monitor.energy", &Config::monitor, &MonitorConfig::energy),
       field("monitor.straggler_margin", &Config::monitor, &MonitorConfig::straggler_margin),
       field("monitor.straggler_intervals", &Config::monitor, &MonitorConfig::straggler_intervals),
   };

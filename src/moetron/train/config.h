@@ -191,6 +191,9 @@ struct MonitorConfig {
   // Update norms need the parameters before the update: a copy of this
   // rank's parameters on the statistics steps (off by default: it costs memory).
   bool update_stats = false;
+  // Rank 0 reads its machine's energy counters (RAPL, NVML) each step:
+  // moetron_energy_joules_total, moetron_power_watts, energy per token.
+  bool energy = true;
   double straggler_margin = 0.15;   // a rank this much slower than the median (busy time)...
   int64_t straggler_intervals = 3;  // ...for this many steps in a row is named a straggler
 };

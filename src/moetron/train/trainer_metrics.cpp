@@ -66,6 +66,7 @@ void Trainer::record_metrics(const StepRecord& rec) {
   for (const auto& [axis, c] : named_comms()) m.record_comm(axis, *c);
   m.record_memory(cpu_allocator().stats(), cpu_allocator().reserved());
   m.record_process();
+  monitor_->record_energy(rec);
   if (rec.skipped) {
     monitor_->event(rec.step, "skipped_step", "non-finite loss or gradient: step skipped",
                     {{"loss", std::isfinite(rec.loss) ? nlohmann::json(rec.loss) : nullptr}});

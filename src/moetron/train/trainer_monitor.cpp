@@ -29,7 +29,17 @@ TrainerMonitor::TrainerMonitor(const Config& cfg, const std::string& run_dir,
     gather_ = std::make_unique<monitor::RankGather>(world.split(0, world.rank()), kRankValues);
   }
   layer_stats_ = std::make_unique<LayerStatistics>(cfg.model, cfg.moe, at);
+  if (root_ && cfg_.energy) {
+    energy_ = std::make_unique<monitor::EnergyMeter>();
+    std::cerr << "energy: " << energy_->describe() << "\n";
+    if (!energy_->available()) energy_.reset();
+  }
   if (root_ && cfg_.serve) start_server();
+}
+
+void TrainerMonitor::record_energy(const StepRecord& rec) {
+  if (!energy_ || !metrics_) return;
+  metrics_->record_energy(energy_->read(), rec.step_s, rec.tokens);
 }
 
 // Rank 0's HTTP server: /metrics for Prometheus, the dashboard at /. Its URL

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moetron/monitor/energy_meter.h"
 #include "moetron/monitor/event_log.h"
 #include "moetron/monitor/metric_registry.h"
 #include "moetron/monitor/rank_gather.h"
@@ -49,6 +50,8 @@ class TrainerMonitor {
   // Every step (collective): this rank's times out, the previous step's
   // table of every rank's in; names stragglers.
   void exchange_rank_times(const StepRecord& rec);
+  // Rank 0 (monitor.energy): the machine's energy counters since the last step.
+  void record_energy(const StepRecord& rec);
   // Rank 0: the step's line gets "time" and "series"; the server gets it.
   void finish_line(nlohmann::json& line);
   void event(int64_t step, const std::string& kind, const std::string& message,
@@ -72,6 +75,7 @@ class TrainerMonitor {
   std::unique_ptr<monitor::RankGather> gather_;
   monitor::StragglerDetector stragglers_;
   std::unique_ptr<LayerStatistics> layer_stats_;
+  std::unique_ptr<monitor::EnergyMeter> energy_;  // rank 0, when a counter is readable
   comm::Communicator* world_;
   bool tracking_ = false;
   // Last: it reads registry_ until it is destroyed.

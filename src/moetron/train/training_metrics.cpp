@@ -79,6 +79,13 @@ const std::vector<MetricDef>& catalogue() {
             "memory the allocator holds (in use and cached)"),
         def("moetron_process_resident_bytes", G, "bytes", "resident set size of rank 0"),
         def("moetron_process_cpu_seconds_total", C, "seconds", "CPU time of rank 0's process"),
+        def("moetron_energy_joules_total", C, "joules",
+            "energy drawn by rank 0's machine (RAPL package/DRAM, NVML GPU), machine-wide",
+            {"domain"}),
+        def("moetron_power_watts", G, "watts",
+            "mean power of rank 0's machine over the last step, by domain", {"domain"}),
+        def("moetron_energy_per_token_joules", G, "joules/token",
+            "rank 0's machine's energy over the last step (packages, DRAM, GPUs) per token"),
         def("moetron_param_grad_norm", G, "", "gradient L2 norm by layer and matrix group",
             {"layer", "group"}, kLayerGroupSeries),
         def("moetron_param_norm", G, "", "parameter L2 norm by layer and matrix group",
@@ -166,6 +173,9 @@ TrainingMetrics::TrainingMetrics(monitor::Registry& r)
       mem_reserved_(r.get("moetron_memory_reserved_bytes")),
       rss_(r.get("moetron_process_resident_bytes")),
       cpu_seconds_(r.get("moetron_process_cpu_seconds_total")),
+      energy_total_(r.get("moetron_energy_joules_total")),
+      power_(r.get("moetron_power_watts")),
+      energy_per_token_(r.get("moetron_energy_per_token_joules")),
       param_grad_norm_(r.get("moetron_param_grad_norm")),
       param_norm_(r.get("moetron_param_norm")),
       update_norm_(r.get("moetron_param_update_norm")),
@@ -284,6 +294,19 @@ void TrainingMetrics::record_process() {
     const double cpu = secs(ru.ru_utime) + secs(ru.ru_stime);
     cpu_seconds_.add(std::max(0.0, cpu - last_cpu_seconds_));
     last_cpu_seconds_ = std::max(cpu, last_cpu_seconds_);
+  }
+}
+
+void TrainingMetrics::record_energy(const std::vector<monitor::EnergyDelta>& deltas, double seconds,
+                                    int64_t tokens) {
+  double total = 0;
+  for (const monitor::EnergyDelta& d : deltas) {
+    energy_total_.add({d.domain}, d.joules);
+    if (seconds > 0) power_.set({d.domain}, d.joules / seconds);
+    if (d.in_total) total += d.joules;
+  }
+  if (!deltas.empty() && tokens > 0) {
+    energy_per_token_.set(total / static_cast<double>(tokens));
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "moetron/comm/communicator.h"
 #include "moetron/core/allocator.h"
+#include "moetron/monitor/energy_meter.h"
 #include "moetron/monitor/metric_registry.h"
 #include "moetron/nn/moe.h"
 #include "moetron/train/layer_stats.h"
@@ -39,6 +40,10 @@ class TrainingMetrics {
   void record_comm(const std::string& axis, const comm::Communicator& c);
   void record_memory(const MemStats& stats, int64_t reserved);
   void record_process();
+  // The machine's energy since the previous step's read, over the step's
+  // seconds and tokens (monitor/energy_meter.h).
+  void record_energy(const std::vector<monitor::EnergyDelta>& deltas, double seconds,
+                     int64_t tokens);
   void record_layer_norms(const std::vector<GroupNorms>& norms);
   void record_activation_rms(const std::vector<double>& rms);
   void record_checkpoint_save(double seconds, int64_t bytes);
@@ -59,6 +64,7 @@ class TrainingMetrics {
   monitor::Metric &dropped_total_, &expert_load_, &router_entropy_, &load_imbalance_, &router_bias_;
   monitor::Metric &comm_bytes_, &comm_seconds_, &comm_calls_;
   monitor::Metric &mem_bytes_, &mem_peak_, &mem_reserved_, &rss_, &cpu_seconds_;
+  monitor::Metric &energy_total_, &power_, &energy_per_token_;
   monitor::Metric &param_grad_norm_, &param_norm_, &update_norm_, &update_ratio_, &act_rms_;
   monitor::Metric &ckpt_save_s_, &ckpt_load_s_, &ckpt_bytes_, &ckpt_total_, &ckpt_failures_;
   monitor::Metric &snapshot_s_, &snapshots_total_;
