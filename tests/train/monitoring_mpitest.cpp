@@ -1,17 +1,21 @@
 // Monitoring under mpirun (2 and 4 ranks): the per-layer statistics of a
 // parallel layout (gradient, parameter and update norms per matrix group,
 // activation RMS per block) equal the one-rank run's, each element counted
-// once whatever holds it; every rank's times reach rank 0; and a rank made
-// slow is named a straggler in the metrics and in events.jsonl.
+// once whatever holds it, and `moetron report` draws each layout's run; every
+// rank's times reach rank 0; and a rank made slow is named a straggler in the
+// metrics and in events.jsonl.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "moetron/monitor/json_series.h"
+#include "moetron/monitor/run_report.h"
 #include "moetron/train/trainer.h"
 #include "util/layout_runs.h"
 #include "util/mpi_test_main.h"
@@ -59,6 +63,31 @@ std::map<std::string, double> layer_series(Trainer& t) {
   return out;
 }
 
+// `moetron report` of a parallel layout's run: every rank on the per-rank
+// panel, communication per plan axis, and a pipeline's stages.
+void expect_layout_report(const std::string& run, const Layout& l) {
+  monitor::ReportOptions o;
+  o.run_dir = run;
+  const monitor::ReportResult r = monitor::write_run_report(o);
+  EXPECT_EQ(r.summary.steps, 3) << l.name;
+  std::ifstream in(r.html_path);
+  const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> panels = {"loss",           "grad_norm_per_layer", "step_time",
+                                     "rank_step_time", "comm_bytes",          "memory"};
+  if (l.name.rfind("pp", 0) == 0) panels.push_back("stage_busy");
+  for (const std::string& id : panels) {
+    EXPECT_NE(html.find("id=\"panel-" + id + "\""), std::string::npos) << l.name << ": " << id;
+    EXPECT_TRUE(std::filesystem::exists(r.svg_dir + "/" + id + ".svg")) << l.name << ": " << id;
+  }
+  // One line per rank on the per-rank chart: its legend names each.
+  std::ifstream svg(r.svg_dir + "/rank_step_time.svg");
+  const std::string ranks((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  for (int rank = 0; rank < world().size(); ++rank) {
+    EXPECT_NE(ranks.find("rank " + std::to_string(rank)), std::string::npos)
+        << l.name << " " << rank;
+  }
+}
+
 TEST(MonitoringLayouts, LayerStatisticsEqualOneRank) {
   // Collective set-up first, in the same order on every rank.
   const std::string& job = job_dir();
@@ -71,8 +100,9 @@ TEST(MonitoringLayouts, LayerStatisticsEqualOneRank) {
     want = layer_series(one);
   }
   for (const Layout& l : layouts()) {
+    const std::string run = test::layout_run_dir(job, l.name);
     Trainer t(test::layout_config(job, kRows / l.dp, kMicrobatches, test::with(kMonitor, l.sets)),
-              test::layout_run_dir(job, l.name), false, shared);
+              run, false, shared);
     t.run();
     if (world().rank() != 0) continue;
     const std::map<std::string, double> got = layer_series(t);
@@ -84,6 +114,7 @@ TEST(MonitoringLayouts, LayerStatisticsEqualOneRank) {
       // reductions (measured below 1e-5 on these layouts).
       EXPECT_LT(test::rel_diff(got.at(key), v), 1e-4) << l.name << " " << key;
     }
+    expect_layout_report(run, l);
   }
 }
 

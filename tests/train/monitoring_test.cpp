@@ -14,6 +14,7 @@
 #include "moetron/comm/communicator.h"
 #include "moetron/core/error.h"
 #include "moetron/kernels/elementwise.h"
+#include "moetron/monitor/http_server.h"
 #include "moetron/monitor/metric_registry.h"
 #include "moetron/train/layer_stats.h"
 #include "moetron/train/trainer.h"
@@ -196,6 +197,30 @@ TEST(Monitoring, DisabledWritesNoSeriesAndNoEvents) {
     EXPECT_FALSE(l.contains("series"));
   }
   EXPECT_FALSE(fs::exists(dir + "/events.jsonl"));
+}
+
+// A port another server holds: the run stops naming the port, unless
+// monitor.required = false, when it trains without a server.
+TEST(Monitoring, APortInUseStopsTheRunUnlessTheServerIsNotRequired) {
+  monitor::Registry other;
+  monitor::ServerOptions opts;
+  opts.port = 0;
+  const monitor::MonitorServer holder(other, opts);
+  const std::string port = std::to_string(holder.port());
+  const std::string refused = test::error_of([&] {
+    Trainer t(
+        test::tiny_train_config({"train.steps=1", "monitor.serve=true", "monitor.port=" + port}),
+        fresh_run("port-in-use"), false);
+  });
+  EXPECT_NE(refused.find("monitor.port " + port), std::string::npos) << refused;
+  const std::string dir = fresh_run("port-in-use-not-required");
+  Trainer t(test::tiny_train_config({"train.steps=2", "monitor.serve=true", "monitor.port=" + port,
+                                     "monitor.required=false"}),
+            dir, false);
+  EXPECT_EQ(t.monitor().server_url(), "");
+  t.run();
+  EXPECT_EQ(read_lines(dir + "/metrics.jsonl").size(), 2u);
+  EXPECT_FALSE(fs::exists(dir + "/monitor.url"));
 }
 
 TEST(Monitoring, SettingsAreChecked) {
