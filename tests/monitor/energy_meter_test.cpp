@@ -4,12 +4,15 @@
 // no GPU, so the counters are written by the test, in the kernel's format.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "moetron/monitor/energy_meter.h"
 #include "moetron/monitor/metric_registry.h"
 #include "moetron/train/training_metrics.h"
+#include "util/device_util.h"
 #include "util/subprocess.h"
 
 namespace moetron::monitor {
@@ -110,6 +113,22 @@ TEST(EnergyMeter, TheTrainingMetricsCountJoulesPowerAndEnergyPerToken) {
   EXPECT_DOUBLE_EQ(r.get("moetron_power_watts").value({"package-0"}), 10.0);
   // The last step: (10 + 2) J over 400 tokens; core is inside the package.
   EXPECT_DOUBLE_EQ(r.get("moetron_energy_per_token_joules").value(), 12.0 / 400.0);
+}
+
+// On a GPU machine (scripts/gpu-check.sh runs it there): NVML is found
+// through dlopen and an idle GPU's counter moves within a third of a second.
+TEST(EnergyMeterCuda, NvmlCountsEachGpusEnergy) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  EnergyMeter meter(test::fresh_temp_dir("gpu-energy") + "/no-powercap", /*use_nvml=*/true);
+  ASSERT_TRUE(meter.available()) << meter.describe();
+  const std::vector<std::string> domains = meter.domains();
+  ASSERT_FALSE(domains.empty());
+  EXPECT_EQ(domains[0], "gpu-0") << meter.describe();
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  const std::vector<EnergyDelta> d = meter.read();
+  ASSERT_EQ(d.size(), domains.size());
+  EXPECT_GT(d[0].joules, 0.0) << "an idle GPU draws tens of watts";
+  EXPECT_LT(d[0].joules, 1000.0 * 0.35) << "more than 1 kW";
 }
 
 }  // namespace
