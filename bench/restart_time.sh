@@ -10,19 +10,30 @@
 # the "resume" event says), that step's length, and the total: kill to the
 # first step completed after the restart.
 #
-#   bench/restart_time.sh --data DIR [--ranks 4] [--rounds 3] [--moetron build/moetron]
+# --state snapshot resumes from in-memory snapshots instead (one after every
+# step, no disk checkpoint before the end); the report then names the
+# resumed step, and steps lost = the failed step - 1 - that step.
+#
+#   bench/restart_time.sh --data DIR [--ranks 4] [--rounds 3] [--state checkpoint|snapshot]
+#     [--moetron build/moetron]
 set -euo pipefail
-data="" ranks=4 rounds=3 moetron=""
+data="" ranks=4 rounds=3 moetron="" state=checkpoint
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --data) data=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --moetron) moetron=$2; shift 2 ;;
+    --state) state=$2; shift 2 ;;
     *) echo "restart_time.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 [[ -n "$data" ]] || { echo "restart_time.sh: --data DIR (a prepared corpus) is required" >&2; exit 2; }
+case "$state" in
+  checkpoint) state_sets=(--set checkpoint.every=1) ;;
+  snapshot) state_sets=(--set checkpoint.every=0 --set checkpoint.snapshot_every=1) ;;
+  *) echo "restart_time.sh: --state is checkpoint or snapshot, got '$state'" >&2; exit 2 ;;
+esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 moetron=${moetron:-$root/build/moetron}
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -58,10 +69,11 @@ done = detected + recovered["seconds"]
 beats = [l.split() for l in open(beats_file)]
 up = min(float(b[0]) for b in beats if float(b[0]) > detected and b[2:4] == ["0", "start"])
 start = min(float(b[0]) for b in beats if float(b[0]) > up and b[3] == "start" and b[2] != "0")
-print("kill->detected %.2f | ->MPI up %.2f | ->first step starts %.2f (checkpoint load %.2f) | "
-      "first step %.2f | kill->first completed step %.2f"
-      % (detected - killed, up - detected, start - up, resume["seconds"], done - start,
-         done - killed))
+lost = failure["last_step"] - 1 - resume["step"]  # completed steps done again
+print("kill->detected %.2f | ->MPI up %.2f | ->first step starts %.2f (%s load %.2f) | "
+      "first step %.2f | kill->first completed step %.2f | resumed step %d, steps lost %d"
+      % (detected - killed, up - detected, start - up, resume.get("source", "checkpoint"),
+         resume["seconds"], done - start, done - killed, resume["step"], lost))
 PY
 
 for ((r = 1; r <= rounds; ++r)); do
@@ -71,7 +83,8 @@ for ((r = 1; r <= rounds; ++r)); do
   watcher=$!
   MOETRON_INJECT_FAILURE="rank=2,step=4,kind=kill" "$moetron" launch -n "$ranks" --max-restarts 1 \
     -- train --config "$root/configs/demo.toml" --out "$run" --set data.path="$data" \
-    --set checkpoint.every=1 --set train.steps=6 > "$work/out$r" 2>&1 ||
+    "${state_sets[@]}" --set checkpoint.snapshot_dir="$work/shm" --set train.steps=6 \
+    > "$work/out$r" 2>&1 ||
     { echo "round $r: launch failed:" >&2; tail -20 "$work/out$r" >&2; exit 1; }
   touch "$run/done"
   wait "$watcher"

@@ -52,13 +52,15 @@ std::string run_dir(const std::string& name) {
 
 // `moetron launch -n 2 <launch_flags> -- train ...`: 8 steps of the tiny
 // model, a checkpoint after every step; `inject` is MOETRON_INJECT_FAILURE.
+// `sets` replaces the checkpoint settings (" --set key=value ...").
 Outcome launch_tiny(const std::string& out, const std::string& launch_flags,
-                    const std::string& inject = "") {
+                    const std::string& inject = "",
+                    const std::string& sets = " --set checkpoint.every=1") {
   const std::string env = inject.empty() ? "" : "MOETRON_INJECT_FAILURE='" + inject + "' ";
   return run(env + "timeout 120 " + MOETRON_BINARY + " launch -n 2 --threads-per-rank 1 " +
              launch_flags + " -- train --config " MOETRON_SOURCE_DIR "/configs/tiny.toml --out " +
              out + " --set data.path=" + test::tiny_corpus_root() +
-             "/prepared --set train.steps=8 --set checkpoint.every=1");
+             "/prepared --set train.steps=8" + sets);
 }
 
 std::vector<nlohmann::json> events(const std::string& out, const std::string& kind) {
@@ -153,6 +155,33 @@ TEST(Supervisor, AKilledRankIsRestartedAndTheRunEndsBitIdentical) {
   EXPECT_NE(log1.find("=== attempt 1 failed: rank " + std::to_string(rank) + ": SIGKILL"),
             std::string::npos)
       << log1;
+}
+
+// (a') A rank killed while writing its in-memory snapshot of step 5 (its
+// files written, the snapshot not yet agreed by every rank), with no disk
+// checkpoint before the end: the relaunch resumes from the last complete
+// snapshot (step 4), never the half-made one, and ends bit-identical.
+TEST(Supervisor, AKillDuringTheSnapshotCopyResumesTheLastCompleteSnapshot) {
+  reference_run();
+  const std::string out = run_dir("killed_in_snapshot");
+  const Outcome r = launch_tiny(out, "--max-restarts 2", "rank=1,step=5,kind=kill,at=snapshot",
+                                " --set checkpoint.every=0 --set checkpoint.snapshot_every=1"
+                                " --set checkpoint.snapshot_dir=" +
+                                    test::tiny_corpus_root() + "/shm-killed-in-snapshot");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto failures = events(out, "failure");
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0]["rank"], 1);
+  EXPECT_EQ(failures[0]["cause"], "SIGKILL");
+  const auto resumes = events(out, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0]["source"], "snapshot") << resumes[0].dump();
+  EXPECT_EQ(resumes[0]["step"], 4) << resumes[0].dump();
+  const auto recovered = events(out, "recovered");
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_EQ(recovered[0]["resumed_from"], 4);
+  EXPECT_FALSE(fs::exists(out + "/checkpoints/step-4")) << "no disk checkpoint was asked for";
+  expect_same_final_weights(out);
 }
 
 // (b) A hung rank (it stops beating, as a deadlocked main thread would)
