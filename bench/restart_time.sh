@@ -30,7 +30,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$data" ]] || { echo "restart_time.sh: --data DIR (a prepared corpus) is required" >&2; exit 2; }
 case "$state" in
-  checkpoint) state_sets=(--set checkpoint.every=1) ;;
+  checkpoint) state_sets=(--set checkpoint.every=1 --set checkpoint.snapshot_every=0) ;;
   snapshot) state_sets=(--set checkpoint.every=0 --set checkpoint.snapshot_every=1) ;;
   *) echo "restart_time.sh: --state is checkpoint or snapshot, got '$state'" >&2; exit 2 ;;
 esac
