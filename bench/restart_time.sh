@@ -38,7 +38,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 moetron=${moetron:-$root/build/moetron}
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# Snapshots on tmpfs, as in production (a directory of its own, removed at the end).
+shm=$(mktemp -d /dev/shm/moetron-restart-bench.XXXXXX)
+trap 'rm -rf "$work" "$shm"' EXIT
 
 cat > "$work/watch.py" <<'PY'
 import glob, os, sys, time
@@ -83,7 +85,7 @@ for ((r = 1; r <= rounds; ++r)); do
   watcher=$!
   MOETRON_INJECT_FAILURE="rank=2,step=4,kind=kill" "$moetron" launch -n "$ranks" --max-restarts 1 \
     -- train --config "$root/configs/demo.toml" --out "$run" --set data.path="$data" \
-    "${state_sets[@]}" --set checkpoint.snapshot_dir="$work/shm" --set train.steps=6 \
+    "${state_sets[@]}" --set checkpoint.snapshot_dir="$shm" --set train.steps=6 \
     > "$work/out$r" 2>&1 ||
     { echo "round $r: launch failed:" >&2; tail -20 "$work/out$r" >&2; exit 1; }
   touch "$run/done"
