@@ -2,7 +2,8 @@
 // fails by MOETRON_INJECT_FAILURE, is stopped, relaunched with --resume and
 // finishes by itself; the elastic side (--min-ranks) with a stand-in rank
 // program (a shell script that beats and acts out losing and regaining a
-// rank), since the trainer's half of a resize is not on this branch.
+// rank): the supervisor's decisions alone. The trainer's half of a resize
+// (resharded state, every sample once) is tested in elastic_mpitest.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
