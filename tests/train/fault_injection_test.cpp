@@ -76,7 +76,7 @@ TEST(FaultInjection, MalformedValuesNameTheVariableAndTheProblem) {
       {"rank=1,step=2,kind=slow,seconds=0", "seconds '0' is not a number > 0"},
       {"rank=1,step=2,kind=slow,seconds=fast", "seconds 'fast'"},
       {"rank=1,step=2,seconds=3", "'seconds' goes with kind=slow only"},
-      {"rank=1,step=2,kind=disk-full,at=persist", "kind disk-full takes no 'at'"},
+      {"rank=1,step=2,kind=slow,seconds=1,at=persist", "kind slow takes no 'at'"},
       {"rank=1,step=0,at=snapshot", "step 0 (start-up) has no snapshot"},
       {"rank=1,step=2;;rank=0,step=1", "failure 2 is empty"},
       {"rank=1,step=2;rank=0,step=1,kind=bad", "in failure 2 ('rank=0,step=1,kind=bad')"},
@@ -130,11 +130,11 @@ TEST(FaultInjection, ThrowsOnlyOnTheNamedRankStepAndPoint) {
 TEST(FaultInjection, DiskFullFailsTheFirstWriteFromItsStepOnce) {
   ::unsetenv(kLaunchLogDirEnv);
   ::setenv(kInjectFailureEnv, "rank=1,step=3,kind=disk-full", 1);
-  EXPECT_NO_THROW(maybe_fail_write(1, 2, "/x/step-2"));
-  EXPECT_NO_THROW(maybe_fail_write(0, 3, "/x/step-3"));
+  EXPECT_NO_THROW(maybe_fail_write(1, 2, "/x/step-2", FailurePoint::persist));
+  EXPECT_NO_THROW(maybe_fail_write(0, 3, "/x/step-3", FailurePoint::persist));
   EXPECT_NO_THROW(maybe_inject_failure(1, 3));  // not a step failure
   try {
-    maybe_fail_write(1, 4, "/x/step-4");  // armed at 3, the first write after it
+    maybe_fail_write(1, 4, "/x/step-4", FailurePoint::snapshot);  // armed at 3: any write after
     ADD_FAILURE() << "no disk-full failure";
   } catch (const Error& e) {
     EXPECT_NE(
@@ -143,7 +143,21 @@ TEST(FaultInjection, DiskFullFailsTheFirstWriteFromItsStepOnce) {
         std::string::npos)
         << e.what();
   }
-  EXPECT_NO_THROW(maybe_fail_write(1, 5, "/x/step-5"));  // once
+  EXPECT_NO_THROW(maybe_fail_write(1, 5, "/x/step-5", FailurePoint::persist));  // once
+  ::unsetenv(kInjectFailureEnv);
+}
+
+// at=persist: snapshot writes pass, the first checkpoint write fails (and
+// at=snapshot the other way round).
+TEST(FaultInjection, DiskFullCanNameWhichWritesFail) {
+  ::unsetenv(kLaunchLogDirEnv);
+  ::setenv(kInjectFailureEnv, "rank=0,step=4,kind=disk-full,at=persist", 1);
+  EXPECT_NO_THROW(maybe_fail_write(0, 4, "/shm/step-4", FailurePoint::snapshot));
+  EXPECT_THROW(maybe_fail_write(0, 4, "/run/step-4", FailurePoint::persist), Error);
+  EXPECT_NO_THROW(maybe_fail_write(0, 6, "/run/step-6", FailurePoint::persist));  // once
+  ::setenv(kInjectFailureEnv, "rank=0,step=4,kind=disk-full,at=snapshot", 1);
+  EXPECT_NO_THROW(maybe_fail_write(0, 4, "/run/step-4", FailurePoint::persist));
+  EXPECT_THROW(maybe_fail_write(0, 5, "/shm/step-5", FailurePoint::snapshot), Error);
   ::unsetenv(kInjectFailureEnv);
 }
 

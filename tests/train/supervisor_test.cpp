@@ -185,6 +185,35 @@ TEST(Supervisor, AKillDuringTheSnapshotCopyResumesTheLastCompleteSnapshot) {
   expect_same_final_weights(out);
 }
 
+// (a'') The disk fills while rank 0 persists step 4's checkpoint in the
+// background (snapshots every step, a checkpoint every 2): a warning and a
+// checkpoint_failed event, no restart, step 4 never published, step 2 kept,
+// and training goes on to the uninterrupted run's weights.
+TEST(Supervisor, ADiskFullPersistWarnsKeepsThePreviousCheckpointAndTrainingGoesOn) {
+  reference_run();
+  const std::string out = run_dir("disk_full_persist");
+  const Outcome r =
+      launch_tiny(out, "--max-restarts 1", "rank=0,step=4,kind=disk-full,at=persist",
+                  " --set checkpoint.every=2 --set checkpoint.keep=4"
+                  " --set checkpoint.snapshot_every=1 --set checkpoint.snapshot_dir=" +
+                      test::tiny_corpus_root() + "/shm-disk-full");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string log0 = test::read_text_file(out + "/logs/rank-0.log");
+  EXPECT_NE(log0.find("checkpoints/step-4' was not saved: cannot write"), std::string::npos)
+      << log0;
+  EXPECT_NE(log0.find("No space left on device"), std::string::npos) << log0;
+  EXPECT_TRUE(events(out, "failure").empty()) << "a full disk is not a failure to restart";
+  const auto failed = events(out, "checkpoint_failed");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0]["step"], 4);
+  EXPECT_FALSE(fs::exists(out + "/checkpoints/step-4"));
+  for (const char* kept : {"step-2", "step-6", "step-8"})
+    EXPECT_TRUE(fs::exists(out + "/checkpoints/" + kept)) << kept;
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints"))
+    EXPECT_TRUE(e.path().filename().string().starts_with("step-")) << "left behind: " << e.path();
+  expect_same_final_weights(out);
+}
+
 // (b) A hung rank (it stops beating, as a deadlocked main thread would)
 // while rank 0 waits for it in a collective, beating: named within the
 // heartbeat timeout (plus one poll), stopped, and the job recovers.

@@ -130,9 +130,8 @@ InjectedFailure parse_one(const Where& w) {
                     kind.value_or(FailureKind::error),
                     at.value_or(FailurePoint::step),
                     seconds.value_or(0)};
-  const bool per_step = f.kind == FailureKind::slow || f.kind == FailureKind::disk_full;
-  if (per_step && f.at != FailurePoint::step)
-    malformed(w, "kind " + failure_kind_name(f.kind) + " takes no 'at'");
+  if (f.kind == FailureKind::slow && f.at != FailurePoint::step)
+    malformed(w, "kind slow takes no 'at'");
   if ((f.kind == FailureKind::slow) != seconds.has_value())
     malformed(w, seconds ? "'seconds' goes with kind=slow only" : "kind=slow needs seconds=X");
   if (f.step == 0 && f.at != FailurePoint::step)
@@ -269,12 +268,13 @@ void maybe_inject_failure(int rank, int64_t step, FailurePoint at) {
   }
 }
 
-void maybe_fail_write(int rank, int64_t step, const std::string& path) {
+void maybe_fail_write(int rank, int64_t step, const std::string& path, FailurePoint what) {
   const char* env = std::getenv(kInjectFailureEnv);
   if (env == nullptr) return;
   const std::string spec = env;
   for (const InjectedFailure& f : parse_injected_failures(spec)) {
     if (f.rank != rank || f.kind != FailureKind::disk_full || step < f.step) continue;
+    if (f.at != FailurePoint::step && f.at != what) continue;  // another kind of write
     if (!claim(f, spec)) continue;
     MOETRON_FAIL("cannot write '", path, "': No space left on device (injected by ",
                  kInjectFailureEnv, " on rank ", rank, " at step ", step, ")");

@@ -7,12 +7,13 @@
 // calling thread sleeps forever and sends no heartbeat, as a deadlock would),
 // exit (_exit(1) without a word), slow (from step S on, sleep X seconds at
 // the start of every step: a straggler), disk-full (the first checkpoint or
-// snapshot write of rank R at a step >= S fails as ENOSPC would), stop
-// (SIGSTOP itself), segv (SIGSEGV itself).
+// snapshot write of rank R at a step >= S fails as ENOSPC would; with
+// at=snapshot only a snapshot write, with at=persist only a checkpoint
+// write), stop (SIGSTOP itself), segv (SIGSEGV itself).
 // P: step (default: the start of step S; step 0 is start-up, before the
 // trainer is built), snapshot (during step S's in-memory snapshot), persist
-// (during the disk write of step S's checkpoint). slow and disk-full take
-// only at=step; seconds (> 0) goes with slow and only with it.
+// (during the disk write of step S's checkpoint). slow takes only at=step;
+// seconds (> 0) goes with slow and only with it.
 // The older "rank=R,step=S,signal=KILL|STOP|SEGV" means kind=kill|stop|segv.
 //
 // Under `moetron launch` (MOETRON_LAUNCH_LOG_DIR set) each failure fires once
@@ -60,8 +61,10 @@ std::string failure_point_name(FailurePoint at);
 void maybe_inject_failure(int rank, int64_t step, FailurePoint at = FailurePoint::step);
 
 // Throws moetron::Error("... No space left on device (injected ...)") once
-// when a disk-full failure of this rank is armed at a step <= step and has
-// not fired yet. Called just before a checkpoint or snapshot write to `path`.
-void maybe_fail_write(int rank, int64_t step, const std::string& path);
+// when a disk-full failure of this rank is armed at a step <= step for this
+// kind of write (`what`: snapshot or persist; a failure at=step takes
+// either) and has not fired yet. Called just before a checkpoint (persist)
+// or snapshot write to `path`.
+void maybe_fail_write(int rank, int64_t step, const std::string& path, FailurePoint what);
 
 }  // namespace moetron::train

@@ -469,7 +469,7 @@ std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving) {
 void Trainer::save_checkpoint(int64_t step) {
   ckpt::SaveRequest req = checkpoint_request(step);
   req.before_write = [rank = world_->rank(), step](const std::string& dir) {
-    maybe_fail_write(rank, step, dir);
+    maybe_fail_write(rank, step, dir, FailurePoint::persist);
     maybe_inject_failure(rank, step, FailurePoint::persist);
   };
   const auto t0 = clock_type::now();

@@ -103,7 +103,7 @@ void Trainer::setup_snapshots(bool resume) {
   snapshots_ = std::make_unique<ckpt::SnapshotStore>(root, *snapshot_comm_, job_id);
   const int rank = world_->rank();
   snapshots_->before_write = [rank](int64_t step, const std::string& dir) {
-    maybe_fail_write(rank, step, dir);
+    maybe_fail_write(rank, step, dir, FailurePoint::snapshot);
   };
   snapshots_->after_files_written = [rank](int64_t step) {
     maybe_inject_failure(rank, step, FailurePoint::snapshot);
@@ -113,7 +113,7 @@ void Trainer::setup_snapshots(bool resume) {
     persister_ = std::make_unique<ckpt::AsyncPersister>(run_dir_, *snapshot_comm_, c.keep,
                                                         model_signature(cfg_));
     persister_->before_write = [rank](int64_t step, const std::string& path) {
-      maybe_fail_write(rank, step, path);
+      maybe_fail_write(rank, step, path, FailurePoint::persist);
     };
     persister_->after_copy = [rank](int64_t step) {
       maybe_inject_failure(rank, step, FailurePoint::persist);
