@@ -86,6 +86,79 @@ bool key_block_seen(const AttentionMask& mask, int64_t kb, int64_t nqb, int64_t 
   return false;
 }
 
+// Query head bh's Q and dO tiles, packed row-major (and kn for bf16), with
+// each row's lse (L) and D = rowsum(dO * O). Padded rows and rows with no
+// visible key get lse = +inf, so their P is exactly 0 (after the mask) or
+// flushes to 0.
+template <typename T>
+void pack_head_rows(const Tensor& q, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                    int64_t bh, T* q_rm, T* do_rm, T* q_kn, T* do_kn, float* L, float* D) {
+  constexpr int P = kPack<T>;
+  const int64_t Sq = q.dim(1), H = q.dim(2), hd = q.dim(3), hdp = round_up(hd, 16);
+  const int64_t b = bh / H, h = bh % H, nqb = ceil_div(Sq, kBq), qtile = kBq * hdp;
+  for (int64_t qb = 0; qb < nqb; ++qb) {
+    const int64_t i0 = qb * kBq, off = ((b * Sq + i0) * H + h) * hd;
+    const int64_t rows = std::min(kBq, Sq - i0);
+    T* qr = q_rm + qb * qtile;
+    T* dr = do_rm + qb * qtile;
+    pack_rows(ptr<T>(q) + off, H * hd, rows, hd, qr, kBq, hdp);
+    pack_rows(ptr<T>(dout) + off, H * hd, rows, hd, dr, kBq, hdp);
+    if constexpr (P == 2) {
+      pack_kn(qr, kBq, hdp, q_kn + qb * qtile);
+      pack_kn(dr, kBq, hdp, do_kn + qb * qtile);
+    }
+    for (int64_t r = 0; r < kBq; ++r) {
+      float* Lr = L + qb * kBq + r;
+      float* Dr = D + qb * kBq + r;
+      if (r >= rows) {
+        *Lr = kInf;
+        *Dr = 0;
+        continue;
+      }
+      const float l = ptr<float>(lse)[bh * Sq + i0 + r];
+      *Lr = l == -kInf ? kInf : l;
+      const T* o = ptr<T>(out) + off + r * H * hd;
+      const T* g = ptr<T>(dout) + off + r * H * hd;
+      simd::vf acc = simd::zero();
+      for (int64_t c = 0; c < hd; c += 16) {
+        const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
+        acc = simd::fmadd(load_as_f32(o + c, n), load_as_f32(g + c, n), acc);
+      }
+      *Dr = simd::reduce_add(acc);
+    }
+  }
+}
+
+// Grouped-query heads: each kv head's dK/dV is the sum of its group's query
+// heads' f32 slices in `partial` ([2][B * H][key blocks x tile]), in head order.
+template <typename T>
+void sum_group_partials(const Tensor& partial, int64_t B, int64_t H, int64_t Hkv, int64_t Sk,
+                        int64_t hd, const Tensor& dk, const Tensor& dv) {
+  const int64_t group = H / Hkv, hdp = round_up(hd, 16);
+  const int64_t nkb = ceil_div(Sk, kBk), ktile = kBk * hdp;
+  const int64_t plane = B * H * nkb * ktile;
+#pragma omp parallel
+  {
+    WorkspaceVector<float> sk(static_cast<size_t>(hdp)), sv(static_cast<size_t>(hdp));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < B * Hkv * Sk; ++t) {
+      const int64_t j = t % Sk, b = t / Sk / Hkv, kvh = (t / Sk) % Hkv;
+      std::fill(sk.begin(), sk.end(), 0.0f);
+      std::fill(sv.begin(), sv.end(), 0.0f);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* pk = ptr<float>(partial) + (b * H + kvh * group + g) * nkb * ktile + j * hdp;
+        for (int64_t c = 0; c < hd; ++c) {
+          sk[c] += pk[c];
+          sv[c] += pk[plane + c];
+        }
+      }
+      const int64_t off = ((b * Sk + j) * Hkv + kvh) * hd;
+      store_rows(sk.data(), hdp, 1, hd, ptr<T>(dk) + off, hd);
+      store_rows(sv.data(), hdp, 1, hd, ptr<T>(dv) + off, hd);
+    }
+  }
+}
+
 template <typename T>
 void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& lse, const AttentionMask& mask, float scale,
@@ -122,39 +195,8 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, kvh = h / group;
       const AttentionMask seq_mask = sequence_mask(mask, b);
-      // Padded rows and rows with no visible key get lse = +inf, so their P
-      // is exactly 0 (after the mask) or flushes to 0.
-      for (int64_t qb = 0; qb < nqb; ++qb) {
-        const int64_t i0 = qb * kBq, off = ((b * Sq + i0) * H + h) * hd;
-        const int64_t rows = std::min(kBq, Sq - i0);
-        T* qr = q_rm.data() + qb * qtile;
-        T* dr = do_rm.data() + qb * qtile;
-        pack_rows(ptr<T>(q) + off, H * hd, rows, hd, qr, kBq, hdp);
-        pack_rows(ptr<T>(dout) + off, H * hd, rows, hd, dr, kBq, hdp);
-        if constexpr (P == 2) {
-          pack_kn(qr, kBq, hdp, q_kn.data() + qb * qtile);
-          pack_kn(dr, kBq, hdp, do_kn.data() + qb * qtile);
-        }
-        for (int64_t r = 0; r < kBq; ++r) {
-          float* Lr = L.data() + qb * kBq + r;
-          float* Dr = D.data() + qb * kBq + r;
-          if (r >= rows) {
-            *Lr = kInf;
-            *Dr = 0;
-            continue;
-          }
-          const float l = ptr<float>(lse)[bh * Sq + i0 + r];
-          *Lr = l == -kInf ? kInf : l;
-          const T* o = ptr<T>(out) + off + r * H * hd;
-          const T* g = ptr<T>(dout) + off + r * H * hd;
-          simd::vf acc = simd::zero();
-          for (int64_t c = 0; c < hd; c += 16) {
-            const int n = static_cast<int>(std::min<int64_t>(16, hd - c));
-            acc = simd::fmadd(load_as_f32(o + c, n), load_as_f32(g + c, n), acc);
-          }
-          *Dr = simd::reduce_add(acc);
-        }
-      }
+      pack_head_rows<T>(q, dout, out, lse, bh, q_rm.data(), do_rm.data(), q_kn.data(), do_kn.data(),
+                        L.data(), D.data());
       std::fill(dq_acc.begin(), dq_acc.end(), 0.0f);
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const T* kn = k_nk.data() + kb * ktile;
@@ -208,29 +250,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     }
   }
 
-  if (group > 1) {
-    const int64_t plane = B * H * nkb * ktile;
-#pragma omp parallel
-    {
-      WorkspaceVector<float> sk(static_cast<size_t>(hdp)), sv(static_cast<size_t>(hdp));
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < B * Hkv * Sk; ++t) {
-        const int64_t j = t % Sk, b = t / Sk / Hkv, kvh = (t / Sk) % Hkv;
-        std::fill(sk.begin(), sk.end(), 0.0f);
-        std::fill(sv.begin(), sv.end(), 0.0f);
-        for (int64_t g = 0; g < group; ++g) {
-          const float* pk = ptr<float>(partial) + (b * H + kvh * group + g) * nkb * ktile + j * hdp;
-          for (int64_t c = 0; c < hd; ++c) {
-            sk[c] += pk[c];
-            sv[c] += pk[plane + c];
-          }
-        }
-        const int64_t off = ((b * Sk + j) * Hkv + kvh) * hd;
-        store_rows(sk.data(), hdp, 1, hd, ptr<T>(dk) + off, hd);
-        store_rows(sv.data(), hdp, 1, hd, ptr<T>(dv) + off, hd);
-      }
-    }
-  }
+  if (group > 1) sum_group_partials<T>(partial, B, H, Hkv, Sk, hd, dk, dv);
 }
 
 }  // namespace
