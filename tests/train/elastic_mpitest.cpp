@@ -81,36 +81,18 @@ Phase run_phase(const std::string& dir, int ranks, bool resume, int64_t stop_aft
   return out;
 }
 
-TEST(Elastic, ShrinkAndGrowBackKeepsTheRunAndEverySample) {
-  const std::string& job = job_dir();
-  const int n = world().size();
-  ::setenv(kLaunchLogDirEnv, (job + "/runs/elastic/logs").c_str(), 1);
-  const std::string ref_dir = test::layout_run_dir(job, "reference");
-  const std::string dir = test::layout_run_dir(job, "elastic");
-  std::vector<std::pair<int64_t, uint64_t>> ignored, samples[3];
-  const Phase ref = run_phase(ref_dir, n, false, 0, {}, &ignored);
-  const Phase a = run_phase(dir, n, false, 3, {}, &samples[0]);
-  const Phase b = run_phase(dir, n - 1, true, 6, {}, &samples[1]);
-  const Phase c = run_phase(dir, n, true, 0, {}, &samples[2]);
-  ::unsetenv(kLaunchLogDirEnv);
-  if (world().rank() == 0) {
-    EXPECT_TRUE(a.result.stopped_for_resize);
-    EXPECT_EQ(a.result.steps_done, 3);
-    EXPECT_TRUE(b.result.stopped_for_resize);
-    EXPECT_EQ(b.result.steps_done, 3);
-    EXPECT_FALSE(c.result.stopped_for_resize);
-    EXPECT_EQ(c.result.steps_done, 3);
-    double worst = 0;
-    for (const auto& [name, want] : ref.params) {
-      const std::vector<float>& got = c.params.at(name);
-      for (size_t i = 0; i < want.size(); ++i)
-        worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
-    }
-    std::cerr << "elastic " << n << " -> " << n - 1 << " -> " << n
-              << ": max |weight - uninterrupted| = " << worst << "\n";
-    EXPECT_LE(worst, 1e-5);
+double max_difference(const Phase& a, const Phase& b) {
+  double worst = 0;
+  for (const auto& [name, want] : a.params) {
+    const std::vector<float>& got = b.params.at(name);
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
   }
-  // Every sample of the 9 steps used exactly once, over all ranks and phases.
+  return worst;
+}
+
+// Every sample of the kSteps steps used exactly once, over all ranks and phases.
+void expect_every_sample_once(const std::vector<std::pair<int64_t, uint64_t>> (&samples)[3]) {
   std::vector<int64_t> counts(static_cast<size_t>(kSteps * kGlobalBatch), 0);
   for (const auto& phase : samples) {
     for (const auto& [step, s] : phase) {
@@ -121,6 +103,82 @@ TEST(Elastic, ShrinkAndGrowBackKeepsTheRunAndEverySample) {
   Tensor all = Tensor::wrap(counts.data(), {static_cast<int64_t>(counts.size())}, DType::i64);
   world().allreduce(all, comm::ReduceOp::sum);
   for (size_t s = 0; s < counts.size(); ++s) EXPECT_EQ(counts[s], 1) << "sample " << s;
+}
+
+struct ElasticRun {
+  Phase reference, end;  // the uninterrupted n-rank run's and the resized run's last phase
+};
+
+// n ranks for 3 steps, n - 1 for 3, n again for 3; and the uninterrupted run.
+ElasticRun shrink_and_grow(const std::string& name, const std::vector<std::string>& extra) {
+  const std::string& job = job_dir();
+  const int n = world().size();
+  ::setenv(kLaunchLogDirEnv, (job + "/runs/" + name + "/logs").c_str(), 1);
+  const std::string ref_dir = test::layout_run_dir(job, name + "-reference");
+  const std::string dir = test::layout_run_dir(job, name);
+  std::vector<std::pair<int64_t, uint64_t>> ignored, samples[3];
+  ElasticRun out;
+  out.reference = run_phase(ref_dir, n, false, 0, extra, &ignored);
+  const Phase a = run_phase(dir, n, false, 3, extra, &samples[0]);
+  const Phase b = run_phase(dir, n - 1, true, 6, extra, &samples[1]);
+  out.end = run_phase(dir, n, true, 0, extra, &samples[2]);
+  ::unsetenv(kLaunchLogDirEnv);
+  if (world().rank() == 0) {
+    EXPECT_TRUE(a.result.stopped_for_resize);
+    EXPECT_EQ(a.result.steps_done, 3);
+    EXPECT_TRUE(b.result.stopped_for_resize);
+    EXPECT_EQ(b.result.steps_done, 3);
+    EXPECT_FALSE(out.end.result.stopped_for_resize);
+    EXPECT_EQ(out.end.result.steps_done, 3);
+  }
+  expect_every_sample_once(samples);
+  return out;
+}
+
+TEST(Elastic, ShrinkAndGrowBackKeepsTheRunAndEverySample) {
+  const ElasticRun run = shrink_and_grow("elastic", {});
+  if (world().rank() != 0) return;
+  const double worst = max_difference(run.reference, run.end);
+  std::cerr << "elastic " << world().size() << " -> " << world().size() - 1 << " -> "
+            << world().size() << ": max |weight - uninterrupted| = " << worst << "\n";
+  EXPECT_LE(worst, 1e-5);
+}
+
+double l2_difference(const Phase& a, const Phase& b) {
+  double sum = 0;
+  for (const auto& [name, want] : a.params) {
+    const std::vector<float>& got = b.params.at(name);
+    for (size_t i = 0; i < want.size(); ++i) sum += std::pow(double{got[i]} - double{want[i]}, 2);
+  }
+  return std::sqrt(sum);
+}
+
+// With int8 compression the n - 1 rank phase quantises other per-rank sums
+// (each rank's block scales come from its own rows), so the resized run
+// cannot match the uninterrupted one to 1e-5 as the uncompressed run does:
+// it differs as any change of dp would. What the resize must not add is a
+// lost or doubled error feedback: the residuals are folded onto the new
+// ranks (each rank's pending error lands on exactly one rank; the exact sums
+// are tested in tests/ckpt/folded_state_test.cpp). Measured (L2 of the
+// weight difference, the uninterrupted int8 run against the uninterrupted
+// uncompressed one being 0.22 / 0.23 at np 2 / 4): folded 0.038 / 0.037,
+// residuals dropped at each resize 0.050 / 0.062. The bound, 1/5 of what
+// compression itself changes, fails when the residuals are dropped.
+TEST(Elastic, WithCompressionTheResidualsFollowTheResize) {
+  const std::vector<std::string> int8 = {"parallel.compression=int8",
+                                         "parallel.compression_block=64"};
+  const ElasticRun run = shrink_and_grow("elastic-int8", int8);
+  std::vector<std::pair<int64_t, uint64_t>> ignored;
+  const Phase plain = run_phase(test::layout_run_dir(job_dir(), "uncompressed-reference"),
+                                world().size(), false, 0, {}, &ignored);
+  if (world().rank() != 0) return;
+  const double resize = l2_difference(run.reference, run.end);
+  const double compression = l2_difference(run.reference, plain);
+  std::cerr << "elastic int8 " << world().size() << " -> " << world().size() - 1 << " -> "
+            << world().size() << ": |weights - uninterrupted int8| = " << resize
+            << " (L2; uninterrupted int8 - uncompressed: " << compression
+            << "), max abs = " << max_difference(run.reference, run.end) << "\n";
+  EXPECT_LE(resize, 0.2 * compression);
 }
 
 }  // namespace

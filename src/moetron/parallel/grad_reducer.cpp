@@ -1,5 +1,6 @@
 #include "moetron/parallel/grad_reducer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "moetron/core/error.h"
@@ -80,13 +81,21 @@ void encode_with_feedback(const CompressOptions& o, float* v, float* residual, i
 
 }  // namespace
 
-std::vector<std::pair<std::string, Tensor>> GradReducer::residuals() {
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].residual.defined())
-      out.emplace_back("ef_residual.bucket-" + std::to_string(b), buckets_[b].residual);
-    if (buckets_[b].residual2.defined())
-      out.emplace_back("ef_residual2.bucket-" + std::to_string(b), buckets_[b].residual2);
+std::vector<GradReducer::ResidualPiece> GradReducer::residual_pieces() {
+  std::vector<ResidualPiece> out;
+  const int64_t me = dp_.rank();
+  for (Bucket& b : buckets_) {
+    if (!b.residual.defined()) continue;
+    for (const BucketSlot& slot : b.slots) {
+      out.push_back({slot.param, false, 0, b.residual.slice(slot.offset, slot.offset + slot.numel)});
+      if (!b.residual2.defined()) continue;
+      // This rank's chunk [me * chunk, (me + 1) * chunk) of the bucket.
+      const int64_t lo = std::max(slot.offset, me * b.chunk);
+      const int64_t hi = std::min(slot.offset + slot.numel, (me + 1) * b.chunk);
+      if (lo < hi)
+        out.push_back(
+            {slot.param, true, lo - slot.offset, b.residual2.slice(lo - me * b.chunk, hi - me * b.chunk)});
+    }
   }
   return out;
 }

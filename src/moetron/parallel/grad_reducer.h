@@ -98,9 +98,17 @@ class GradReducer {
   // Seconds finish() spent blocked on reductions in the last step: the
   // communication backward did not hide.
   double last_wait_seconds() const { return wait_seconds_; }
-  // Error-feedback residuals by name ("ef_residual.bucket-B", ...), for
-  // checkpoints; empty without compression.
-  std::vector<std::pair<std::string, Tensor>> residuals();
+  // The error-feedback residuals cut by parameter (views of the live state,
+  // for checkpoints that reshard over dp); empty without compression. The
+  // first hop covers every parameter whole; the second (allreduce mode) only
+  // what lies in this rank's chunk. Padding is not carried.
+  struct ResidualPiece {
+    const nn::Parameter* param = nullptr;
+    bool second_hop = false;
+    int64_t offset = 0;  // the parameter's first element it holds
+    Tensor values;       // f32, 1-D
+  };
+  std::vector<ResidualPiece> residual_pieces();
 
  private:
   void start(size_t bucket);

@@ -379,7 +379,12 @@ void Trainer::resume_from_latest(const ResumeOptions& ro) {
   }
   if (dir.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const nlohmann::json st = ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices(false));
+  // Residuals come back as saved only into the layout that saved them;
+  // after a resize of dp they are folded onto the new ranks.
+  const bool same_layout = saved_layout_matches(dir);
+  const nlohmann::json st =
+      ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices(false, same_layout));
+  if (!same_layout) fold_residuals(dir);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   start_step_ = st.at("step").get<int64_t>();
@@ -440,30 +445,6 @@ double Trainer::evaluate() {
   }
   world_->allreduce(sums, comm::ReduceOp::sum);
   return sums.data<double>()[0] / std::max(sums.data<double>()[1], 1.0);
-}
-
-std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving) {
-  std::vector<optim::StateSlice> out;
-  // Router selection biases of this rank's layers: state.safetensors holds
-  // rank 0's, which under pp is one stage's; here each stage's first rank
-  // stores its own, and every rank loads its layers' from whichever file.
-  if (!saving || at().stage_rank == 0) {
-    for (nn::MoeLayer* l : model_->moe_layers()) {
-      const Tensor& b = l->bias();
-      out.push_back({"router_bias." + l->prefix(), b.reshape({b.numel()}), 0, b.numel(), false});
-    }
-  }
-  // Residuals belong to one rank of one layout: named by rank, optional on
-  // load (a run resumed on another dp starts its error feedback from zero).
-  const std::string me = "rank-" + std::to_string(world_->rank()) + ".";
-  for (const auto& [r, infix] :
-       {std::pair{reducer_.get(), ""}, std::pair{expert_reducer_.get(), "experts."},
-        std::pair{partial_reducer_.get(), "partial."}}) {
-    if (!r) continue;
-    for (auto& [name, t] : r->residuals())
-      out.push_back({me + infix + name, t, 0, t.numel(), false});
-  }
-  return out;
 }
 
 void Trainer::save_checkpoint(int64_t step) {

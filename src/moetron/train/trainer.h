@@ -208,7 +208,16 @@ class Trainer {
   // Bytes this rank put on the wire for gradients and ZeRO-1 gathers so far.
   int64_t gradient_bytes_sent() const;
   void for_each_reducer(const std::function<void(parallel::GradReducer&)>& fn);
-  std::vector<optim::StateSlice> feedback_slices(bool saving);
+  // State saved beside the optimizer's (train/trainer_feedback.cpp): the
+  // router biases, and with `residuals` the error-feedback residuals, by
+  // parameter and named for folding (ckpt/folded_state.h).
+  std::vector<optim::StateSlice> feedback_slices(bool saving, bool residuals = true);
+  // Whether checkpoint `dir` was saved by this layout (dp, tp, ep, pp, cp).
+  bool saved_layout_matches(const std::string& dir) const;
+  // After a resize of dp only: each rank adds the saved residuals that fold
+  // onto it, so every reduction group's pending error is kept. After any
+  // other change of layout the residuals start from zero (with a notice).
+  void fold_residuals(const std::string& dir);
   bool is_root() const { return world_->rank() == 0; }
   double flops_per_token() const;
 

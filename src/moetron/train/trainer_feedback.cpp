@@ -1,0 +1,111 @@
+// The state a checkpoint keeps beside the optimizer's: router selection
+// biases and gradient compression's error-feedback residuals, and how the
+// residuals follow an elastic resize (ckpt/folded_state.h).
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "moetron/ckpt/folded_state.h"
+#include "moetron/ckpt/rank_files.h"
+#include "moetron/train/trainer.h"
+
+namespace moetron::train {
+
+namespace {
+
+struct ReducerRole {
+  parallel::GradReducer* reducer;
+  const char* infix;  // names the reducer in the saved tensors
+};
+
+// A reducer's residual of one parameter, as a name stable across a resize
+// of dp: the parameter, which reducer, and the coordinates that pick its
+// reduction group among the stage's (tp for the dense one, ep for the
+// experts'; the partial one spans the stage). The rank's index in that
+// group is appended by folded_name.
+std::string residual_base(const parallel::RankCoords& at, const ReducerRole& role,
+                                 const parallel::GradReducer::ResidualPiece& piece) {
+  std::string base = piece.second_hop ? "ef2." : "ef.";
+  base += role.infix;
+  base += piece.param->name;
+  base += "@pp" + std::to_string(at.pp);
+  const std::string infix = role.infix;
+  if (infix.empty()) base += ".tp" + std::to_string(at.tp);
+  if (infix == "experts.") base += ".ep" + std::to_string(at.ep);
+  return base;
+}
+
+}  // namespace
+
+std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving, bool residuals) {
+  std::vector<optim::StateSlice> out;
+  // Router selection biases of this rank's layers: state.safetensors holds
+  // rank 0's, which under pp is one stage's; here each stage's first rank
+  // stores its own, and every rank loads its layers' from whichever file.
+  if (!saving || at().stage_rank == 0) {
+    for (nn::MoeLayer* l : model_->moe_layers()) {
+      const Tensor& b = l->bias();
+      out.push_back({"router_bias." + l->prefix(), b.reshape({b.numel()}), 0, b.numel(), false});
+    }
+  }
+  if (!residuals) return out;
+  // Optional on load: a checkpoint saved without compression has none.
+  for (const ReducerRole role : {ReducerRole{reducer_.get(), ""},
+                                 ReducerRole{expert_reducer_.get(), "experts."},
+                                 ReducerRole{partial_reducer_.get(), "partial."}}) {
+    if (!role.reducer) continue;
+    const int index = role.reducer->comm().rank();
+    for (auto& piece : role.reducer->residual_pieces()) {
+      out.push_back({ckpt::folded_name(residual_base(at(), role, piece), index), piece.values,
+                     piece.offset, piece.param->value.numel(), false});
+    }
+  }
+  return out;
+}
+
+bool Trainer::saved_layout_matches(const std::string& dir) const {
+  std::ifstream f(dir + "/" + ckpt::kTrainerFile);
+  const nlohmann::json st = nlohmann::json::parse(f);
+  const parallel::PlanSettings& s = plan_->settings();
+  return st.value("dp", int64_t{0}) == plan_->dp() && st.value("tp", int64_t{1}) == s.tp &&
+         st.value("ep", int64_t{1}) == s.ep && st.value("pp", int64_t{1}) == s.pp &&
+         st.value("cp", int64_t{1}) == s.cp;
+}
+
+void Trainer::fold_residuals(const std::string& dir) {
+  if (cfg_.parallel.compression == "none") return;
+  std::ifstream f(dir + "/" + ckpt::kTrainerFile);
+  const nlohmann::json st = nlohmann::json::parse(f);
+  const parallel::PlanSettings& s = plan_->settings();
+  const bool only_dp = st.value("tp", int64_t{1}) == s.tp && st.value("ep", int64_t{1}) == s.ep &&
+                       st.value("pp", int64_t{1}) == s.pp && st.value("cp", int64_t{1}) == s.cp;
+  if (!only_dp) {
+    if (is_root())
+      std::cerr << "notice: checkpoint '" << dir << "' was saved with another tp, ep, pp or cp; "
+                << "gradient compression's error feedback starts from zero\n";
+    return;
+  }
+  int64_t parts = 0;
+  for (const ReducerRole role : {ReducerRole{reducer_.get(), ""},
+                                 ReducerRole{expert_reducer_.get(), "experts."},
+                                 ReducerRole{partial_reducer_.get(), "partial."}}) {
+    if (!role.reducer) continue;
+    // Both hops' residuals are error still owed to the same sum, so the
+    // second hop's (allreduce mode) folds into the first hop's of the rank
+    // it lands on; the live second-hop residual restarts from zero.
+    std::vector<ckpt::FoldTarget> targets;
+    for (auto& piece : role.reducer->residual_pieces()) {
+      if (piece.second_hop) continue;
+      parallel::GradReducer::ResidualPiece second = piece;
+      second.second_hop = true;
+      targets.push_back(
+          {{residual_base(at(), role, piece), residual_base(at(), role, second)}, piece.values});
+    }
+    parts += ckpt::load_folded(dir, targets, role.reducer->comm().rank(), role.reducer->comm().size());
+  }
+  if (is_root())
+    std::cerr << "resize: folded the error-feedback residuals of dp " << st.value("dp", int64_t{0})
+              << " onto dp " << plan_->dp() << " (" << parts << " saved parts on rank 0)\n";
+}
+
+}  // namespace moetron::train
