@@ -33,7 +33,9 @@ const std::string& job_dir() {
 Config config(const std::vector<std::string>& extra) {
   std::vector<std::string> sets = {"train.steps=6", "parallel.zero=true",
                                    "parallel.compression=int8",
-                                   "checkpoint.snapshot_dir=" + job_dir() + "/shm"};
+                                   "checkpoint.snapshot_dir=" + job_dir() + "/shm",
+                                   // One machine: copies only when asked for.
+                                   "checkpoint.snapshot_copy=always"};
   if (world().size() == 4) sets.push_back("parallel.ep=2");
   sets.insert(sets.end(), extra.begin(), extra.end());
   return test::layout_config(job_dir(), 2, 2, sets);

@@ -3,6 +3,7 @@
 // back to the disk checkpoint, a persist that fails warns and training goes
 // on, and a persisted checkpoint holds what a synchronous save writes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -102,6 +103,29 @@ TEST(Snapshots, ACrashResumesFromTheNewestSnapshotBitIdentically) {
   expect_same_final_state(reference_run(), dir, 6);
   // A finished run leaves nothing in memory.
   EXPECT_FALSE(fs::exists(ckpt::snapshot_root(shm_base(), dir) + "/rank-0"));
+}
+
+// A snapshot after the second writes into the files of the step it dropped
+// (in place: tmpfs keeps their pages), and resuming from one is still exact
+// (ACrashResumesFromTheNewestSnapshotBitIdentically resumes a recycled step 4).
+TEST(Snapshots, EachSnapshotAfterTheSecondRecyclesTheDroppedStepsFiles) {
+  const std::string dir = scratch("recycle");
+  Trainer t(config(6, {"checkpoint.snapshot_every=1"}), dir, false);
+  const std::string root = ckpt::snapshot_root(shm_base(), dir);
+  std::vector<ino_t> inodes;  // of each snapshot's model file, steps 1..4
+  t.before_update = [&](int64_t step) {
+    if (step < 2 || step > 5) return;
+    struct stat st {};
+    const std::string file =
+        root + "/rank-0/step-" + std::to_string(step - 1) + "/model.safetensors";
+    ASSERT_EQ(::stat(file.c_str(), &st), 0) << file;
+    inodes.push_back(st.st_ino);
+  };
+  t.run();
+  ASSERT_EQ(inodes.size(), 4u);
+  EXPECT_NE(inodes[0], inodes[1]);
+  EXPECT_EQ(inodes[2], inodes[0]) << "step 3 should reuse step 1's file";
+  EXPECT_EQ(inodes[3], inodes[1]) << "step 4 should reuse step 2's file";
 }
 
 TEST(Snapshots, ADamagedSnapshotIsSkippedForTheDiskCheckpoint) {

@@ -8,10 +8,12 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/core/overwrite_file.h"
 
 namespace moetron::ckpt {
 
@@ -42,13 +44,12 @@ class FileStream {
       open_next_if_done();
       const FileSpan& f = files_[next_];
       const int64_t take = std::min(n, f.bytes - at_);
-      int64_t done = 0;
-      while (done < take) {
-        const ssize_t k = writing_ ? ::write(fd_, buf + done, static_cast<size_t>(take - done))
-                                   : ::read(fd_, buf + done, static_cast<size_t>(take - done));
+      if (writing_) out_->write(buf, static_cast<size_t>(take));
+      for (int64_t done = 0; !writing_ && done < take;) {
+        const ssize_t k = ::read(fd_, buf + done, static_cast<size_t>(take - done));
         if (k < 0 && errno == EINTR) continue;
-        MOETRON_CHECK(k > 0, "snapshot exchange: cannot ", writing_ ? "write" : "read", " '",
-                      f.path, "': ", k < 0 ? std::strerror(errno) : "it is shorter than indexed");
+        MOETRON_CHECK(k > 0, "snapshot exchange: cannot read '", f.path,
+                      "': ", k < 0 ? std::strerror(errno) : "it is shorter than indexed");
         done += k;
       }
       at_ += take;
@@ -60,16 +61,21 @@ class FileStream {
 
  private:
   void open_next_if_done() {
-    if (fd_ >= 0) return;
+    if (fd_ >= 0 || out_) return;
     MOETRON_CHECK(next_ < files_.size(), "snapshot exchange: more bytes than the files indexed");
     const std::string& p = files_[next_].path;
-    fd_ = writing_ ? ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
-                   : ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    MOETRON_CHECK(fd_ >= 0, "snapshot exchange: cannot open '", p, "': ", std::strerror(errno));
     at_ = 0;
+    // Written in place: a recycled copy keeps its pages (core/overwrite_file.h).
+    if (writing_) {
+      out_ = std::make_unique<OverwriteFile>(p);
+      return;
+    }
+    fd_ = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    MOETRON_CHECK(fd_ >= 0, "snapshot exchange: cannot open '", p, "': ", std::strerror(errno));
   }
   void finish_current() {
     open_next_if_done();  // an empty file still gets created
+    if (out_) out_->finish();
     close_current();
     ++next_;
     at_ = 0;
@@ -77,13 +83,15 @@ class FileStream {
   void close_current() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
+    out_.reset();
   }
 
   std::vector<FileSpan> files_;
   bool writing_;
   size_t next_ = 0;
   int64_t at_ = 0;
-  int fd_ = -1;
+  int fd_ = -1;                         // reading
+  std::unique_ptr<OverwriteFile> out_;  // writing
 };
 
 // [{"name", "bytes"}] of a directory's regular files, sorted by name.
@@ -192,6 +200,15 @@ ExchangeStats exchange_directory(comm::Communicator& comm, const std::string& se
   MOETRON_CHECK(write_error.empty(), write_error);
   MOETRON_CHECK(verdict == "ok", "snapshot exchange: rank ", from,
                 " could not send its part: ", verdict);
+  // `into` may be a recycled directory: only the files received stay.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(into, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool received = std::any_of(theirs.begin(), theirs.end(), [&](const nlohmann::json& f) {
+      return f.at("name").get<std::string>() == name;
+    });
+    if (!received) fs::remove_all(e.path(), ec);
+  }
   return st;
 }
 

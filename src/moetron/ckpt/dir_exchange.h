@@ -19,7 +19,9 @@ struct ExchangeStats {
 
 // Collective between the pairs (to, from) of every rank taking part (a
 // ring: to = rank + 1, from = rank - 1). `into` must exist; the received
-// files are created in it under their names. An I/O error does not stop
+// files are written in it under their names, in place where it already has
+// them (a recycled directory keeps its pages), and any other file in it is
+// removed. An I/O error does not stop
 // the transfer (the pair would wait forever): the rank finishes it, then
 // throws naming the file; a receiver whose sender could not read its files
 // throws too, naming the sender.

@@ -12,6 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "moetron/core/error.h"
+#include "moetron/core/overwrite_file.h"
+
 namespace moetron::ckpt {
 
 namespace {
@@ -80,23 +83,22 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  MOETRON_CHECK(f.good(), "cannot open '", path, "' for writing: ", std::strerror(errno));
+  // In place: a snapshot rewriting a recycled file keeps its pages.
+  OverwriteFile f(path);
   const uint64_t n = json.size();
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  f.write(reinterpret_cast<const char*>(len), 8);
-  f.write(json.data(), static_cast<std::streamsize>(json.size()));
+  f.write(len, 8);
+  f.write(json.data(), json.size());
   size_t pos = 0;
   static const char zeros[8] = {};
   for (size_t i = 0; i < tensors.size(); ++i) {
-    f.write(zeros, static_cast<std::streamsize>(begins[i] - pos));
+    f.write(zeros, begins[i] - pos);
     const Tensor& t = tensors[i].tensor;
-    f.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+    f.write(t.raw(), t.nbytes());
     pos = begins[i] + t.nbytes();
   }
-  f.flush();
-  MOETRON_CHECK(f.good(), "write to '", path, "' failed: ", std::strerror(errno));
+  f.finish();
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {

@@ -49,6 +49,44 @@ std::optional<nlohmann::json> part_state(const std::string& dir) {
   }
 }
 
+// The directory a dropped step leaves for the next write to recycle (its
+// files are overwritten in place, keeping their tmpfs pages).
+constexpr const char* kSpare = "spare";
+
+// Makes `tmp` the empty-or-recycled directory a part is written into: the
+// spare beside it when there is one, else a new directory.
+void stage_into(const std::string& tmp) {
+  remove_tree(tmp);
+  const fs::path spare = fs::path(tmp).parent_path() / kSpare;
+  std::error_code ec;
+  if (fs::is_directory(spare, ec)) {
+    fs::rename(spare, tmp, ec);
+    if (!ec) return;
+    remove_tree(spare.string());
+  }
+  fs::create_directories(tmp);
+}
+
+// Removes what a recycled directory holds beyond `keep` (the files just written).
+void remove_other_files(const std::string& dir, const std::vector<std::string>& keep) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::find(keep.begin(), keep.end(), name) == keep.end()) remove_tree(e.path().string());
+  }
+}
+
+// Drops a step's directory, keeping it as the spare when there is none yet.
+void drop_step(const fs::path& dir) {
+  const fs::path spare = dir.parent_path() / kSpare;
+  std::error_code ec;
+  if (!fs::exists(spare, ec)) {
+    fs::rename(dir, spare, ec);
+    if (!ec) return;
+  }
+  remove_tree(dir.string());
+}
+
 // Publishes a finished directory under its final name (replacing a stale one).
 void rename_into_place(const std::string& tmp, const std::string& dir) {
   remove_tree(dir);
@@ -86,8 +124,33 @@ std::vector<std::string> remove_orphaned_snapshots(const std::string& base) {
   return removed;
 }
 
-SnapshotStore::SnapshotStore(std::string root, comm::Communicator& comm, uint64_t job_id)
-    : root_(std::move(root)), comm_(comm), job_id_(job_id) {}
+SnapshotCopy parse_snapshot_copy(const std::string& name) {
+  if (name == "other_host") return SnapshotCopy::other_host;
+  if (name == "always") return SnapshotCopy::always;
+  MOETRON_CHECK(name == "off", "checkpoint.snapshot_copy: must be other_host, always or off, got \"",
+                name, "\"");
+  return SnapshotCopy::off;
+}
+
+int copy_shift(const std::vector<int64_t>& hosts, SnapshotCopy policy) {
+  const int n = static_cast<int>(hosts.size());
+  if (n < 2 || policy == SnapshotCopy::off) return 0;
+  if (policy == SnapshotCopy::always) return 1;
+  for (int s = 1; s < n; ++s) {
+    bool apart = true;
+    for (int r = 0; r < n && apart; ++r) apart = hosts[r] != hosts[(r + s) % n];
+    if (apart) return s;
+  }
+  return 0;
+}
+
+SnapshotStore::SnapshotStore(std::string root, comm::Communicator& comm, uint64_t job_id,
+                             const std::vector<int64_t>& hosts, SnapshotCopy copy)
+    : root_(std::move(root)), comm_(comm), job_id_(job_id) {
+  MOETRON_CHECK(static_cast<int>(hosts.size()) == comm_.size(), "snapshots: ", hosts.size(),
+                " host ids for ", comm_.size(), " ranks");
+  shift_ = copy_shift(hosts, copy);
+}
 
 std::string SnapshotStore::part_dir(int64_t step) const {
   return root_ + "/rank-" + std::to_string(comm_.rank()) + "/step-" + std::to_string(step);
@@ -102,10 +165,12 @@ std::string SnapshotStore::write_own_part(const SaveRequest& req, const RankFile
     std::ofstream(root_ + "/run_dir")
         << fs::weakly_canonical(fs::absolute(req.run_dir)).string() << "\n";
   }
-  remove_tree(tmp);
-  fs::create_directories(tmp);
+  stage_into(tmp);
   if (before_write) before_write(req.step, tmp);
-  const std::vector<std::string> names = write_rank_files(tmp, files, model, req);
+  std::vector<std::string> names = write_rank_files(tmp, files, model, req);
+  names.push_back(kManifestName);
+  remove_other_files(tmp, names);
+  names.pop_back();
   if (after_files_written) after_files_written(req.step);
   write_manifest(tmp, names,
                  {{"snapshot_part", true},
@@ -120,12 +185,13 @@ std::string SnapshotStore::write_own_part(const SaveRequest& req, const RankFile
 }
 
 void SnapshotStore::exchange_with_neighbours(int64_t step, const std::string& own) {
-  const int n = comm_.size(), next = (comm_.rank() + 1) % n, prev = (comm_.rank() + n - 1) % n;
+  const int n = comm_.size(), next = (comm_.rank() + shift_) % n,
+            prev = (comm_.rank() + n - shift_) % n;
   const std::string dir = root_ + "/rank-" + std::to_string(comm_.rank()) + "/copy-of-" +
                           std::to_string(prev) + "/step-" + std::to_string(step);
   const std::string tmp = dir + ".tmp";
-  remove_tree(tmp);
-  fs::create_directories(tmp);
+  fs::create_directories(fs::path(tmp).parent_path());
+  stage_into(tmp);
   const ExchangeStats st = exchange_directory(comm_, own, next, tmp, prev);
   timing_.bytes += st.received_bytes;
   rename_into_place(tmp, dir);
@@ -145,7 +211,7 @@ void SnapshotStore::save(const SaveRequest& req, const RankFiles& files, nn::Tra
     timing_.write_s = since(t);
     timing_.bytes = directory_bytes(own);
     t = clock::now();
-    if (comm_.size() > 1) exchange_with_neighbours(req.step, own);
+    if (shift_ > 0) exchange_with_neighbours(req.step, own);
     timing_.exchange_s = since(t);
   } catch (const Error& e) {
     error = e.what();
@@ -171,8 +237,9 @@ void SnapshotStore::prune(int64_t pinned) {
       const std::string name = e.path().filename().string();
       const int64_t step = step_of_name(name);
       const bool stale_tmp = name.starts_with("step-") && name.ends_with(".tmp");
-      if (stale_tmp || (step >= 0 && std::find(keep.begin(), keep.end(), step) == keep.end()))
-        remove_tree(e.path().string());
+      if (stale_tmp) remove_tree(e.path().string());
+      if (step >= 0 && std::find(keep.begin(), keep.end(), step) == keep.end())
+        drop_step(e.path());
     }
   };
   const fs::path mine = fs::path(root_) / ("rank-" + std::to_string(comm_.rank()));

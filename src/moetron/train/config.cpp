@@ -117,6 +117,7 @@ std::vector<Field> run_fields() {
       field("checkpoint.keep", &Config::checkpoint, &CheckpointConfig::keep),
       field("checkpoint.snapshot_every", &Config::checkpoint, &CheckpointConfig::snapshot_every),
       field("checkpoint.snapshot_dir", &Config::checkpoint, &CheckpointConfig::snapshot_dir),
+      field("checkpoint.snapshot_copy", &Config::checkpoint, &CheckpointConfig::snapshot_copy),
       field("checkpoint.async", &Config::checkpoint, &CheckpointConfig::async),
       field("parallel.zero", &Config::parallel, &ParallelConfig::zero),
       field("parallel.overlap", &Config::parallel, &ParallelConfig::overlap),
@@ -510,6 +511,9 @@ void validate_train(const Config& c) {
              "must be >= -1 (-1: automatic, 0: never)");
   check_rule(c.checkpoint.snapshot_every == 0 || !c.checkpoint.snapshot_dir.empty(),
              "checkpoint.snapshot_dir", "must not be empty while snapshots are on");
+  const std::string& copy = c.checkpoint.snapshot_copy;
+  check_rule(copy == "other_host" || copy == "always" || copy == "off", "checkpoint.snapshot_copy",
+             str_cat("must be other_host, always or off, got \"", copy, "\""));
   const MonitorConfig& mon = c.monitor;
   check_rule(mon.port >= 0 && mon.port <= 65535, "monitor.port",
              "must be a TCP port in 0..65535 (0: any free port)");

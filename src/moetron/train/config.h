@@ -171,6 +171,12 @@ struct CheckpointConfig {
   // interval that keeps it under 3% (measured on the first one); 0: never.
   int64_t snapshot_every = -1;
   std::string snapshot_dir = "/dev/shm/moetron";
+  // Where each rank keeps a copy of another rank's part, so losing one
+  // machine's memory still leaves every part: "other_host" (the nearest rank
+  // in ring order on another machine; none when the job has one machine,
+  // where a copy would die with the original), "always" (the next rank,
+  // wherever it is), "off".
+  std::string snapshot_copy = "other_host";
   // With snapshots: checkpoint.every's saves copy the snapshot to disk in a
   // background thread (the step waits only for the snapshot).
   bool async = true;

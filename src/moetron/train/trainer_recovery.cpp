@@ -100,7 +100,12 @@ void Trainer::setup_snapshots(bool resume) {
     }
     return;
   }
-  snapshots_ = std::make_unique<ckpt::SnapshotStore>(root, *snapshot_comm_, job_id);
+  std::vector<int64_t> hosts(static_cast<size_t>(snapshot_comm_->size()));
+  int64_t mine = host_id();
+  snapshot_comm_->allgather(Tensor::wrap(&mine, {1}, DType::i64),
+                            Tensor::wrap(hosts.data(), {snapshot_comm_->size()}, DType::i64));
+  snapshots_ = std::make_unique<ckpt::SnapshotStore>(
+      root, *snapshot_comm_, job_id, hosts, ckpt::parse_snapshot_copy(c.snapshot_copy));
   const int rank = world_->rank();
   snapshots_->before_write = [rank](int64_t step, const std::string& dir) {
     maybe_fail_write(rank, step, dir, FailurePoint::snapshot);
@@ -131,6 +136,7 @@ ckpt::SaveRequest Trainer::checkpoint_request(int64_t step) {
       {"tp", s.tp},
       {"ep", s.ep},
       {"pp", s.pp},
+      {"cp", s.cp},
       {"skipped_steps", skipped_},
       {"loss_scale", scaler_.scale()},
       {"loss_scale_clean_steps", scaler_.clean_steps()},
@@ -158,7 +164,7 @@ bool Trainer::snapshots_fit(int64_t part_bytes) {
     if (all[2 * static_cast<size_t>(r)] == mine[0]) machine += all[2 * static_cast<size_t>(r) + 1];
   }
   // Two steps (the complete one and the one being written), own part and copy.
-  const int64_t need = 2 * (n > 1 ? 2 : 1) * machine;
+  const int64_t need = 2 * (snapshots_->keeps_copies() ? 2 : 1) * machine;
   bool tmpfs = false;
   int64_t room = 0;
   std::string why;
