@@ -48,12 +48,12 @@ Saved save_parts(const std::string& name) {
     Tensor other = Tensor::empty({kNumel}, DType::f32);
     other.fill(1000.0);
     const std::string idx = std::to_string(i);
-    write_safetensors(s.dir + "/" + optimizer_file(i),
-                      {{"ef.w#" + idx, w}, {"ef2.w#" + idx, piece}, {"ef.v#" + idx, other},
-                       {"ef.w", other}},
-                      {{"ef.w#" + idx, "0," + std::to_string(kNumel)},
-                       {"ef2.w#" + idx, std::to_string(lo) + "," + std::to_string(kNumel)},
-                       {"ef.v#" + idx, "0," + std::to_string(kNumel)}});
+    write_safetensors(
+        s.dir + "/" + optimizer_file(i),
+        {{"ef.w#" + idx, w}, {"ef2.w#" + idx, piece}, {"ef.v#" + idx, other}, {"ef.w", other}},
+        {{"ef.w#" + idx, "0," + std::to_string(kNumel)},
+         {"ef2.w#" + idx, std::to_string(lo) + "," + std::to_string(kNumel)},
+         {"ef.v#" + idx, "0," + std::to_string(kNumel)}});
     s.first.push_back(whole);
     s.second.push_back(chunk);
   }

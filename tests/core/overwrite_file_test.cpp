@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "moetron/core/error.h"
+#include "moetron/core/manifest.h"
 
 namespace moetron {
 namespace {
@@ -31,15 +32,19 @@ ino_t inode(const std::string& path) {
   return st.st_ino;
 }
 
+// Also checks the checksum taken while writing is what reading the file gives.
 void write_all(const std::string& path, const std::string& text) {
   OverwriteFile f(path);
-  f.write(text.data(), text.size());
+  f.write(text.data(), text.size() / 2);
+  f.write(text.data() + text.size() / 2, text.size() - text.size() / 2);
   EXPECT_EQ(f.written(), static_cast<int64_t>(text.size()));
   f.finish();
+  EXPECT_EQ(f.checksum(), file_checksum(path)) << path;
 }
 
 std::string scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("moetron_overwrite_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("moetron_overwrite_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   return (dir / name).string();
 }

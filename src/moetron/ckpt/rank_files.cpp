@@ -29,7 +29,8 @@ Piece piece_of(const optim::StateSlice& sl) {
 
 namespace {
 
-void write_optimizer_slices(const std::string& path, const std::vector<optim::StateSlice>& slices) {
+std::string write_optimizer_slices(const std::string& path,
+                                   const std::vector<optim::StateSlice>& slices) {
   std::vector<NamedTensor> tensors;
   std::map<std::string, std::string> meta;
   for (const auto& sl : slices) {
@@ -40,7 +41,7 @@ void write_optimizer_slices(const std::string& path, const std::vector<optim::St
     meta[sl.name] = piece.is_block() ? piece.metadata()
                                      : std::to_string(sl.offset) + "," + std::to_string(sl.total);
   }
-  write_safetensors(path, tensors, meta);
+  return write_safetensors(path, tensors, meta);
 }
 
 // The fp32 masters (resume is exact) this rank writes, each as this rank
@@ -113,19 +114,21 @@ RankFiles rank_files_to_write(int rank, nn::Transformer& model, optim::ParamOpti
   return out;
 }
 
-std::vector<std::string> write_rank_files(const std::string& dir, const RankFiles& files,
-                                          nn::Transformer& model, const SaveRequest& req) {
-  std::vector<std::string> names;
+WrittenFiles write_rank_files(const std::string& dir, const RankFiles& files,
+                              nn::Transformer& model, const SaveRequest& req) {
+  WrittenFiles out;
   if (files.has_model_file()) {
-    write_safetensors(dir + "/" + model_file(files.rank), files.weights, files.weight_meta);
-    names.push_back(model_file(files.rank));
+    const std::string name = model_file(files.rank);
+    out.checksums[name] = write_safetensors(dir + "/" + name, files.weights, files.weight_meta);
+    out.names.push_back(name);
   }
   if (files.rank == 0) {
-    for (auto& n : write_common_files(dir, model, req)) names.push_back(std::move(n));
+    for (auto& n : write_common_files(dir, model, req)) out.names.push_back(std::move(n));
   }
-  write_optimizer_slices(dir + "/" + optimizer_file(files.rank), files.slices);
-  names.push_back(optimizer_file(files.rank));
-  return names;
+  const std::string name = optimizer_file(files.rank);
+  out.checksums[name] = write_optimizer_slices(dir + "/" + name, files.slices);
+  out.names.push_back(name);
+  return out;
 }
 
 nlohmann::json checkpoint_manifest_state(int64_t step, int ranks,

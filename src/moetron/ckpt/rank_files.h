@@ -51,10 +51,15 @@ RankFiles rank_files_to_write(int rank, nn::Transformer& model, optim::ParamOpti
                               const WritesFn& writes, const std::vector<optim::StateSlice>& extra);
 
 // Writes them into the existing directory `dir` (rank 0 adds the router
-// biases, the configs and req.trainer_state); returns the names written.
-// Throws naming the file on any I/O error.
-std::vector<std::string> write_rank_files(const std::string& dir, const RankFiles& files,
-                                          nn::Transformer& model, const SaveRequest& req);
+// biases, the configs and req.trainer_state); returns the names written and
+// the checksums computed while writing (the tensor files'; for
+// write_manifest). Throws naming the file on any I/O error.
+struct WrittenFiles {
+  std::vector<std::string> names;
+  std::map<std::string, std::string> checksums;
+};
+WrittenFiles write_rank_files(const std::string& dir, const RankFiles& files,
+                              nn::Transformer& model, const SaveRequest& req);
 
 // The "state" of a complete checkpoint's manifest: what load_checkpoint and
 // pruning read. `layout` holds dp/tp/ep/pp of the writing job.

@@ -64,8 +64,8 @@ DType parse_safetensors_dtype(const std::string& name, const std::string& contex
   MOETRON_FAIL(context, ": unsupported safetensors dtype '", name, "'");
 }
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+std::string write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> seen;
@@ -99,6 +99,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     pos = begins[i] + t.nbytes();
   }
   f.finish();
+  return f.checksum();
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {

@@ -22,10 +22,12 @@ struct NamedTensor {
 };
 
 // Writes `tensors` (in the given order, data 8-byte aligned) to `path`, which
-// is created or truncated; the caller makes it atomic (see atomic_dir.h).
-// Throws naming the path on I/O errors and on duplicate names.
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+// is created or overwritten in place (core/overwrite_file.h); the caller
+// makes it atomic (see core/staged_dir.h). Returns the file's xxHash64
+// (file_checksum's form), computed as it was written. Throws naming the path
+// on I/O errors and on duplicate names.
+std::string write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
 
 // A safetensors file mapped read-only. Every header field is validated on
 // open (offsets inside the file, sizes matching dtype x shape, no overlaps);

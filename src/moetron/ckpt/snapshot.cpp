@@ -127,8 +127,8 @@ std::vector<std::string> remove_orphaned_snapshots(const std::string& base) {
 SnapshotCopy parse_snapshot_copy(const std::string& name) {
   if (name == "other_host") return SnapshotCopy::other_host;
   if (name == "always") return SnapshotCopy::always;
-  MOETRON_CHECK(name == "off", "checkpoint.snapshot_copy: must be other_host, always or off, got \"",
-                name, "\"");
+  MOETRON_CHECK(name == "off",
+                "checkpoint.snapshot_copy: must be other_host, always or off, got \"", name, "\"");
   return SnapshotCopy::off;
 }
 
@@ -167,19 +167,20 @@ std::string SnapshotStore::write_own_part(const SaveRequest& req, const RankFile
   }
   stage_into(tmp);
   if (before_write) before_write(req.step, tmp);
-  std::vector<std::string> names = write_rank_files(tmp, files, model, req);
-  names.push_back(kManifestName);
-  remove_other_files(tmp, names);
-  names.pop_back();
+  const WrittenFiles written = write_rank_files(tmp, files, model, req);
+  std::vector<std::string> keep = written.names;
+  keep.push_back(kManifestName);
+  remove_other_files(tmp, keep);
   if (after_files_written) after_files_written(req.step);
-  write_manifest(tmp, names,
+  write_manifest(tmp, written.names,
                  {{"snapshot_part", true},
                   {"step", req.step},
                   {"rank", comm_.rank()},
                   {"ranks", comm_.size()},
                   {"job_id", hex64(job_id_)},
                   {"layout", layout_of(req.trainer_state)},
-                  {"model_signature", req.model_signature}});
+                  {"model_signature", req.model_signature}},
+                 written.checksums);
   rename_into_place(tmp, dir);
   return dir;
 }
@@ -238,8 +239,7 @@ void SnapshotStore::prune(int64_t pinned) {
       const int64_t step = step_of_name(name);
       const bool stale_tmp = name.starts_with("step-") && name.ends_with(".tmp");
       if (stale_tmp) remove_tree(e.path().string());
-      if (step >= 0 && std::find(keep.begin(), keep.end(), step) == keep.end())
-        drop_step(e.path());
+      if (step >= 0 && std::find(keep.begin(), keep.end(), step) == keep.end()) drop_step(e.path());
     }
   };
   const fs::path mine = fs::path(root_) / ("rank-" + std::to_string(comm_.rank()));

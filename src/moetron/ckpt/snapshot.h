@@ -64,9 +64,9 @@ class SnapshotStore {
                 const std::vector<int64_t>& hosts, SnapshotCopy copy);
 
   // Collective. Writes this rank's part of req.step, sends it to the rank
-  // that keeps its copy (copy_shift), agrees that every rank succeeded, then drops this rank's older
-  // parts (never step `pinned`, being persisted).
-  // A failure on any rank throws on every rank; the previous snapshot stays.
+  // that keeps its copy (copy_shift), agrees that every rank succeeded, then drops this rank's
+  // older parts (never step `pinned`, being persisted). A failure on any rank throws on every rank;
+  // the previous snapshot stays.
   void save(const SaveRequest& req, const RankFiles& files, nn::Transformer& model,
             int64_t pinned = -1);
   // This rank's part of step N (what the persister copies to disk).
@@ -96,7 +96,7 @@ class SnapshotStore {
   std::string root_;
   comm::Communicator& comm_;
   uint64_t job_id_;
-  int shift_ = 0;  // of the neighbour copies; 0: none
+  int shift_ = 0;               // of the neighbour copies; 0: none
   std::vector<int64_t> steps_;  // this rank's parts, oldest first
   Timing timing_;
 };

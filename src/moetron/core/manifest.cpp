@@ -32,13 +32,15 @@ std::string file_checksum(const std::string& path) {
 }
 
 void write_manifest(const std::string& dir, const std::vector<std::string>& files,
-                    const nlohmann::json& extra) {
+                    const nlohmann::json& extra, const std::map<std::string, std::string>& known) {
   nlohmann::json m;
   m["format"] = "moetron-manifest/1";
   m["files"] = nlohmann::json::object();
   for (const auto& name : files) {
     const std::string p = dir + "/" + name;
-    m["files"][name] = {{"bytes", fs::file_size(p)}, {"xxh64", file_checksum(p)}};
+    const auto k = known.find(name);
+    m["files"][name] = {{"bytes", fs::file_size(p)},
+                        {"xxh64", k != known.end() ? k->second : file_checksum(p)}};
   }
   m["state"] = extra;
   const std::string path = dir + "/" + kManifestName;

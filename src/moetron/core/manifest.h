@@ -3,6 +3,7 @@
 // The directory is complete only if every listed file matches its checksum.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -15,9 +16,11 @@ inline constexpr const char* kManifestName = "manifest.json";
 std::string file_checksum(const std::string& path);
 
 // Writes dir/manifest.json listing `files` (names relative to dir) with their
-// sizes and checksums, and `extra` under "state".
+// sizes and checksums, and `extra` under "state". `known`: checksums the
+// writer computed as it wrote (by name); the other files are read back.
 void write_manifest(const std::string& dir, const std::vector<std::string>& files,
-                    const nlohmann::json& extra);
+                    const nlohmann::json& extra,
+                    const std::map<std::string, std::string>& known = {});
 
 // Reads the manifest and verifies every file's size and checksum; returns the
 // "state" object. Throws moetron::Error naming the first missing, truncated or

@@ -27,11 +27,16 @@ class OverwriteFile {
   // Cuts the file to the bytes written and closes it; throws naming the path.
   void finish();
   int64_t written() const { return written_; }
+  // xxHash64 of the bytes written, as 16 hex digits (file_checksum's form):
+  // computed from memory as they are written, so a manifest need not read
+  // the file back.
+  std::string checksum() const;
 
  private:
   std::string path_;
   int fd_ = -1;
   int64_t written_ = 0;
+  void* hash_ = nullptr;  // XXH64_state_t
 };
 
 }  // namespace moetron

@@ -87,14 +87,15 @@ std::vector<GradReducer::ResidualPiece> GradReducer::residual_pieces() {
   for (Bucket& b : buckets_) {
     if (!b.residual.defined()) continue;
     for (const BucketSlot& slot : b.slots) {
-      out.push_back({slot.param, false, 0, b.residual.slice(slot.offset, slot.offset + slot.numel)});
+      out.push_back(
+          {slot.param, false, 0, b.residual.slice(slot.offset, slot.offset + slot.numel)});
       if (!b.residual2.defined()) continue;
       // This rank's chunk [me * chunk, (me + 1) * chunk) of the bucket.
       const int64_t lo = std::max(slot.offset, me * b.chunk);
       const int64_t hi = std::min(slot.offset + slot.numel, (me + 1) * b.chunk);
       if (lo < hi)
-        out.push_back(
-            {slot.param, true, lo - slot.offset, b.residual2.slice(lo - me * b.chunk, hi - me * b.chunk)});
+        out.push_back({slot.param, true, lo - slot.offset,
+                       b.residual2.slice(lo - me * b.chunk, hi - me * b.chunk)});
     }
   }
   return out;

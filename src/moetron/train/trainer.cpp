@@ -16,6 +16,7 @@
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/ckpt/persist.h"
 #include "moetron/ckpt/snapshot.h"
+#include "moetron/ckpt/writer_balance.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
 #include "moetron/core/threading.h"
@@ -57,6 +58,7 @@ Trainer::Trainer(Config cfg, std::string run_dir, const ResumeOptions& resume,
   build_model();
   build_reducers();
   build_optimizer();
+  balance_checkpoint_writers();
   if (!cfg_.train.init_from.empty()) load_initial_weights();
   fs::create_directories(run_dir_);
   if (is_root()) {
@@ -480,18 +482,40 @@ std::vector<std::pair<std::string, const comm::Communicator*>> Trainer::named_co
   return out;
 }
 
+void Trainer::balance_checkpoint_writers() {
+  // A sharded optimizer (ZeRO-1) has every rank write its own chunks, and
+  // the first rank what is stored once beside them (its duplicates, held
+  // by other tp ranks, are never written): nothing to spread.
+  if (opt_->sharded()) return;
+  // Replicated parameters over the stage's ranks; tp blocks over the dp x cp
+  // replicas of the block (each list is the same on every rank it spans).
+  std::vector<std::pair<std::string, int64_t>> replicated, blocks;
+  for (const auto& p : model_->params().all()) {
+    if (ep() > 1 && p->kind == nn::ParallelKind::expert) continue;
+    (p->sharded() ? blocks : replicated).emplace_back(p->name, p->value.numel());
+  }
+  writer_of_ = ckpt::balance_writers(replicated, static_cast<int>(plan_->stage_size()));
+  const auto of_blocks =
+      ckpt::balance_writers(blocks, static_cast<int>(plan_->dp() * plan_->settings().cp));
+  writer_of_.insert(of_blocks.begin(), of_blocks.end());
+}
+
 bool Trainer::writes_checkpoint_tensor(const std::string& name) const {
-  // Replicated tensors once, by rank 0; each expert by the first ep group
-  // (ranks 0 .. ep-1), the one rank there that holds it; each tp block by its
-  // rank of the first dp (and cp) replica (once: a kv head replicated over tp ranks
-  // by the first of them). Under pp the same per stage. `name` is a
+  // Each expert by the first ep group (ranks 0 .. ep-1), the one rank there
+  // that holds it; each tp block by one dp (and cp) replica (its primary: a
+  // kv head replicated over tp ranks by the first of them); a replicated
+  // tensor by one rank of the stage. The replicas share the writing
+  // (ckpt/writer_balance.h). Under pp the same per stage. `name` is a
   // parameter's, or a piece of its optimizer state's ("<parameter>.exp_avg").
   const nn::ParameterSet& params = model_->params();
   const nn::Parameter* p = params.find(name);
   if (!p && name.rfind('.') != std::string::npos) p = params.find(name.substr(0, name.rfind('.')));
   if (p && ep() > 1 && p->kind == nn::ParallelKind::expert) return at().stage_rank < ep();
-  if (p && p->sharded()) return at().dp == 0 && at().cp == 0 && p->shard.primary;
-  return at().stage_rank == 0;
+  const auto w = p ? writer_of_.find(p->name) : writer_of_.end();
+  const int writer = w == writer_of_.end() ? 0 : w->second;
+  if (p && p->sharded())
+    return p->shard.primary && at().dp * plan_->settings().cp + at().cp == writer;
+  return at().stage_rank == writer;
 }
 
 int64_t Trainer::gradient_bytes_sent() const {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -205,6 +206,7 @@ class Trainer {
   // gradients' squares are summed over the ep group (each expert counted once).
   double grad_norm(double grad_scale);
   bool writes_checkpoint_tensor(const std::string& name) const;
+  void balance_checkpoint_writers();
   // Bytes this rank put on the wire for gradients and ZeRO-1 gathers so far.
   int64_t gradient_bytes_sent() const;
   void for_each_reducer(const std::function<void(parallel::GradReducer&)>& fn);
@@ -232,6 +234,9 @@ class Trainer {
   int64_t answer_tokens_ = 0;        // data.loss_on_answers: targets counted per example
   std::unique_ptr<parallel::TrainingPlan> plan_;
   parallel::RankPlan rank_;
+  // The replica that writes each replicated parameter (and its optimizer
+  // state) to checkpoints and snapshots: see writes_checkpoint_tensor.
+  std::unordered_map<std::string, int> writer_of_;
   std::unique_ptr<MeasuredStageCosts> measured_;  // parallel.stage_balance = measured (pp > 1)
   const parallel::RankCoords& at() const { return rank_.coords; }
   int64_t tp() const { return plan_->settings().tp; }
@@ -277,7 +282,8 @@ class Trainer {
   std::unique_ptr<comm::Communicator> snapshot_comm_;  // carries only snapshot traffic
   std::unique_ptr<ckpt::SnapshotStore> snapshots_;
   std::unique_ptr<ckpt::AsyncPersister> persister_;
-  int64_t snapshot_every_ = 0;  // 0: no snapshots; -1: decided on the first
+  int snapshot_probes_ = 0;     // snapshots taken while the interval is undecided
+  int64_t snapshot_every_ = 0;  // 0: no snapshots; -1: decided on the third
   int64_t last_snapshot_ = -1;
   bool snapshot_room_checked_ = false;
   bool stop_requested_ = false;  // agreed by every rank with the step's token counts

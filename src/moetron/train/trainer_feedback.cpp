@@ -24,7 +24,7 @@ struct ReducerRole {
 // experts'; the partial one spans the stage). The rank's index in that
 // group is appended by folded_name.
 std::string residual_base(const parallel::RankCoords& at, const ReducerRole& role,
-                                 const parallel::GradReducer::ResidualPiece& piece) {
+                          const parallel::GradReducer::ResidualPiece& piece) {
   std::string base = piece.second_hop ? "ef2." : "ef.";
   base += role.infix;
   base += piece.param->name;
@@ -50,9 +50,9 @@ std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving, bool residu
   }
   if (!residuals) return out;
   // Optional on load: a checkpoint saved without compression has none.
-  for (const ReducerRole role : {ReducerRole{reducer_.get(), ""},
-                                 ReducerRole{expert_reducer_.get(), "experts."},
-                                 ReducerRole{partial_reducer_.get(), "partial."}}) {
+  for (const ReducerRole role :
+       {ReducerRole{reducer_.get(), ""}, ReducerRole{expert_reducer_.get(), "experts."},
+        ReducerRole{partial_reducer_.get(), "partial."}}) {
     if (!role.reducer) continue;
     const int index = role.reducer->comm().rank();
     for (auto& piece : role.reducer->residual_pieces()) {
@@ -86,9 +86,9 @@ void Trainer::fold_residuals(const std::string& dir) {
     return;
   }
   int64_t parts = 0;
-  for (const ReducerRole role : {ReducerRole{reducer_.get(), ""},
-                                 ReducerRole{expert_reducer_.get(), "experts."},
-                                 ReducerRole{partial_reducer_.get(), "partial."}}) {
+  for (const ReducerRole role :
+       {ReducerRole{reducer_.get(), ""}, ReducerRole{expert_reducer_.get(), "experts."},
+        ReducerRole{partial_reducer_.get(), "partial."}}) {
     if (!role.reducer) continue;
     // Both hops' residuals are error still owed to the same sum, so the
     // second hop's (allreduce mode) folds into the first hop's of the rank
@@ -101,7 +101,8 @@ void Trainer::fold_residuals(const std::string& dir) {
       targets.push_back(
           {{residual_base(at(), role, piece), residual_base(at(), role, second)}, piece.values});
     }
-    parts += ckpt::load_folded(dir, targets, role.reducer->comm().rank(), role.reducer->comm().size());
+    parts +=
+        ckpt::load_folded(dir, targets, role.reducer->comm().rank(), role.reducer->comm().size());
   }
   if (is_root())
     std::cerr << "resize: folded the error-feedback residuals of dp " << st.value("dp", int64_t{0})

@@ -37,6 +37,10 @@ namespace {
 
 // A snapshot may cost this share of a step when checkpoint.snapshot_every is automatic.
 constexpr double kSnapshotShare = 0.03;
+// The automatic interval is decided on this snapshot: the first two fill
+// fresh tmpfs pages, the third is the first written into a dropped step's
+// files (ckpt/snapshot.h), as every later one is.
+constexpr int kSnapshotProbes = 3;
 
 // Snapshots may fill at most this share of the room where they live (on
 // tmpfs, of the memory available once training has allocated its own).
@@ -104,8 +108,8 @@ void Trainer::setup_snapshots(bool resume) {
   int64_t mine = host_id();
   snapshot_comm_->allgather(Tensor::wrap(&mine, {1}, DType::i64),
                             Tensor::wrap(hosts.data(), {snapshot_comm_->size()}, DType::i64));
-  snapshots_ = std::make_unique<ckpt::SnapshotStore>(
-      root, *snapshot_comm_, job_id, hosts, ckpt::parse_snapshot_copy(c.snapshot_copy));
+  snapshots_ = std::make_unique<ckpt::SnapshotStore>(root, *snapshot_comm_, job_id, hosts,
+                                                     ckpt::parse_snapshot_copy(c.snapshot_copy));
   const int rank = world_->rank();
   snapshots_->before_write = [rank](int64_t step, const std::string& dir) {
     maybe_fail_write(rank, step, dir, FailurePoint::snapshot);
@@ -113,7 +117,7 @@ void Trainer::setup_snapshots(bool resume) {
   snapshots_->after_files_written = [rank](int64_t step) {
     maybe_inject_failure(rank, step, FailurePoint::snapshot);
   };
-  snapshot_every_ = c.snapshot_every;  // -1: decided on the first snapshot
+  snapshot_every_ = c.snapshot_every;  // -1: decided on the third snapshot
   if (c.async) {
     persister_ = std::make_unique<ckpt::AsyncPersister>(run_dir_, *snapshot_comm_, c.keep,
                                                         model_signature(cfg_));
@@ -243,15 +247,16 @@ void Trainer::keep_state(int64_t step, StepRecord& rec) {
   // A step whose update was skipped (or a diverging run) is no state to keep.
   const bool keepable = guard_.stop_reason().empty() && guard_.consecutive_skips() == 0;
   if (snapshots_ && keepable && step != cfg_.train.steps) {
-    const bool first_auto = snapshot_every_ < 0 && step > start_step_ + 1;  // step 1 warms up
-    const bool due = first_auto || (snapshot_every_ > 0 && step % snapshot_every_ == 0);
+    const bool probing = snapshot_every_ < 0 && step > start_step_ + 1;  // step 1 warms up
+    const bool due = probing || (snapshot_every_ > 0 && step % snapshot_every_ == 0);
     if (due || (persist_now && persister_)) {
       const auto t0 = clock_type::now();
       take_snapshot(step);
       if (snapshots_) {  // (not turned off for want of room)
         rec.snapshot_s = seconds_since(t0);
         if (monitor_->enabled() && is_root()) monitor_->metrics().record_snapshot(rec.snapshot_s);
-        if (first_auto) decide_snapshot_interval(rec.snapshot_s, rec.step_s);
+        if (probing && ++snapshot_probes_ == kSnapshotProbes)
+          decide_snapshot_interval(rec.snapshot_s, rec.step_s);
       }
     }
   }
