@@ -2,7 +2,7 @@
 # What an in-memory snapshot after every step costs: `moetron launch -n RANKS`
 # trains configs/demo.toml for STEPS steps with checkpoint.snapshot_every=1
 # (snapshots on /dev/shm) and, alternating in the same rounds, with
-# snapshots off (=0). No disk checkpoint before the end in either. From each
+# snapshots off (=0), in ABBA order. No disk checkpoint before the end in either. From each
 # run's metrics.jsonl (steps 3..STEPS: step 1 warms up, the first two
 # snapshots fill fresh pages) it takes the median step time (step_s) and the
 # median snapshot time (moetron_snapshot_seconds), and prints per round:
@@ -42,9 +42,16 @@ run() {  # run NAME SNAPSHOT_EVERY
     > "$work/$1.log" 2>&1 || { echo "run $1 failed:" >&2; tail -20 "$work/$1.log" >&2; exit 1; }
 }
 
+# ABBA order: a machine drifting slower over the benchmark does not favour
+# the runs that come first.
 for ((r = 1; r <= rounds; ++r)); do
-  run "off-$r" 0
-  run "on-$r" 1
+  if ((r % 2)); then
+    run "off-$r" 0
+    run "on-$r" 1
+  else
+    run "on-$r" 1
+    run "off-$r" 0
+  fi
 done
 
 python3 - "$work" "$rounds" "$ranks" "$steps" "$copy" "$json" <<'PY'
