@@ -203,8 +203,8 @@ TEST(Snapshots, APersistedCheckpointHoldsWhatASynchronousSaveWrites) {
 TEST(Snapshots, TheAutomaticIntervalIsDecidedAndAnnounced) {
   const std::string dir = scratch("auto");
   testing::internal::CaptureStderr();
-  // Snapshots after steps 2, 3 and 4; the third decides.
-  train(dir, config(6, {"checkpoint.snapshot_every=-1"}), false);
+  // Snapshots after steps 2 to 6; the median of the last three decides.
+  train(dir, config(8, {"checkpoint.snapshot_every=-1"}), false);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("snapshots every "), std::string::npos) << err;
 }

@@ -168,8 +168,8 @@ struct CheckpointConfig {
   // In-memory snapshots (ckpt/snapshot.h) every N steps, on tmpfs under
   // snapshot_dir: a crashed job resumes from the newest without the disk.
   // -1: every step when a snapshot costs < 3% of a step, else the smallest
-  // interval that keeps it under 3% (measured on the third snapshot, the
-  // first written into a dropped step's files); 0: never.
+  // interval that keeps it under 3% (the median of snapshots 3 to 5, written
+  // into dropped steps' files as every later one is); 0: never.
   int64_t snapshot_every = -1;
   std::string snapshot_dir = "/dev/shm/moetron";
   // Where each rank keeps a copy of another rank's part, so losing one

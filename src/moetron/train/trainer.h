@@ -5,6 +5,7 @@
 // lines, checkpoints and resume.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -154,7 +155,9 @@ class Trainer {
   void setup_snapshots(bool resume);
   ckpt::SaveRequest checkpoint_request(int64_t step);
   void take_snapshot(int64_t step);
-  void decide_snapshot_interval(double snapshot_s, double step_s);
+  // While the interval is automatic and undecided: records a snapshot's
+  // cost (collective) and decides after kSnapshotProbes snapshots.
+  void probe_snapshot_cost(double snapshot_s, double step_s);
   // After a step: the snapshot and checkpoint.every's save it is due for.
   void keep_state(int64_t step, StepRecord& rec);
   // Reports a finished background persist (wait: the one in flight first).
@@ -282,7 +285,9 @@ class Trainer {
   std::unique_ptr<comm::Communicator> snapshot_comm_;  // carries only snapshot traffic
   std::unique_ptr<ckpt::SnapshotStore> snapshots_;
   std::unique_ptr<ckpt::AsyncPersister> persister_;
-  int snapshot_probes_ = 0;     // snapshots taken while the interval is undecided
+  int snapshot_probes_ = 0;  // snapshots taken while the interval is undecided
+  // The slowest rank's {snapshot, step, write, exchange, agree} seconds of each probe.
+  std::vector<std::array<double, 5>> snapshot_samples_;
   int64_t snapshot_every_ = 0;  // 0: no snapshots; -1: decided on the third
   int64_t last_snapshot_ = -1;
   bool snapshot_room_checked_ = false;

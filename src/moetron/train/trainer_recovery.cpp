@@ -8,6 +8,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -37,10 +39,11 @@ namespace {
 
 // A snapshot may cost this share of a step when checkpoint.snapshot_every is automatic.
 constexpr double kSnapshotShare = 0.03;
-// The automatic interval is decided on this snapshot: the first two fill
-// fresh tmpfs pages, the third is the first written into a dropped step's
-// files (ckpt/snapshot.h), as every later one is.
-constexpr int kSnapshotProbes = 3;
+// The automatic interval is decided from snapshots 3 to 5 (the median of
+// each rank's worst): the first two fill fresh tmpfs pages, the third is
+// the first written into a dropped step's files (ckpt/snapshot.h), as every
+// later one is; one sample alone flips the decision near the line.
+constexpr int kSnapshotFreshProbes = 2, kSnapshotProbes = 5;
 
 // Snapshots may fill at most this share of the room where they live (on
 // tmpfs, of the memory available once training has allocated its own).
@@ -226,18 +229,25 @@ void Trainer::take_snapshot(int64_t step) {
 // Automatic interval: every step unless a snapshot costs more than
 // kSnapshotShare of a step. Decided once, from the slowest rank's numbers,
 // so every rank takes the same (collective) snapshots.
-void Trainer::decide_snapshot_interval(double snapshot_s, double step_s) {
+void Trainer::probe_snapshot_cost(double snapshot_s, double step_s) {
+  if (++snapshot_probes_ <= kSnapshotFreshProbes) return;
   const ckpt::SnapshotStore::Timing& t = snapshots_->last_timing();
-  double worst[5] = {snapshot_s, step_s, t.write_s, t.exchange_s, t.agree_s};
-  snapshot_comm_->allreduce(Tensor::wrap(worst, {5}, DType::f64), comm::ReduceOp::max);
+  std::array<double, 5> worst = {snapshot_s, step_s, t.write_s, t.exchange_s, t.agree_s};
+  snapshot_comm_->allreduce(Tensor::wrap(worst.data(), {5}, DType::f64), comm::ReduceOp::max);
+  snapshot_samples_.push_back(worst);
+  if (snapshot_probes_ < kSnapshotProbes) return;
+  // The sample of the median snapshot time (the same on every rank).
+  std::sort(snapshot_samples_.begin(), snapshot_samples_.end());
+  worst = snapshot_samples_[snapshot_samples_.size() / 2];
   snapshot_every_ =
       std::max<int64_t>(1, static_cast<int64_t>(std::ceil(worst[0] / (kSnapshotShare * worst[1]))));
   if (is_root()) {
     std::cerr << "snapshots every " << snapshot_every_ << " step(s): one takes " << worst[0] * 1e3
               << " ms (slowest rank: write " << worst[2] * 1e3 << " ms, neighbour copy "
-              << worst[3] * 1e3 << " ms, agree " << worst[4] * 1e3 << " ms; rank 0 wrote "
-              << static_cast<double>(t.bytes) / (1 << 20) << " MiB), a step " << worst[1] * 1e3
-              << " ms" << std::endl;
+              << worst[3] * 1e3 << " ms, agree " << worst[4] * 1e3 << " ms; median of "
+              << snapshot_samples_.size() << " after the first " << kSnapshotFreshProbes
+              << "; rank 0 wrote " << static_cast<double>(t.bytes) / (1 << 20) << " MiB), a step "
+              << worst[1] * 1e3 << " ms" << std::endl;
   }
 }
 
@@ -255,8 +265,7 @@ void Trainer::keep_state(int64_t step, StepRecord& rec) {
       if (snapshots_) {  // (not turned off for want of room)
         rec.snapshot_s = seconds_since(t0);
         if (monitor_->enabled() && is_root()) monitor_->metrics().record_snapshot(rec.snapshot_s);
-        if (probing && ++snapshot_probes_ == kSnapshotProbes)
-          decide_snapshot_interval(rec.snapshot_s, rec.step_s);
+        if (probing) probe_snapshot_cost(rec.snapshot_s, rec.step_s);
       }
     }
   }
