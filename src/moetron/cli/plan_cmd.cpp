@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "moetron/cli/plan_search.h"
 #include "moetron/core/error.h"
 #include "moetron/train/plan_config.h"
 #include "moetron/train/plan_report.h"
@@ -15,8 +16,20 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& o) {
   auto* cmd = app.add_subcommand("plan",
                                  "print the plan of a config on N ranks (coordinates, groups, "
                                  "stages, buckets, memory) without MPI");
-  cmd->add_option("--config", o.config, "TOML config file")->required();
-  cmd->add_option("-n,--ranks", o.ranks, "ranks of the job planned")->required();
+  cmd->add_option("--config", o.config, "TOML config file (the model, seq_len, global batch)")
+      ->required();
+  cmd->add_option("-n,--ranks", o.ranks, "ranks of the job planned (without --cluster)");
+  cmd->add_option("--cluster", o.cluster,
+                  "search layouts for NODESxDEVICES (e.g. 128x8) with the cost model");
+  cmd->add_option("--device", o.device, "hardware profile configs/hardware/<device>.toml");
+  cmd->add_option("--top", o.top, "plans printed (search mode)");
+  cmd->add_option("--global-batch", o.global_batch, "sequences per step (search mode)");
+  cmd->add_option("--seq-len", o.seq_len, "tokens per sequence (search mode)");
+  cmd->add_option("--layout", o.layout,
+                  "evaluate this layout instead of searching: tp=8,pp=8,dp=16[,ep=..,cp=..,"
+                  "vpp=..,mb=..,recompute=none|selective|full,zero1]");
+  cmd->add_option("--routing-skew", o.routing_skew,
+                  "the busiest expert rank's extra load under ep (search mode)");
   cmd->add_option("--set", o.sets, "override a config key: key=value (repeatable)");
   cmd->add_option("--json", o.json_path,
                   "also write the plan as JSON to this file ('-': stdout only)");
@@ -27,6 +40,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& o) {
 }
 
 int run_plan_command(const PlanCommand& o) {
+  if (!o.cluster.empty()) return run_plan_search(o);
   MOETRON_CHECK(o.ranks >= 1, "-n must be >= 1, got ", o.ranks);
   const train::Config cfg = train::load_config(o.config, o.sets);
   const nn::Precision prec = train::resolve_precision(cfg.train, nullptr);

@@ -17,6 +17,14 @@ struct PlanCommand {
   std::string json_path;  // "-": JSON on stdout instead of the table
   int64_t threads = 0;    // 0: train.threads, else this machine's OpenMP default
   bool no_memory = false;
+  // Search mode (planner/layout_search.h), when --cluster is given.
+  std::string cluster;          // "NODESxDEVICES", e.g. 128x8
+  std::string device = "h200";  // configs/hardware/<device>.toml
+  int64_t top = 10;
+  int64_t global_batch = 0;  // sequences per step; 0: the config's
+  int64_t seq_len = 0;       // 0: the config's
+  std::string layout;        // "tp=8,pp=8,dp=16,...": evaluate this one instead of searching
+  double routing_skew = 0.1;
 };
 
 CLI::App* add_plan_command(CLI::App& app, PlanCommand& opts);

@@ -1,0 +1,175 @@
+#include "moetron/cli/plan_search.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "moetron/core/error.h"
+#include "moetron/planner/layout_search.h"
+#include "moetron/train/config.h"
+
+namespace moetron::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// --device NAME: configs/hardware/NAME.toml beside the working directory or
+// the binary's checkout; a path to a .toml file as is.
+planner::HardwareProfile find_profile(const std::string& device) {
+  if (device.ends_with(".toml")) return planner::load_hardware_profile(device);
+  std::vector<fs::path> roots = {fs::current_path() / "configs"};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    roots.push_back(exe.parent_path().parent_path() / "configs");
+    roots.push_back(exe.parent_path() / "configs");
+  }
+  for (const auto& r : roots) {
+    if (fs::exists(r / "hardware" / (device + ".toml")))
+      return planner::hardware_profile_named(r.string(), device);
+  }
+  MOETRON_FAIL("--device '", device, "': no configs/hardware/", device,
+               ".toml here or beside the binary (or pass a .toml path)");
+}
+
+std::pair<int64_t, int64_t> parse_cluster(const std::string& s) {
+  const size_t x = s.find('x');
+  try {
+    MOETRON_CHECK(x != std::string::npos, "");
+    const int64_t nodes = std::stoll(s.substr(0, x)), per = std::stoll(s.substr(x + 1));
+    MOETRON_CHECK(nodes > 0 && per > 0, "");
+    return {nodes, per};
+  } catch (const std::exception&) {
+    MOETRON_FAIL("--cluster '", s, "': expected NODESxDEVICES, e.g. 128x8");
+  }
+}
+
+double gib(double bytes) {
+  return bytes / double(1 << 30);
+}
+
+nlohmann::json plan_json(const planner::RankedPlan& p) {
+  const planner::StepCost& c = p.cost;
+  return {{"layout", p.layout.str()},
+          {"dp", p.layout.dp},
+          {"tp", p.layout.tp},
+          {"pp", p.layout.pp},
+          {"ep", p.layout.ep},
+          {"cp", p.layout.cp},
+          {"vpp", p.layout.vpp},
+          {"micro_batch", p.layout.micro_batch},
+          {"recompute", p.layout.recompute},
+          {"zero1", p.layout.zero1},
+          {"step_s", c.step_s},
+          {"tokens_per_s", c.tokens_per_s},
+          {"mfu", c.mfu},
+          {"tflops_per_device", c.tflops_per_device},
+          {"memory_gib_per_device", gib(c.memory_bytes)},
+          {"dominant", c.dominant()},
+          {"seconds",
+           {{"compute", c.compute_s},
+            {"bubble", c.bubble_s},
+            {"pp", c.pp_comm_s},
+            {"tp", c.tp_comm_s},
+            {"ep", c.ep_comm_s},
+            {"cp", c.cp_comm_s},
+            {"dp", c.dp_comm_s},
+            {"optimizer", c.optimizer_s}}},
+          {"wire_gb_per_device",
+           {{"tp", c.tp_bytes / 1e9},
+            {"ep", c.ep_bytes / 1e9},
+            {"cp", c.cp_bytes / 1e9},
+            {"dp", c.dp_bytes / 1e9},
+            {"pp", c.pp_bytes / 1e9}}}};
+}
+
+void print_plans(const std::vector<planner::RankedPlan>& plans) {
+  std::printf("%-4s %-58s %9s %11s %6s %8s %8s  %-9s %s\n", "rank", "layout", "step s", "tokens/s",
+              "MFU", "TFLOP/s", "GiB/dev", "dominant", "wire GB/dev tp ep cp dp pp");
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const planner::StepCost& c = plans[i].cost;
+    std::printf("%-4zu %-58s %9.3f %11.4g %5.1f%% %8.1f %8.1f  %-9s %.1f %.1f %.1f %.1f %.2f\n",
+                i + 1, plans[i].layout.str().c_str(), c.step_s, c.tokens_per_s, 100 * c.mfu,
+                c.tflops_per_device, gib(c.memory_bytes), c.dominant().c_str(), c.tp_bytes / 1e9,
+                c.ep_bytes / 1e9, c.cp_bytes / 1e9, c.dp_bytes / 1e9, c.pp_bytes / 1e9);
+  }
+  if (plans.empty()) return;
+  // Why the best one wins: its terms, largest first.
+  const planner::StepCost& b = plans.front().cost;
+  std::printf(
+      "best: compute %.3f s, bubble %.3f, exposed comm tp %.3f ep %.3f cp %.3f dp %.3f pp %.3f, "
+      "optimizer %.3f\n",
+      b.compute_s, b.bubble_s, b.tp_comm_s, b.ep_comm_s, b.cp_comm_s, b.dp_comm_s, b.pp_comm_s,
+      b.optimizer_s);
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    MOETRON_CHECK(f.good(), "cannot open '", tmp, "' for writing");
+    f << j.dump(2) << "\n";
+    MOETRON_CHECK(f.good(), "cannot write '", tmp, "'");
+  }
+  MOETRON_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path,
+                "'");
+}
+
+}  // namespace
+
+int run_plan_search(const PlanCommand& o) {
+  const train::Config cfg = train::load_config(o.config, o.sets);
+  const auto [nodes, per_node] = parse_cluster(o.cluster);
+  planner::HardwareProfile hw = find_profile(o.device);
+  hw.devices_per_node = per_node;  // the cluster's shape is what was asked about
+  planner::Workload w;
+  w.model = cfg.model;
+  w.moe = cfg.moe;
+  w.seq_len = o.seq_len > 0 ? o.seq_len : cfg.train.seq_len;
+  w.global_batch = o.global_batch > 0           ? o.global_batch
+                   : cfg.train.global_batch > 0 ? cfg.train.global_batch
+                                                : cfg.train.micro_batch * cfg.train.grad_accum;
+  w.routing_skew = o.routing_skew;
+  const planner::CostModel model(w, hw);
+  const int64_t devices = nodes * per_node;
+  std::printf(
+      "%s on %lld x %lld %s (%lld devices): %.3g parameters (%.3g in experts), %lld "
+      "sequences x %lld tokens per step\n",
+      o.config.c_str(), static_cast<long long>(nodes), static_cast<long long>(per_node),
+      hw.name.c_str(), static_cast<long long>(devices),
+      model.dense_params() + model.expert_params(), model.expert_params(),
+      static_cast<long long>(w.global_batch), static_cast<long long>(w.seq_len));
+  std::vector<planner::RankedPlan> plans;
+  nlohmann::json j = {{"config", o.config}, {"cluster", o.cluster}, {"device", hw.name}};
+  if (!o.layout.empty()) {
+    const planner::LayoutChoice l = planner::parse_layout(o.layout, devices);
+    plans.push_back({l, model.predict(l)});
+    if (!planner::fits_memory(plans.back().cost, hw))
+      std::printf("warning: %.1f GiB per device does not fit %s's %.0f GiB\n",
+                  gib(plans.back().cost.memory_bytes), hw.name.c_str(), gib(hw.memory_bytes));
+  } else {
+    const planner::SearchResult r = planner::search_layouts(model, devices, o.top);
+    std::printf("searched %lld layouts, %lld fit, in %.3f s\n", static_cast<long long>(r.evaluated),
+                static_cast<long long>(r.fit), r.seconds);
+    MOETRON_CHECK(!r.plans.empty(), "no layout of ", devices, " ", hw.name,
+                  " devices fits this workload: the leanest (", r.leanest.str(), ") needs ",
+                  gib(r.leanest_bytes), " GiB per device of ", gib(hw.memory_bytes),
+                  " (weights, gradients and ZeRO-1 state; moetron has no ZeRO-3 or offload yet)");
+    plans = r.plans;
+    j["evaluated"] = r.evaluated;
+    j["fit"] = r.fit;
+    j["search_seconds"] = r.seconds;
+  }
+  print_plans(plans);
+  j["plans"] = nlohmann::json::array();
+  for (const auto& p : plans) j["plans"].push_back(plan_json(p));
+  if (!o.json_path.empty()) write_json(o.json_path, j);
+  return 0;
+}
+
+}  // namespace moetron::cli

@@ -1,0 +1,312 @@
+#include "moetron/planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "moetron/core/error.h"
+#include "moetron/nn/flops.h"
+
+namespace moetron::planner {
+
+namespace {
+
+constexpr double kBf16 = 2, kF32 = 4;
+// Bytes the AdamW update moves per parameter: reads master, gradient and two
+// moments (16), writes master and moments (12) and the bf16 weight (2).
+constexpr double kOptimizerBytesPerParam = 30;
+constexpr double kBucketBytes = 16 << 20;  // gradient buckets: one latency each
+constexpr double kMemoryHeadroom = 0.9;    // of a device's memory a plan may fill
+
+// Ring all-reduce over n ranks of `bytes`: 2 (n - 1) steps.
+double allreduce_s(double bytes, int64_t n, const Link& l) {
+  if (n <= 1) return 0;
+  const double k = static_cast<double>(n - 1);
+  return 2 * k * l.latency + 2 * k / static_cast<double>(n) * bytes / l.bandwidth;
+}
+// Reduce-scatter or all-gather: half an all-reduce.
+double half_allreduce_s(double bytes, int64_t n, const Link& l) {
+  return allreduce_s(bytes, n, l) / 2;
+}
+double alltoall_s(double bytes, int64_t n, const Link& l) {
+  if (n <= 1) return 0;
+  const double k = static_cast<double>(n - 1);
+  return k * l.latency + k / static_cast<double>(n) * bytes / l.bandwidth;
+}
+double wire_allreduce(double bytes, int64_t n) {
+  return n <= 1 ? 0 : 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) * bytes;
+}
+
+}  // namespace
+
+std::string LayoutChoice::str() const {
+  std::string s = "dp=" + std::to_string(dp);
+  s += ",tp=" + std::to_string(tp);
+  s += ",pp=" + std::to_string(pp);
+  s += ",ep=" + std::to_string(ep);
+  s += ",cp=" + std::to_string(cp);
+  s += ",vpp=" + std::to_string(vpp);
+  s += ",mb=" + std::to_string(micro_batch);
+  s += ",recompute=" + recompute;
+  if (zero1) s += ",zero1";
+  return s;
+}
+
+std::string StepCost::dominant() const {
+  const std::pair<const char*, double> terms[] = {
+      {"compute", compute_s}, {"bubble", bubble_s}, {"pp", pp_comm_s}, {"tp", tp_comm_s},
+      {"ep", ep_comm_s},      {"cp", cp_comm_s},    {"dp", dp_comm_s}, {"optimizer", optimizer_s}};
+  return std::max_element(std::begin(terms), std::end(terms),
+                          [](const auto& a, const auto& b) { return a.second < b.second; })
+      ->first;
+}
+
+CostModel::CostModel(Workload w, HardwareProfile hw) : w_(std::move(w)), hw_(std::move(hw)) {
+  const nn::ModelConfig& m = w_.model;
+  const nn::MoeConfig& e = w_.moe;
+  MOETRON_CHECK(w_.seq_len > 0 && w_.global_batch > 0, "cost model: seq_len and global_batch > 0");
+  const double d = static_cast<double>(m.d_model), hd = static_cast<double>(m.resolved_head_dim());
+  const double q = static_cast<double>(m.n_heads) * hd, kv = static_cast<double>(m.n_kv_heads) * hd;
+  const double eh = static_cast<double>(e.expert_hidden), k = static_cast<double>(e.top_k);
+  const double sh =
+      static_cast<double>(e.shared_expert_hidden > 0 ? e.shared_expert_hidden : e.expert_hidden);
+  const double S = static_cast<double>(w_.seq_len);
+  dense_params_ = static_cast<double>(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2) + d;
+  double activations = 0;
+  for (int64_t i = 0; i < m.n_layers; ++i) {
+    dense_params_ += 2 * d * q + 2 * d * kv + 2 * d;  // q, o; k, v; two norms
+    attention_flops_ += 12 * q * 2 * nn::layer_attended_pairs(m, i, w_.seq_len) / S;
+    // Saved per token (bf16): the norms' outputs, q k v, the attention output
+    // and its projection, the residuals; then the FFN's input, gate, up and
+    // their product (top_k copies of the expert ones).
+    activations += kBf16 * (6 * d + 2 * kv);
+    if (nn::layer_is_moe(e, i)) {
+      ++moe_layers_;
+      dense_params_ += d * static_cast<double>(e.num_experts) +
+                       static_cast<double>(e.shared_experts) * 3 * d * sh;
+      expert_params_ += static_cast<double>(e.num_experts) * 3 * d * eh;
+      expert_flops_ += 6 * k * 3 * d * eh;
+      activations += kBf16 * k * (d + 3 * eh);
+    } else {
+      dense_params_ += 3 * d * static_cast<double>(m.ffn_hidden);
+      activations += kBf16 * (d + 3 * static_cast<double>(m.ffn_hidden));
+    }
+  }
+  activation_bytes_ = activations / static_cast<double>(m.n_layers);
+  flops_per_token_ = nn::model_flops_per_token(m, e, w_.seq_len);
+  dense_flops_ = std::max(0.0, flops_per_token_ - attention_flops_ - expert_flops_);
+}
+
+std::string CostModel::misfit(const LayoutChoice& l) const {
+  const nn::ModelConfig& m = w_.model;
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.cp < 1 || l.vpp < 1 || l.micro_batch < 1)
+    return "every degree must be >= 1";
+  if (m.n_heads % l.tp != 0) return "tp must divide the heads";
+  if (w_.moe.num_experts > 0 && w_.moe.num_experts % l.ep != 0) return "ep must divide the experts";
+  if (w_.moe.num_experts == 0 && l.ep > 1) return "ep needs experts";
+  if ((l.dp * l.cp * l.tp) % l.ep != 0) return "ep must divide the stage's dp x cp x tp ranks";
+  if (m.n_layers % (l.pp * l.vpp) != 0) return "pp x vpp must divide the layers";
+  if (l.vpp > 1 && l.pp == 1) return "vpp needs pp > 1";
+  if (w_.seq_len % (2 * l.cp) != 0 && l.cp > 1)
+    return "cp: the sequence must split into 2 cp chunks";
+  if (w_.global_batch % (l.dp * l.micro_batch) != 0)
+    return "dp x micro_batch must divide the global batch";
+  const int64_t microbatches = w_.global_batch / (l.dp * l.micro_batch);
+  if (l.vpp > 1 && microbatches % l.pp != 0) return "interleaving needs micro-batches % pp == 0";
+  if (l.recompute != "none" && l.recompute != "selective" && l.recompute != "full")
+    return "recompute is none, selective or full";
+  return "";
+}
+
+const Link& CostModel::link(int64_t group, int64_t stride) const {
+  // Ranks r, r + stride, ..., r + (group - 1) stride share a node when they
+  // fit in one (nodes hold consecutive ranks).
+  return (group - 1) * stride + 1 <= hw_.devices_per_node ? hw_.intra : hw_.inter;
+}
+
+double CostModel::compute_seconds(const LayoutChoice& l) const {
+  const double tokens = static_cast<double>(w_.global_batch * w_.seq_len);
+  const double world = static_cast<double>(l.world());
+  // Recompute runs a layer's forward again (a third of its training FLOPs):
+  // all of it under full, the attention core under selective.
+  const double full = l.recompute == "full" ? 4.0 / 3 : 1.0;
+  const double attn = l.recompute == "none" ? 1.0 : 4.0 / 3;
+  const double skew = l.ep > 1 ? 1 + w_.routing_skew : 1.0;
+  // GEMM rows: a micro-batch's tokens on this rank for the dense ones; for
+  // an expert, the tokens the ep group routes to it.
+  const double rows = static_cast<double>(l.micro_batch * w_.seq_len / l.cp);
+  const double expert_rows = w_.moe.num_experts > 0
+                                 ? rows / static_cast<double>(l.tp) * static_cast<double>(l.ep) *
+                                       static_cast<double>(w_.moe.top_k) /
+                                       static_cast<double>(w_.moe.num_experts)
+                                 : rows;
+  auto efficiency = [&](double m) {
+    return hw_.peak_flops * hw_.gemm_efficiency * m / (m + hw_.gemm_half_rows);
+  };
+  const double gemm = dense_flops_ * full / efficiency(rows) +
+                      expert_flops_ * full * skew / efficiency(expert_rows);
+  const double core = attention_flops_ * attn / (hw_.peak_flops * hw_.attention_efficiency);
+  return tokens * (gemm + core) / world;
+}
+
+void CostModel::add_communication(const LayoutChoice& l, StepCost& c) const {
+  const nn::ModelConfig& m = w_.model;
+  const double d = static_cast<double>(m.d_model);
+  const double mb_tokens = static_cast<double>(l.micro_batch * w_.seq_len / l.cp);
+  const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
+  const double layers = static_cast<double>(m.n_layers / l.pp);
+  const double passes = l.recompute == "full" ? 6 : 4;  // collectives per layer: fwd 2, bwd 2 (+2)
+  // tp: the activations of a micro-batch, per layer.
+  const double act = mb_tokens * d * kBf16;
+  const Link& tp_link = link(l.tp, 1);
+  c.tp_comm_s = microbatches * layers * passes * allreduce_s(act, l.tp, tp_link);
+  c.tp_bytes = microbatches * layers * passes * wire_allreduce(act, l.tp);
+  // ep: the routed tokens (top_k copies) of this rank's token shard, per MoE layer.
+  const double routed =
+      mb_tokens / static_cast<double>(l.tp) * static_cast<double>(w_.moe.top_k) * d * kBf16;
+  const double moe_layers = static_cast<double>(moe_layers_) / static_cast<double>(l.pp);
+  c.ep_comm_s = microbatches * moe_layers * passes * alltoall_s(routed, l.ep, link(l.ep, 1));
+  c.ep_bytes = microbatches * moe_layers * passes * routed * static_cast<double>(l.ep - 1) /
+               static_cast<double>(l.ep);
+  // cp: K and V of this rank's chunk around the ring (forward), and K, V and
+  // their gradients (backward), hidden under the attention they overlap.
+  if (l.cp > 1) {
+    const double kv = mb_tokens * 2 * static_cast<double>(m.n_kv_heads * m.resolved_head_dim()) *
+                      kBf16 / static_cast<double>(std::min(l.tp, m.n_kv_heads));
+    const Link& cp_link = link(l.cp, l.tp);
+    const double steps = 3 * static_cast<double>(l.cp - 1);
+    const double ring = microbatches * layers * steps * (cp_link.latency + kv / cp_link.bandwidth);
+    const double attention = static_cast<double>(w_.global_batch * w_.seq_len) * attention_flops_ /
+                             static_cast<double>(l.world()) /
+                             (hw_.peak_flops * hw_.attention_efficiency);
+    c.cp_comm_s = std::max(0.0, ring - attention);
+    c.cp_bytes = microbatches * layers * steps * kv;
+  }
+  // pp: a micro-batch's activations across each stage boundary, both ways.
+  if (l.pp > 1) {
+    const double boundary = act / (l.sequence_parallel ? static_cast<double>(l.tp) : 1.0);
+    const Link& pp_link = link(2, l.tp * l.cp * l.dp);
+    const double sends = 2 * microbatches * static_cast<double>(l.vpp);
+    c.pp_comm_s = sends * (pp_link.latency + boundary / pp_link.bandwidth);
+    c.pp_bytes = sends * boundary;
+  }
+  // dp: fp32 gradients; dense over dp x cp, experts over the stage's ranks
+  // holding the same experts. ZeRO-1 reduce-scatters them and all-gathers
+  // the bf16 weights. What the last micro-batch's backward covers is hidden.
+  const double dense = dense_params_ / static_cast<double>(l.tp * l.pp);
+  const double experts = expert_params_ / static_cast<double>(l.ep * l.pp);
+  const int64_t dense_group = l.dp * l.cp, expert_group = l.dp * l.cp * l.tp / l.ep;
+  auto reduce = [&](double params, int64_t n, const Link& ln) {
+    const double grads = params * kF32;
+    const double buckets = std::ceil(grads / kBucketBytes);
+    const double lat = buckets * 2 * static_cast<double>(std::max<int64_t>(n - 1, 0)) * ln.latency;
+    if (!l.zero1) return allreduce_s(grads, n, ln) + lat;
+    return half_allreduce_s(grads, n, ln) + half_allreduce_s(params * kBf16, n, ln) + lat;
+  };
+  const double dp_time = reduce(dense, dense_group, link(dense_group, l.tp)) +
+                         reduce(experts, expert_group, link(expert_group, l.ep));
+  const double last_backward = c.compute_s * 2.0 / 3 / microbatches;
+  c.dp_comm_s = std::max(0.0, dp_time - last_backward);
+  c.dp_bytes = (l.zero1 ? 0.75 : 1.0) * (wire_allreduce(dense * kF32, dense_group) +
+                                         wire_allreduce(experts * kF32, expert_group));
+}
+
+double CostModel::memory_per_device(const LayoutChoice& l) const {
+  const double dense = dense_params_ / static_cast<double>(l.tp * l.pp);
+  const double experts = expert_params_ / static_cast<double>(l.ep * l.pp);
+  const double dense_shards = l.zero1 ? static_cast<double>(l.dp * l.cp) : 1.0;
+  const double expert_shards = l.zero1 ? static_cast<double>(l.dp * l.cp * l.tp / l.ep) : 1.0;
+  // bf16 weights and fp32 gradients whole; fp32 master and two moments sharded.
+  const double state = (dense + experts) * (kBf16 + kF32) +
+                       3 * kF32 * (dense / dense_shards + experts / expert_shards);
+  // Activations of the first stage: 1F1B keeps pp micro-batches in flight
+  // (interleaving adds (pp - 1) / vpp chunks' worth).
+  const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
+  const double pp = static_cast<double>(l.pp), vpp = static_cast<double>(l.vpp);
+  const double in_flight = std::min(microbatches, pp * (1 + (pp - 1) / (pp * vpp)));
+  const double tokens = static_cast<double>(l.micro_batch * w_.seq_len / l.cp);
+  const double layers = static_cast<double>(w_.model.n_layers) / pp;
+  const double per_token_layer = activation_bytes_ / static_cast<double>(l.tp);
+  const double stored =
+      l.recompute == "full"
+          ? layers * kBf16 * static_cast<double>(w_.model.d_model) / static_cast<double>(l.tp) +
+                per_token_layer
+          : layers * per_token_layer;
+  return state + in_flight * tokens * stored;
+}
+
+StepCost CostModel::predict(const LayoutChoice& l) const {
+  const std::string why = misfit(l);
+  MOETRON_CHECK(why.empty(), "layout ", l.str(), ": ", why);
+  StepCost c;
+  c.compute_s = compute_seconds(l);
+  const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
+  c.bubble_s =
+      c.compute_s * static_cast<double>(l.pp - 1) / (static_cast<double>(l.vpp) * microbatches);
+  add_communication(l, c);
+  const double local = dense_params_ / static_cast<double>(l.tp * l.pp) /
+                           (l.zero1 ? static_cast<double>(l.dp * l.cp) : 1.0) +
+                       expert_params_ / static_cast<double>(l.ep * l.pp) /
+                           (l.zero1 ? static_cast<double>(l.dp * l.cp * l.tp / l.ep) : 1.0);
+  c.optimizer_s = local * kOptimizerBytesPerParam / hw_.memory_bandwidth;
+  c.step_s = c.compute_s + c.bubble_s + c.pp_comm_s + c.tp_comm_s + c.ep_comm_s + c.cp_comm_s +
+             c.dp_comm_s + c.optimizer_s;
+  const double tokens = static_cast<double>(w_.global_batch * w_.seq_len);
+  c.tokens_per_s = tokens / c.step_s;
+  c.tflops_per_device = flops_per_token_ * c.tokens_per_s / static_cast<double>(l.world()) / 1e12;
+  c.mfu = c.tflops_per_device * 1e12 / hw_.peak_flops;
+  c.memory_bytes = memory_per_device(l);
+  return c;
+}
+
+LayoutChoice parse_layout(const std::string& text, int64_t devices) {
+  LayoutChoice l;
+  bool dp_given = false;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    if (item == "zero1") {
+      l.zero1 = true;
+      continue;
+    }
+    const size_t eq = item.find('=');
+    MOETRON_CHECK(eq != std::string::npos, "--layout: '", item, "' is not key=value");
+    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    if (k == "recompute") {
+      l.recompute = v;
+      continue;
+    }
+    int64_t n = 0;
+    try {
+      n = std::stoll(v);
+    } catch (const std::exception&) {
+      MOETRON_FAIL("--layout: '", item, "': the value is not a number");
+    }
+    int64_t* field = k == "dp"    ? &l.dp
+                     : k == "tp"  ? &l.tp
+                     : k == "pp"  ? &l.pp
+                     : k == "ep"  ? &l.ep
+                     : k == "cp"  ? &l.cp
+                     : k == "vpp" ? &l.vpp
+                     : k == "mb"  ? &l.micro_batch
+                                  : nullptr;
+    MOETRON_CHECK(field, "--layout: unknown key '", k,
+                  "' (dp, tp, pp, ep, cp, vpp, mb, recompute, zero1)");
+    *field = n;
+    dp_given = dp_given || k == "dp";
+  }
+  const int64_t others = l.tp * l.pp * l.cp;
+  if (!dp_given) l.dp = others > 0 && devices % others == 0 ? devices / others : 0;
+  MOETRON_CHECK(l.world() == devices, "--layout ", text, ": dp x tp x pp x cp = ", l.world(),
+                ", the cluster has ", devices, " devices");
+  return l;
+}
+
+bool fits_memory(const StepCost& c, const HardwareProfile& hw) {
+  return c.memory_bytes <= kMemoryHeadroom * hw.memory_bytes;
+}
+
+}  // namespace moetron::planner

@@ -1,0 +1,118 @@
+// The step-time cost model: what one training step of a layout costs on a
+// hardware profile (planner/hardware_profile.h), term by term, so a plan can
+// say which term dominates. Analytic, and cheap enough to evaluate every
+// layout of a 1024-device cluster.
+//
+// Per device, with T tokens per step over W = dp tp pp cp devices:
+//   compute     T x training FLOPs per token (nn/flops.h; + a forward of
+//               what the recompute policy rebuilds) / W at peak x
+//               efficiency (GEMMs and attention apart; a GEMM of m rows at
+//               gemm_efficiency x m / (m + gemm_half_rows)); the experts' share
+//               scaled by (1 + routing skew) under ep (the busiest rank sets
+//               the pace)
+//   pipeline    the schedule's bubble, (pp - 1) / (vpp m + pp - 1) of the
+//               compute (parallel/pipeline_schedule.h), plus the stage-to-
+//               stage activations
+//   tp          4 all-reduces (or all-gather + reduce-scatter with sequence
+//               parallelism: the same bytes) of a micro-batch's activations
+//               per layer, ring algorithm
+//   ep          4 all-to-alls of the routed tokens (top_k copies) per MoE layer
+//   cp          the K/V ring of each attention layer, hidden under the
+//               attention it overlaps
+//   dp          the gradients' ring all-reduce (reduce-scatter + all-gather
+//               of bf16 weights under ZeRO-1), hidden under the last
+//               micro-batch's backward where it fits
+//   optimizer   the bytes the update reads and writes / memory bandwidth
+// Each collective's time is latency x steps + bytes on the wire / bandwidth
+// of its link class: within a node when the group fits in one (ranks are
+// numbered tp fastest, then cp, dp, pp), else between nodes.
+//
+// Memory per device: bf16 weights, fp32 masters, fp32 gradients, AdamW's
+// two fp32 moments (the last three split over dp under ZeRO-1), and the
+// activations 1F1B keeps in flight (pp micro-batches on the first stage)
+// from a per-token count per layer (recompute full keeps only each layer's
+// input). It is the planner's quick estimate; planner/memory_model.h is the
+// byte-exact one for a plan that runs here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moetron/nn/model_config.h"
+#include "moetron/planner/hardware_profile.h"
+
+namespace moetron::planner {
+
+struct LayoutChoice {
+  int64_t dp = 1, tp = 1, pp = 1, ep = 1, cp = 1, vpp = 1;
+  int64_t micro_batch = 1;         // sequences per micro-batch per dp rank
+  std::string recompute = "none";  // none | selective | full
+  bool zero1 = false;
+  bool sequence_parallel = true;  // with tp > 1
+  int64_t world() const { return dp * tp * pp * cp; }
+  std::string str() const;  // "dp=16,tp=8,pp=8,ep=8,cp=1,vpp=1,mb=1,recompute=none,zero1"
+};
+
+struct Workload {
+  nn::ModelConfig model;
+  nn::MoeConfig moe;
+  int64_t seq_len = 4096;
+  int64_t global_batch = 1024;  // sequences per step
+  double routing_skew = 0.1;    // the busiest expert rank's extra load (0: balanced)
+};
+
+struct StepCost {
+  double compute_s = 0, bubble_s = 0, pp_comm_s = 0, tp_comm_s = 0, ep_comm_s = 0, cp_comm_s = 0,
+         dp_comm_s = 0, optimizer_s = 0;
+  double step_s = 0;
+  double tokens_per_s = 0, mfu = 0, tflops_per_device = 0;
+  double memory_bytes = 0;  // per device, the largest stage's
+  // Bytes each device puts on the wire per step, by axis.
+  double tp_bytes = 0, ep_bytes = 0, cp_bytes = 0, dp_bytes = 0, pp_bytes = 0;
+  // The term that costs most ("compute", "dp", "tp", ...).
+  std::string dominant() const;
+};
+
+// A workload on a hardware profile; what depends only on them (FLOPs and
+// parameters per token and layer) is computed once, so a search can
+// evaluate thousands of layouts.
+class CostModel {
+ public:
+  CostModel(Workload w, HardwareProfile hw);
+  // Empty when the layout fits the workload, else why not (heads by tp,
+  // experts by ep and ep by the stage's ranks, layers by pp x vpp, the
+  // global batch by dp x micro_batch, the sequence by cp).
+  std::string misfit(const LayoutChoice& l) const;
+  // Throws with misfit()'s reason when the layout does not fit.
+  StepCost predict(const LayoutChoice& l) const;
+  const Workload& workload() const { return w_; }
+  const HardwareProfile& hardware() const { return hw_; }
+  double dense_params() const { return dense_params_; }
+  double expert_params() const { return expert_params_; }
+
+ private:
+  double compute_seconds(const LayoutChoice& l) const;
+  void add_communication(const LayoutChoice& l, StepCost& c) const;
+  double memory_per_device(const LayoutChoice& l) const;
+  const Link& link(int64_t group, int64_t stride) const;
+
+  Workload w_;
+  HardwareProfile hw_;
+  int64_t moe_layers_ = 0;
+  double flops_per_token_ = 0;  // the MFU numerator (nn/flops.h)
+  double attention_flops_ = 0, expert_flops_ = 0, dense_flops_ = 0;  // per token, training
+  double dense_params_ = 0, expert_params_ = 0;
+  double activation_bytes_ = 0;  // per token per layer (bf16, before tp), averaged over layers
+};
+
+// "tp=8,pp=8,dp=16,ep=8,cp=1,vpp=1,mb=1,recompute=full,zero1" (the form
+// LayoutChoice::str() writes): unnamed degrees are 1, dp defaults to what
+// the others leave of `devices`. Throws naming the bad item.
+LayoutChoice parse_layout(const std::string& text, int64_t devices);
+
+// Whether a plan's memory fits the device (with 10% headroom for the
+// allocator's rounding and the workspace the estimate leaves out).
+bool fits_memory(const StepCost& c, const HardwareProfile& hw);
+
+}  // namespace moetron::planner

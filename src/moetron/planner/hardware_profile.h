@@ -1,0 +1,48 @@
+// A hardware profile: what the cost model (planner/cost_model.h) needs to
+// know about a device and its links, read from configs/hardware/*.toml.
+// Every number carries its source (a vendor datasheet, a paper, or the
+// micro-benchmark that measured it), so a prediction can be traced to what
+// it assumed.
+//
+//   name = "h200"
+//   [device]    peak_tflops, gemm_efficiency, gemm_half_rows, attention_efficiency,
+//               memory_gib, memory_tbps (HBM bandwidth, TB/s), devices_per_node
+//   [intra]     bandwidth_gbps (GB/s per direction per device), latency_us
+//   [inter]     bandwidth_gbps, latency_us
+//   [sources]   one string per key above ("device.peak_tflops" = "...")
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace moetron::planner {
+
+// One link class: time(bytes) = latency + bytes / bandwidth (alpha-beta).
+struct Link {
+  double bandwidth = 0;  // bytes/s per direction per device
+  double latency = 0;    // seconds per message
+};
+
+struct HardwareProfile {
+  std::string name;
+  double peak_flops = 0;         // dense bf16 FLOP/s per device
+  double gemm_efficiency = 0.5;  // achieved / peak on the model's GEMMs (large)
+  // Rows (tokens) at which a GEMM reaches half of gemm_efficiency: a GEMM
+  // of m rows runs at gemm_efficiency x m / (m + gemm_half_rows).
+  double gemm_half_rows = 64;
+  double attention_efficiency = 0.3;
+  double memory_bytes = 0;      // per device
+  double memory_bandwidth = 0;  // bytes/s: the optimizer step and elementwise work
+  int64_t devices_per_node = 1;
+  Link intra, inter;  // within a node, between nodes
+  std::map<std::string, std::string> sources;
+};
+
+// Reads a profile; an unknown, missing or non-positive key is an error naming
+// the key and the file.
+HardwareProfile load_hardware_profile(const std::string& path);
+// configs/hardware/<name>.toml under `configs_dir` (name: h100, h200, ...).
+HardwareProfile hardware_profile_named(const std::string& configs_dir, const std::string& name);
+
+}  // namespace moetron::planner

@@ -1,0 +1,65 @@
+#include "moetron/planner/layout_search.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace moetron::planner {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t k = 1; k <= n; ++k) {
+    if (n % k == 0) out.push_back(k);
+  }
+  return out;
+}
+
+}  // namespace
+
+SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top,
+                            const SearchSpace& space) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Workload& w = model.workload();
+  const int64_t per_node = model.hardware().devices_per_node;
+  SearchResult out;
+  std::vector<int64_t> eps = {1};
+  if (w.moe.num_experts > 0) eps = divisors(w.moe.num_experts);
+  for (const int64_t tp : divisors(devices)) {
+    if (tp > per_node) break;  // tp's collectives stay on the node's links
+    for (const int64_t cp : divisors(devices / tp)) {
+      if (cp > space.max_cp) break;
+      for (const int64_t pp : divisors(devices / (tp * cp))) {
+        const int64_t dp = devices / (tp * cp * pp);
+        for (const int64_t ep : eps) {
+          for (const int64_t vpp : space.vpps) {
+            for (const int64_t mb : space.micro_batches) {
+              for (const auto& rc : space.recompute) {
+                for (const bool z : space.zero1) {
+                  LayoutChoice l{dp, tp, pp, ep, cp, vpp, mb, rc, z, true};
+                  ++out.evaluated;
+                  if (!model.misfit(l).empty()) continue;
+                  const StepCost c = model.predict(l);
+                  if (out.leanest_bytes == 0 || c.memory_bytes < out.leanest_bytes) {
+                    out.leanest = l;
+                    out.leanest_bytes = c.memory_bytes;
+                  }
+                  if (!fits_memory(c, model.hardware())) continue;
+                  ++out.fit;
+                  out.plans.push_back({l, c});
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::sort(out.plans.begin(), out.plans.end(),
+            [](const RankedPlan& a, const RankedPlan& b) { return a.cost.step_s < b.cost.step_s; });
+  if (static_cast<int64_t>(out.plans.size()) > top) out.plans.resize(static_cast<size_t>(top));
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace moetron::planner

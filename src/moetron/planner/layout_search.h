@@ -1,0 +1,41 @@
+// Exhaustive layout search over a cost model (planner/cost_model.h): every
+// dp x tp x pp x ep x cp of `devices` (tp within a node), interleaving,
+// micro-batch size, recompute policy and ZeRO-1 that fits the workload and
+// the device's memory, ranked by predicted step time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moetron/planner/cost_model.h"
+
+namespace moetron::planner {
+
+struct RankedPlan {
+  LayoutChoice layout;
+  StepCost cost;
+};
+
+struct SearchResult {
+  std::vector<RankedPlan> plans;  // fastest first, at most `top`
+  int64_t evaluated = 0;          // layouts the cost model was asked about
+  int64_t fit = 0;                // of them, those that fit the workload and memory
+  double seconds = 0;             // the search's own time
+  // The layout needing the least memory per device among those that fit
+  // the workload (what "nothing fits" is short of).
+  LayoutChoice leanest;
+  double leanest_bytes = 0;
+};
+
+struct SearchSpace {
+  std::vector<int64_t> micro_batches = {1, 2, 4, 8};
+  std::vector<int64_t> vpps = {1, 2, 4};
+  std::vector<std::string> recompute = {"none", "selective", "full"};
+  std::vector<bool> zero1 = {false, true};
+  int64_t max_cp = 8;
+};
+
+SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top,
+                            const SearchSpace& space = {});
+
+}  // namespace moetron::planner

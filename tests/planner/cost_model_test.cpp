@@ -1,0 +1,211 @@
+// The planner's cost model and layout search: shipped hardware profiles load
+// with a source for every number, bad profiles name the key and the file,
+// each term of a step matches its formula on hand-checkable layouts, and
+// the search returns the fastest fitting layout of its space.
+#include "moetron/planner/cost_model.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "moetron/core/error.h"
+#include "moetron/nn/flops.h"
+#include "moetron/planner/layout_search.h"
+
+namespace moetron::planner {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kConfigs = MOETRON_SOURCE_DIR "/configs";
+
+TEST(HardwareProfile, EveryShippedProfileLoadsWithASourceForEachNumber) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(kConfigs + "/hardware")) {
+    const HardwareProfile p = load_hardware_profile(e.path().string());
+    EXPECT_GT(p.peak_flops, 0) << e.path();
+    EXPECT_GT(p.intra.bandwidth, 0) << e.path();
+    for (const char* key : {"device.peak_tflops", "device.gemm_efficiency", "device.gemm_half_rows",
+                            "device.attention_efficiency", "device.memory_gib",
+                            "device.memory_tbps", "device.devices_per_node", "intra.bandwidth_gbps",
+                            "intra.latency_us", "inter.bandwidth_gbps", "inter.latency_us"}) {
+      EXPECT_TRUE(p.sources.count(key) && !p.sources.at(key).empty())
+          << e.path() << ": no source for " << key;
+    }
+    ++n;
+  }
+  EXPECT_GE(n, 5);  // h100, h200, a100, ascend-910b, this-machine
+}
+
+std::string write_profile(const std::string& name, const std::string& text) {
+  const std::string path =
+      (fs::temp_directory_path() / (name + std::to_string(::getpid()) + ".toml")).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(HardwareProfile, AnUnknownOrMissingKeyNamesTheKeyAndTheFile) {
+  std::ifstream f(kConfigs + "/hardware/h200.toml");
+  const std::string good((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string typo = good;
+  typo.replace(typo.find("memory_tbps"), 11, "memory_tbs");
+  for (const auto& [text, key] : {std::pair{typo, std::string("device.memory_tbs")},
+                                  std::pair{good + "\n[fabric]\nx = 1\n", std::string("fabric")}}) {
+    const std::string path = write_profile("moetron_profile_", text);
+    try {
+      load_hardware_profile(path);
+      ADD_FAILURE() << key << " accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(key), std::string::npos) << what;
+      EXPECT_NE(what.find(path), std::string::npos) << what;
+    }
+    fs::remove(path);
+  }
+}
+
+// A dense model, and a profile whose GEMMs and attention run at one rate
+// (no small-GEMM penalty), so the compute term is tokens x FLOPs / rate.
+Workload dense_workload() {
+  Workload w;
+  w.model.vocab_size = 1000;
+  w.model.d_model = 256;
+  w.model.n_layers = 8;
+  w.model.n_heads = 8;
+  w.model.n_kv_heads = 8;
+  w.model.ffn_hidden = 1024;
+  w.moe.num_experts = 0;
+  w.seq_len = 512;
+  w.global_batch = 32;
+  return w;
+}
+
+HardwareProfile flat_profile() {
+  HardwareProfile hw;
+  hw.name = "flat";
+  hw.peak_flops = 1e14;
+  hw.gemm_efficiency = hw.attention_efficiency = 0.5;
+  hw.gemm_half_rows = 1e-12;
+  hw.memory_bytes = 80.0 * (1 << 30);
+  hw.memory_bandwidth = 2e12;
+  hw.devices_per_node = 8;
+  hw.intra = {1e11, 0};
+  hw.inter = {1e10, 0};
+  return hw;
+}
+
+TEST(CostModel, OneDeviceIsComputeAndTheOptimizerOnly) {
+  const Workload w = dense_workload();
+  const CostModel m(w, flat_profile());
+  const StepCost c = m.predict(LayoutChoice{});
+  const double tokens = static_cast<double>(w.global_batch * w.seq_len);
+  EXPECT_NEAR(c.compute_s, tokens * nn::model_flops_per_token(w.model, w.moe, w.seq_len) / 5e13,
+              1e-9 * c.compute_s);
+  EXPECT_EQ(c.tp_comm_s + c.ep_comm_s + c.cp_comm_s + c.dp_comm_s + c.pp_comm_s + c.bubble_s, 0);
+  EXPECT_NEAR(c.optimizer_s, m.dense_params() * 30 / 2e12, 1e-12);
+  EXPECT_NEAR(c.step_s, c.compute_s + c.optimizer_s, 1e-12);
+  EXPECT_EQ(c.dominant(), "compute");
+}
+
+TEST(CostModel, EachAxisCostsWhatItsFormulaSays) {
+  const Workload w = dense_workload();
+  const CostModel m(w, flat_profile());
+  const double one = m.predict(LayoutChoice{}).compute_s;
+  // dp 4: a quarter of the compute; the fp32 gradients' ring all-reduce on the node.
+  LayoutChoice dp;
+  dp.dp = 4;
+  const StepCost d = m.predict(dp);
+  EXPECT_NEAR(d.compute_s, one / 4, 1e-9 * one);
+  EXPECT_NEAR(d.dp_bytes, 2.0 * 3 / 4 * m.dense_params() * 4, 1);
+  // tp 2: 4 collectives per layer and micro-batch of mb x S x d bf16.
+  LayoutChoice tp;
+  tp.tp = 2;
+  const StepCost t = m.predict(tp);
+  const double act = 512.0 * 256 * 2, microbatches = 32;
+  EXPECT_NEAR(t.tp_bytes, microbatches * 8 * 4 * (2.0 * 1 / 2) * act, 1);
+  EXPECT_NEAR(t.tp_comm_s, t.tp_bytes / 1e11, 1e-12);
+  // pp 4: the bubble is (pp - 1) / (vpp m) of the compute.
+  LayoutChoice pp;
+  pp.pp = 4;
+  pp.vpp = 2;
+  const StepCost p = m.predict(pp);
+  EXPECT_NEAR(p.bubble_s, p.compute_s * 3 / (2 * microbatches), 1e-12);
+  // Recompute full adds a forward: 4/3 of the compute.
+  LayoutChoice full;
+  full.recompute = "full";
+  EXPECT_NEAR(m.predict(full).compute_s, one * 4 / 3, 1e-9 * one);
+  // ZeRO-1 shards the fp32 master and moments over dp: less memory.
+  LayoutChoice z = dp;
+  z.zero1 = true;
+  EXPECT_LT(m.predict(z).memory_bytes, d.memory_bytes);
+}
+
+TEST(CostModel, LayoutsThatDoNotDivideTheWorkloadSayWhy) {
+  const CostModel m(dense_workload(), flat_profile());
+  LayoutChoice l;
+  l.tp = 3;
+  EXPECT_NE(m.misfit(l).find("heads"), std::string::npos);
+  l = {};
+  l.pp = 3;
+  EXPECT_NE(m.misfit(l).find("layers"), std::string::npos);
+  l = {};
+  l.ep = 2;
+  EXPECT_NE(m.misfit(l).find("experts"), std::string::npos);
+  l = {};
+  l.dp = 64;
+  EXPECT_NE(m.misfit(l).find("global batch"), std::string::npos);
+  EXPECT_THROW(m.predict(l), Error);
+}
+
+TEST(CostModel, ALayoutReadsBackWhatItWrites) {
+  LayoutChoice l{16, 8, 4, 8, 2, 2, 4, "full", true, true};
+  EXPECT_EQ(parse_layout(l.str(), l.world()).str(), l.str());
+  EXPECT_EQ(parse_layout("tp=8,pp=8", 1024).dp, 16);
+  EXPECT_THROW(parse_layout("tp=8,pp=8,dp=3", 1024), Error);
+  EXPECT_THROW(parse_layout("tq=8", 8), Error);
+}
+
+TEST(LayoutSearch, TheBestPlanIsTheFastestFittingLayoutOfTheSpace) {
+  Workload w = dense_workload();
+  w.moe.num_experts = 8;
+  w.moe.top_k = 2;
+  w.moe.expert_hidden = 512;
+  HardwareProfile hw = flat_profile();
+  hw.gemm_half_rows = 64;
+  const CostModel m(w, hw);
+  const SearchResult r = search_layouts(m, 16, 5);
+  ASSERT_FALSE(r.plans.empty());
+  EXPECT_LE(r.plans.size(), 5u);
+  for (size_t i = 1; i < r.plans.size(); ++i)
+    EXPECT_LE(r.plans[i - 1].cost.step_s, r.plans[i].cost.step_s);
+  // Brute force over the same space: nothing faster fits.
+  const SearchSpace space;
+  double best = 1e300;
+  for (int64_t tp : {1, 2, 4, 8, 16})
+    for (int64_t cp : {1, 2, 4, 8, 16})
+      for (int64_t pp : {1, 2, 4, 8, 16})
+        for (int64_t ep : {1, 2, 4, 8})
+          for (int64_t vpp : space.vpps)
+            for (int64_t mb : space.micro_batches)
+              for (const auto& rc : space.recompute)
+                for (bool z : {false, true}) {
+                  if (tp * cp * pp > 16 || 16 % (tp * cp * pp) != 0 || tp > 8) continue;
+                  const LayoutChoice l{16 / (tp * cp * pp), tp, pp, ep, cp, vpp, mb, rc, z, true};
+                  if (!m.misfit(l).empty()) continue;
+                  const StepCost c = m.predict(l);
+                  if (fits_memory(c, hw)) best = std::min(best, c.step_s);
+                }
+  EXPECT_DOUBLE_EQ(r.plans.front().cost.step_s, best);
+  // A device too small for any layout: no plan, and the leanest one named.
+  hw.memory_bytes = 1 << 20;
+  const SearchResult none = search_layouts(CostModel(w, hw), 16, 5);
+  EXPECT_TRUE(none.plans.empty());
+  EXPECT_GT(none.leanest_bytes, 1 << 20);
+  EXPECT_EQ(none.fit, 0);
+}
+
+}  // namespace
+}  // namespace moetron::planner
