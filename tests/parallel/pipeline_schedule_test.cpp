@@ -17,46 +17,13 @@
 namespace moetron::parallel {
 namespace {
 
-// Simulates all ranks; returns the makespan (time units) or -1 on deadlock.
+// Makespan of the library's event simulation (time units), or -1 on deadlock.
 double simulate(const std::string& kind, int64_t pp, int64_t m, int64_t v) {
-  const int64_t stages = pp * v;
-  std::vector<std::vector<PipeOp>> ops;
-  for (int64_t r = 0; r < pp; ++r) ops.push_back(pipeline_schedule(kind, pp, r, m, v));
-  std::vector<size_t> next(static_cast<size_t>(pp), 0);
-  std::vector<double> clock(static_cast<size_t>(pp), 0.0);
-  std::map<std::tuple<bool, int64_t, int64_t>, double>
-      done;  // (forward, mb, virtual stage) -> finish time
-  const double f = 1.0 / static_cast<double>(v), b = 2.0 / static_cast<double>(v);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int64_t r = 0; r < pp; ++r) {
-      auto& i = next[static_cast<size_t>(r)];
-      if (i == ops[static_cast<size_t>(r)].size()) continue;
-      const PipeOp& op = ops[static_cast<size_t>(r)][i];
-      const int64_t j = op.chunk * pp + r;
-      double ready = 0;
-      if (op.forward && j > 0) {
-        auto it = done.find({true, op.mb, j - 1});
-        if (it == done.end()) continue;
-        ready = it->second;
-      } else if (!op.forward) {
-        auto it = j == stages - 1 ? done.find({true, op.mb, j}) : done.find({false, op.mb, j + 1});
-        if (it == done.end()) continue;
-        ready = it->second;
-      }
-      double& c = clock[static_cast<size_t>(r)];
-      c = std::max(c, ready) + (op.forward ? f : b);
-      done[{op.forward, op.mb, j}] = c;
-      ++i;
-      progress = true;
-    }
+  try {
+    return simulate_schedule(parse_schedule(kind), pp, m, v);
+  } catch (const Error&) {
+    return -1;
   }
-  for (int64_t r = 0; r < pp; ++r) {
-    if (next[static_cast<size_t>(r)] != ops[static_cast<size_t>(r)].size()) return -1;
-  }
-  double end = 0;
-  for (double c : clock) end = std::max(end, c);
-  return end;
 }
 
 TEST(PipelineSchedule, EveryMicroBatchOnceForwardBeforeBackward) {

@@ -2,7 +2,6 @@
 
 #include <omp.h>
 
-#include <fstream>
 #include <iostream>
 
 #include "moetron/cli/plan_search.h"
@@ -60,18 +59,7 @@ int run_plan_command(const PlanCommand& o) {
                  "may split "
                  "the stages differently from the FLOP split shown\n";
   }
-  if (!o.json_path.empty()) {
-    // Written whole to a temporary name, then renamed: a failed write leaves no partial file.
-    const std::string tmp = o.json_path + ".tmp";
-    {
-      std::ofstream f(tmp);
-      MOETRON_CHECK(f.good(), "cannot open '", tmp, "' for writing");
-      f << j.dump(2) << "\n";
-      MOETRON_CHECK(f.good(), "cannot write '", tmp, "'");
-    }
-    MOETRON_CHECK(std::rename(tmp.c_str(), o.json_path.c_str()) == 0, "cannot rename '", tmp,
-                  "' to '", o.json_path, "'");
-  }
+  if (!o.json_path.empty()) write_json_file(o.json_path, j);
   return 0;
 }
 

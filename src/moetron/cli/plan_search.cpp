@@ -79,7 +79,8 @@ nlohmann::json plan_json(const planner::RankedPlan& p) {
             {"ep", c.ep_comm_s},
             {"cp", c.cp_comm_s},
             {"dp", c.dp_comm_s},
-            {"optimizer", c.optimizer_s}}},
+            {"optimizer", c.optimizer_s},
+            {"elementwise", c.elementwise_s}}},
           {"wire_gb_per_device",
            {{"tp", c.tp_bytes / 1e9},
             {"ep", c.ep_bytes / 1e9},
@@ -102,13 +103,15 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
   // Why the best one wins: its terms, largest first.
   const planner::StepCost& b = plans.front().cost;
   std::printf(
-      "best: compute %.3f s, bubble %.3f, exposed comm tp %.3f ep %.3f cp %.3f dp %.3f pp %.3f, "
-      "optimizer %.3f\n",
-      b.compute_s, b.bubble_s, b.tp_comm_s, b.ep_comm_s, b.cp_comm_s, b.dp_comm_s, b.pp_comm_s,
-      b.optimizer_s);
+      "best: compute %.3f s, elementwise %.3f, bubble %.3f, exposed comm tp %.3f ep %.3f cp %.3f "
+      "dp %.3f pp %.3f, optimizer %.3f\n",
+      b.compute_s, b.elementwise_s, b.bubble_s, b.tp_comm_s, b.ep_comm_s, b.cp_comm_s, b.dp_comm_s,
+      b.pp_comm_s, b.optimizer_s);
 }
 
-void write_json(const std::string& path, const nlohmann::json& j) {
+}  // namespace
+
+void write_json_file(const std::string& path, const nlohmann::json& j) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
@@ -119,8 +122,6 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   MOETRON_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path,
                 "'");
 }
-
-}  // namespace
 
 int run_plan_search(const PlanCommand& o) {
   const train::Config cfg = train::load_config(o.config, o.sets);
@@ -168,7 +169,7 @@ int run_plan_search(const PlanCommand& o) {
   print_plans(plans);
   j["plans"] = nlohmann::json::array();
   for (const auto& p : plans) j["plans"].push_back(plan_json(p));
-  if (!o.json_path.empty()) write_json(o.json_path, j);
+  if (!o.json_path.empty()) write_json_file(o.json_path, j);
   return 0;
 }
 

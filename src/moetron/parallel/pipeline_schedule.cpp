@@ -140,4 +140,53 @@ std::vector<std::pair<int64_t, int64_t>> stage_chunks(const nn::ModelConfig& m,
   return chunks;
 }
 
+double simulate_schedule(ScheduleKind kind, int64_t pp, int64_t microbatches, int64_t v,
+                         double forward, double backward, double hop) {
+  const int64_t stages = pp * v;
+  std::vector<std::vector<PipeOp>> ops;
+  for (int64_t r = 0; r < pp; ++r) ops.push_back(pipeline_schedule(kind, pp, r, microbatches, v));
+  std::vector<size_t> next(static_cast<size_t>(pp), 0);
+  std::vector<double> clock(static_cast<size_t>(pp), 0.0);
+  // Finish times by (backward, virtual stage, micro-batch).
+  std::vector<double> done(static_cast<size_t>(2 * stages * microbatches), -1.0);
+  auto at = [&](bool fwd, int64_t j, int64_t mb) -> double& {
+    return done[static_cast<size_t>(((fwd ? 0 : 1) * stages + j) * microbatches + mb)];
+  };
+  const double f = forward / static_cast<double>(v), b = backward / static_cast<double>(v);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t r = 0; r < pp; ++r) {
+      size_t& i = next[static_cast<size_t>(r)];
+      // Run this rank's ops until one waits on another rank.
+      while (i < ops[static_cast<size_t>(r)].size()) {
+        const PipeOp& op = ops[static_cast<size_t>(r)][i];
+        const int64_t j = op.chunk * pp + r;
+        double ready = 0;
+        if (op.forward && j > 0) {
+          ready = at(true, j - 1, op.mb);
+          if (ready < 0) break;
+          ready += hop;
+        } else if (!op.forward) {
+          ready = j == stages - 1 ? at(true, j, op.mb) : at(false, j + 1, op.mb);
+          if (ready < 0) break;
+          if (j != stages - 1) ready += hop;
+        }
+        double& c = clock[static_cast<size_t>(r)];
+        c = std::max(c, ready) + (op.forward ? f : b);
+        at(op.forward, j, op.mb) = c;
+        ++i;
+        progress = true;
+      }
+    }
+  }
+  double end = 0;
+  for (int64_t r = 0; r < pp; ++r) {
+    MOETRON_CHECK(next[static_cast<size_t>(r)] == ops[static_cast<size_t>(r)].size(),
+                  "pipeline schedule ", name_of(kind), " deadlocks at pp ", pp, ", ", microbatches,
+                  " micro-batches, vpp ", v, " (rank ", r, ")");
+    end = std::max(end, clock[static_cast<size_t>(r)]);
+  }
+  return end;
+}
+
 }  // namespace moetron::parallel

@@ -40,6 +40,13 @@ std::vector<PipeOp> pipeline_schedule(const std::string& kind, int64_t pp, int64
                                       int64_t microbatches, int64_t v);
 // The idle fraction of an ideal pipeline: (pp - 1) / (v m + pp - 1).
 double ideal_bubble_fraction(int64_t pp, int64_t microbatches, int64_t v);
+// Event simulation of every rank's schedule, each receive blocking until the
+// sending stage finished: a virtual stage's forward takes `forward` / v and
+// its backward `backward` / v time units per micro-batch, and each hop
+// between ranks `hop`. Returns the makespan; throws if the schedule
+// deadlocks (a rank waits on an op nobody will run).
+double simulate_schedule(ScheduleKind kind, int64_t pp, int64_t microbatches, int64_t v,
+                         double forward = 1, double backward = 2, double hop = 0);
 
 // What each piece of the model costs a stage, in any unit: every layer, the
 // embedding (on the first stage) and the final norm, head and loss (on the last).

@@ -6,6 +6,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/nn/flops.h"
+#include "moetron/parallel/pipeline_schedule.h"
 
 namespace moetron::planner {
 
@@ -54,8 +55,9 @@ std::string LayoutChoice::str() const {
 
 std::string StepCost::dominant() const {
   const std::pair<const char*, double> terms[] = {
-      {"compute", compute_s}, {"bubble", bubble_s}, {"pp", pp_comm_s}, {"tp", tp_comm_s},
-      {"ep", ep_comm_s},      {"cp", cp_comm_s},    {"dp", dp_comm_s}, {"optimizer", optimizer_s}};
+      {"compute", compute_s}, {"bubble", bubble_s},       {"pp", pp_comm_s},
+      {"tp", tp_comm_s},      {"ep", ep_comm_s},          {"cp", cp_comm_s},
+      {"dp", dp_comm_s},      {"optimizer", optimizer_s}, {"elementwise", elementwise_s}};
   return std::max_element(std::begin(terms), std::end(terms),
                           [](const auto& a, const auto& b) { return a.second < b.second; })
       ->first;
@@ -80,20 +82,29 @@ CostModel::CostModel(Workload w, HardwareProfile hw) : w_(std::move(w)), hw_(std
     // and its projection, the residuals; then the FFN's input, gate, up and
     // their product (top_k copies of the expert ones).
     activations += kBf16 * (6 * d + 2 * kv);
+    // Elements each token's memory-bound ops move, forward and backward:
+    // two RMSNorms (x in, y out; x, dy in, dx out), two residual adds, RoPE
+    // on q and k; the SwiGLU gate (gate, up in, h out; back: gate, up, dh
+    // in, dgate, dup out) over the FFN's (top_k experts') width.
+    elementwise_bytes_ += kBf16 * (16 * d + 4 * (q + kv));
     if (nn::layer_is_moe(e, i)) {
       ++moe_layers_;
+      elementwise_bytes_ += kBf16 * 8 * k * eh + kF32 * 4 * static_cast<double>(e.num_experts);
       dense_params_ += d * static_cast<double>(e.num_experts) +
                        static_cast<double>(e.shared_experts) * 3 * d * sh;
       expert_params_ += static_cast<double>(e.num_experts) * 3 * d * eh;
       expert_flops_ += 6 * k * 3 * d * eh;
       activations += kBf16 * k * (d + 3 * eh);
     } else {
+      elementwise_bytes_ += kBf16 * 8 * static_cast<double>(m.ffn_hidden);
       dense_params_ += 3 * d * static_cast<double>(m.ffn_hidden);
       activations += kBf16 * (d + 3 * static_cast<double>(m.ffn_hidden));
     }
   }
   activation_bytes_ = activations / static_cast<double>(m.n_layers);
   flops_per_token_ = nn::model_flops_per_token(m, e, w_.seq_len);
+  // fp32 logits of a chunk: written, read for the softmax, gradient written.
+  loss_bytes_ = kF32 * 3 * static_cast<double>(m.vocab_size);
   dense_flops_ = std::max(0.0, flops_per_token_ - attention_flops_ - expert_flops_);
 }
 
@@ -113,9 +124,21 @@ std::string CostModel::misfit(const LayoutChoice& l) const {
     return "dp x micro_batch must divide the global batch";
   const int64_t microbatches = w_.global_batch / (l.dp * l.micro_batch);
   if (l.vpp > 1 && microbatches % l.pp != 0) return "interleaving needs micro-batches % pp == 0";
+  if (l.pp > 1 && microbatches < l.pp) return "1F1B needs at least pp micro-batches per step";
   if (l.recompute != "none" && l.recompute != "selective" && l.recompute != "full")
     return "recompute is none, selective or full";
   return "";
+}
+
+double CostModel::bubble_ratio(int64_t pp, int64_t microbatches, int64_t vpp) const {
+  if (pp == 1) return 0;
+  const auto key = std::make_tuple(pp, microbatches, vpp);
+  const auto it = bubbles_.find(key);
+  if (it != bubbles_.end()) return it->second;
+  const double makespan =
+      parallel::simulate_schedule(parallel::ScheduleKind::one_f_one_b, pp, microbatches, vpp);
+  const double busy = 3.0 * static_cast<double>(microbatches);  // forward 1 + backward 2 each
+  return bubbles_[key] = makespan / busy - 1;
 }
 
 const Link& CostModel::link(int64_t group, int64_t stride) const {
@@ -241,16 +264,22 @@ StepCost CostModel::predict(const LayoutChoice& l) const {
   StepCost c;
   c.compute_s = compute_seconds(l);
   const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
-  c.bubble_s =
-      c.compute_s * static_cast<double>(l.pp - 1) / (static_cast<double>(l.vpp) * microbatches);
+  c.bubble_s = c.compute_s * bubble_ratio(l.pp, static_cast<int64_t>(microbatches), l.vpp);
   add_communication(l, c);
   const double local = dense_params_ / static_cast<double>(l.tp * l.pp) /
                            (l.zero1 ? static_cast<double>(l.dp * l.cp) : 1.0) +
                        expert_params_ / static_cast<double>(l.ep * l.pp) /
                            (l.zero1 ? static_cast<double>(l.dp * l.cp * l.tp / l.ep) : 1.0);
   c.optimizer_s = local * kOptimizerBytesPerParam / hw_.memory_bandwidth;
-  c.step_s = c.compute_s + c.bubble_s + c.pp_comm_s + c.tp_comm_s + c.ep_comm_s + c.cp_comm_s +
-             c.dp_comm_s + c.optimizer_s;
+  // Layers split over tp and pp, tokens over dp and cp; the loss on the last stage.
+  const double tokens_here =
+      static_cast<double>(w_.global_batch * w_.seq_len) / static_cast<double>(l.dp * l.cp);
+  const double recompute = l.recompute == "full" ? 1.5 : 1.0;  // the forward's half again
+  c.elementwise_s = tokens_here *
+                    (elementwise_bytes_ * recompute / static_cast<double>(l.pp) + loss_bytes_) /
+                    static_cast<double>(l.tp) / hw_.memory_bandwidth;
+  c.step_s = c.compute_s + c.elementwise_s + c.bubble_s + c.pp_comm_s + c.tp_comm_s + c.ep_comm_s +
+             c.cp_comm_s + c.dp_comm_s + c.optimizer_s;
   const double tokens = static_cast<double>(w_.global_batch * w_.seq_len);
   c.tokens_per_s = tokens / c.step_s;
   c.tflops_per_device = flops_per_token_ * c.tokens_per_s / static_cast<double>(l.world()) / 1e12;

@@ -10,9 +10,10 @@
 //               gemm_efficiency x m / (m + gemm_half_rows)); the experts' share
 //               scaled by (1 + routing skew) under ep (the busiest rank sets
 //               the pace)
-//   pipeline    the schedule's bubble, (pp - 1) / (vpp m + pp - 1) of the
-//               compute (parallel/pipeline_schedule.h), plus the stage-to-
-//               stage activations
+//   pipeline    the schedule's bubble, from an event simulation of the 1F1B
+//               (interleaved with vpp > 1) schedule the trainer runs
+//               (parallel::simulate_schedule: backward twice a forward),
+//               plus the stage-to-stage activations
 //   tp          4 all-reduces (or all-gather + reduce-scatter with sequence
 //               parallelism: the same bytes) of a micro-batch's activations
 //               per layer, ring algorithm
@@ -22,6 +23,10 @@
 //   dp          the gradients' ring all-reduce (reduce-scatter + all-gather
 //               of bf16 weights under ZeRO-1), hidden under the last
 //               micro-batch's backward where it fits
+//   elementwise the memory-bound work between the GEMMs (norms, residual
+//               adds, RoPE, the SwiGLU gate, the router's softmax; the
+//               cross-entropy over the vocabulary, tp-sharded): bytes read
+//               and written per token, forward and backward / memory bandwidth
 //   optimizer   the bytes the update reads and writes / memory bandwidth
 // Each collective's time is latency x steps + bytes on the wire / bandwidth
 // of its link class: within a node when the group fits in one (ranks are
@@ -36,7 +41,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moetron/nn/model_config.h"
@@ -64,7 +71,7 @@ struct Workload {
 
 struct StepCost {
   double compute_s = 0, bubble_s = 0, pp_comm_s = 0, tp_comm_s = 0, ep_comm_s = 0, cp_comm_s = 0,
-         dp_comm_s = 0, optimizer_s = 0;
+         dp_comm_s = 0, optimizer_s = 0, elementwise_s = 0;
   double step_s = 0;
   double tokens_per_s = 0, mfu = 0, tflops_per_device = 0;
   double memory_bytes = 0;  // per device, the largest stage's
@@ -96,6 +103,9 @@ class CostModel {
   void add_communication(const LayoutChoice& l, StepCost& c) const;
   double memory_per_device(const LayoutChoice& l) const;
   const Link& link(int64_t group, int64_t stride) const;
+  // Idle time over busy time of a pp x vpp schedule of m micro-batches
+  // (simulated once per shape).
+  double bubble_ratio(int64_t pp, int64_t microbatches, int64_t vpp) const;
 
   Workload w_;
   HardwareProfile hw_;
@@ -103,7 +113,10 @@ class CostModel {
   double flops_per_token_ = 0;  // the MFU numerator (nn/flops.h)
   double attention_flops_ = 0, expert_flops_ = 0, dense_flops_ = 0;  // per token, training
   double dense_params_ = 0, expert_params_ = 0;
-  double activation_bytes_ = 0;  // per token per layer (bf16, before tp), averaged over layers
+  double activation_bytes_ = 0;   // per token per layer (bf16, before tp), averaged over layers
+  double elementwise_bytes_ = 0;  // per token, all layers (before tp), forward and backward
+  double loss_bytes_ = 0;         // per token: the cross-entropy's logits (before tp)
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t>, double> bubbles_;
 };
 
 // "tp=8,pp=8,dp=16,ep=8,cp=1,vpp=1,mb=1,recompute=full,zero1" (the form
