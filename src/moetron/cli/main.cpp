@@ -13,6 +13,7 @@
 
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/ckpt/export.h"
+#include "moetron/cli/calibrate_cmd.h"
 #include "moetron/cli/eval_cmd.h"
 #include "moetron/cli/memory_cmd.h"
 #include "moetron/cli/metrics_cmd.h"
@@ -151,6 +152,8 @@ int main(int argc, char** argv) {
   auto* metrics = cli::add_metrics_command(app, metrics_opts);
   cli::MemoryCommand memory_opts;
   auto* memory = cli::add_memory_command(app, memory_opts);
+  cli::CalibrateCommand calibrate_opts;
+  auto* calibrate = cli::add_calibrate_command(app, calibrate_opts);
   cli::ReportCommand report_opts;
   auto* report = cli::add_report_command(app, report_opts);
   train::LaunchOptions lopts;
@@ -170,6 +173,7 @@ int main(int argc, char** argv) {
     if (*prep) return cli::run_prepare_command(prep_opts);
     if (*exp) return run_export(export_opts);
     if (*memory) return cli::run_memory_command(memory_opts);
+    if (*calibrate) return cli::run_calibrate_command(calibrate_opts);
     if (*report) return cli::run_report_command(report_opts);
   } catch (const std::exception& e) {  // moetron::Error and the standard library's
     const std::string who = env.under_mpi ? "rank " + std::to_string(env.rank) + ": " : "";

@@ -77,7 +77,10 @@ CostModel::CostModel(Workload w, HardwareProfile hw) : w_(std::move(w)), hw_(std
   double activations = 0;
   for (int64_t i = 0; i < m.n_layers; ++i) {
     dense_params_ += 2 * d * q + 2 * d * kv + 2 * d;  // q, o; k, v; two norms
-    attention_flops_ += 12 * q * 2 * nn::layer_attended_pairs(m, i, w_.seq_len) / S;
+    // The attention core's real work: 4 GEMM FLOPs per visible pair and
+    // head dimension forward, 8 backward. (nn/flops.h, the MFU numerator,
+    // counts twice that, as PaLM does; the efficiency is of the real work.)
+    attention_flops_ += 12 * q * nn::layer_attended_pairs(m, i, w_.seq_len) / S;
     // Saved per token (bf16): the norms' outputs, q k v, the attention output
     // and its projection, the residuals; then the FFN's input, gate, up and
     // their product (top_k copies of the expert ones).
@@ -105,7 +108,7 @@ CostModel::CostModel(Workload w, HardwareProfile hw) : w_(std::move(w)), hw_(std
   flops_per_token_ = nn::model_flops_per_token(m, e, w_.seq_len);
   // fp32 logits of a chunk: written, read for the softmax, gradient written.
   loss_bytes_ = kF32 * 3 * static_cast<double>(m.vocab_size);
-  dense_flops_ = std::max(0.0, flops_per_token_ - attention_flops_ - expert_flops_);
+  dense_flops_ = std::max(0.0, flops_per_token_ - 2 * attention_flops_ - expert_flops_);
 }
 
 std::string CostModel::misfit(const LayoutChoice& l) const {

@@ -2,8 +2,11 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "moetron/core/error.h"
 
@@ -77,6 +80,79 @@ HardwareProfile hardware_profile_named(const std::string& configs_dir, const std
   const std::string path = configs_dir + "/hardware/" + name + ".toml";
   MOETRON_CHECK(std::filesystem::exists(path), "--device '", name, "': no profile '", path, "'");
   return load_hardware_profile(path);
+}
+
+void write_hardware_profile(const std::string& path, const HardwareProfile& p) {
+  auto quoted = [](const std::string& text) {  // a TOML basic string
+    std::string q = "\"";
+    for (const char c : text) {
+      if (c == '"' || c == '\\') q += '\\';
+      q += c;
+    }
+    return q + "\"";
+  };
+  std::ostringstream out;
+  out << "# Written by `moetron calibrate`: every number from a micro-benchmark\n"
+      << "# run on this machine (see [sources]).\n"
+      << "name = " << quoted(p.name) << "\n\n[device]\n"
+      << "peak_tflops = " << p.peak_flops / 1e12 << "\n"
+      << "gemm_efficiency = " << p.gemm_efficiency << "\n"
+      << "gemm_half_rows = " << p.gemm_half_rows << "\n"
+      << "attention_efficiency = " << p.attention_efficiency << "\n"
+      << "memory_gib = " << p.memory_bytes / double(1 << 30) << "\n"
+      << "memory_tbps = " << p.memory_bandwidth / 1e12 << "\n"
+      << "devices_per_node = " << p.devices_per_node << "\n";
+  for (const auto& [section, link] : {std::pair{"intra", p.intra}, std::pair{"inter", p.inter}}) {
+    out << "\n[" << section << "]\nbandwidth_gbps = " << link.bandwidth / 1e9
+        << "\nlatency_us = " << link.latency * 1e6 << "\n";
+  }
+  out << "\n[sources]\n";
+  for (const auto& [k, v] : p.sources) out << quoted(k) << " = " << quoted(v) << "\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    MOETRON_CHECK(f.good(), "cannot open '", tmp, "' for writing");
+    f << out.str();
+    f.flush();
+    MOETRON_CHECK(f.good(), "cannot write '", tmp, "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  MOETRON_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+GemmFit fit_gemm_rows(const std::vector<std::pair<double, double>>& samples, double peak_flops) {
+  MOETRON_CHECK(samples.size() >= 2 && peak_flops > 0,
+                "fit_gemm_rows: needs two samples and a peak");
+  std::vector<std::pair<double, double>> s = samples;
+  std::sort(s.begin(), s.end());
+  GemmFit fit;
+  fit.efficiency = std::min(1.0, s.back().second / peak_flops);
+  std::vector<double> halves;
+  for (size_t i = 0; i + 1 < s.size(); ++i) {
+    const double eff = s[i].second / peak_flops;
+    halves.push_back(std::max(0.0, s[i].first * (fit.efficiency / eff - 1)));
+  }
+  std::sort(halves.begin(), halves.end());
+  fit.half_rows = std::max(1.0, halves[halves.size() / 2]);
+  return fit;
+}
+
+Link fit_link(const std::vector<std::pair<double, double>>& samples) {
+  MOETRON_CHECK(samples.size() >= 2, "fit_link: needs two sizes");
+  // seconds = a + bytes * c: least squares, then latency a / 2, bandwidth 1 / c.
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : samples) {
+    n += 1;
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double c = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  const double a = (sy - c * sx) / n;
+  MOETRON_CHECK(c > 0, "fit_link: time does not grow with bytes (", c, " s/byte)");
+  return {1 / c, std::max(0.0, a / 2)};
 }
 
 }  // namespace moetron::planner

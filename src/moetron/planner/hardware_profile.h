@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace moetron::planner {
 
@@ -44,5 +46,20 @@ struct HardwareProfile {
 HardwareProfile load_hardware_profile(const std::string& path);
 // configs/hardware/<name>.toml under `configs_dir` (name: h100, h200, ...).
 HardwareProfile hardware_profile_named(const std::string& configs_dir, const std::string& name);
+// Writes `p` in the form load_hardware_profile reads (with its sources),
+// whole to a temporary name and renamed: a failure leaves no partial file.
+void write_hardware_profile(const std::string& path, const HardwareProfile& p);
+
+// Calibration fits, from micro-benchmark samples:
+// GEMM rate by rows: (rows, FLOP/s) -> the large-GEMM efficiency (the
+// largest sample's rate / peak) and the rows at which the rate is half of
+// it (the median over the smaller samples of m (eff / eff(m) - 1)).
+struct GemmFit {
+  double efficiency = 0, half_rows = 0;
+};
+GemmFit fit_gemm_rows(const std::vector<std::pair<double, double>>& samples, double peak_flops);
+// A 2-rank all-reduce's (bytes, seconds) at two or more sizes -> the link:
+// time = 2 latency + bytes / bandwidth (least squares).
+Link fit_link(const std::vector<std::pair<double, double>>& samples);
 
 }  // namespace moetron::planner
