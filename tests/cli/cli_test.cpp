@@ -11,8 +11,11 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "moetron/core/error.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/planner/hardware_profile.h"
 
 namespace moetron {
 namespace {
@@ -225,6 +228,40 @@ TEST(Cli, TheReadmeUsageBlockListsEveryCommand) {
                           "moetron export", "MOETRON_INJECT_FAILURE", "--version"}) {
     EXPECT_NE(block.find(cmd), std::string::npos) << cmd << " missing from:\n" << block;
   }
+}
+
+// `moetron calibrate` under mpirun writes a profile the planner reads, and
+// `moetron plan --cluster` searches with it; without mpirun it says how to run.
+TEST(Cli, CalibrateWritesAProfileThatPlanSearchesWith) {
+  const Outcome alone = run("calibrate --out " + root() + "/never.toml");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(alone.err.find("mpirun -n 2"), std::string::npos) << alone.err;
+  EXPECT_FALSE(std::filesystem::exists(root() + "/never.toml"));
+  const std::string profile = root() + "/calibrated.toml";
+  const Outcome cal = run("calibrate --seq-len 128 --out " + profile,
+                          "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                          "mpirun -n 2 --oversubscribe --bind-to none");
+  ASSERT_EQ(cal.code, 0) << cal.err;
+  const planner::HardwareProfile p = planner::load_hardware_profile(profile);
+  EXPECT_GT(p.peak_flops, 1e9);
+  EXPECT_GT(p.intra.bandwidth, 0);
+  EXPECT_EQ(p.sources.size(), 11u);
+  const Outcome plan =
+      run("plan --config " MOETRON_SOURCE_DIR "/configs/tiny.toml --cluster 1x2 --device " +
+          profile + " --top 3 --json " + root() + "/plans.json");
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("searched "), std::string::npos) << plan.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(root() + "/plans.json"));
+  ASSERT_FALSE(j.at("plans").empty());
+  EXPECT_LE(j.at("plans").size(), 3u);
+  // One given layout that the model cannot split: the reason, and no file.
+  const Outcome bad = run("plan --config " MOETRON_SOURCE_DIR
+                          "/configs/scale/moe-1.6t.toml --cluster 2x8 --device h200 "
+                          "--layout tp=3,pp=1,dp=1,cp=1 --json " +
+                          root() + "/bad.json");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("dp x tp x pp x cp"), std::string::npos) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(root() + "/bad.json"));
 }
 
 }  // namespace
