@@ -82,6 +82,10 @@ TEST(HardwareProfile, AWrittenProfileReadsBackAndTheFitsRecoverTheirModels) {
   const Link l = fit_link(ar);
   EXPECT_NEAR(l.bandwidth, 4e9, 1);
   EXPECT_NEAR(l.latency, 5e-6, 1e-12);
+  // Noise that makes a larger message faster: still a positive link.
+  const Link noisy = fit_link({{8.0, 4e-5}, {65536.0, 3e-5}, {4194304.0, 1e-5}});
+  EXPECT_NEAR(noisy.bandwidth, 4194304.0 / 1e-5, 1);
+  EXPECT_GT(noisy.latency, 0);
   HardwareProfile p = load_hardware_profile(kConfigs + "/hardware/h200.toml");
   p.gemm_half_rows = g.half_rows;
   p.intra = l;

@@ -85,7 +85,7 @@ double memory_bandwidth() {
 
 planner::Link link_of(comm::Communicator& world) {
   std::vector<std::pair<double, double>> samples;
-  for (const int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20}) {
+  for (const int64_t bytes : {int64_t{8}, int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20}) {
     Tensor x = Tensor::zeros({bytes / 4}, DType::f32, MemTag::comm);
     double s = best_seconds(10, [&] {
       world.barrier();
@@ -151,8 +151,8 @@ int run_calibrate_command(const CalibrateCommand& o) {
       {"device.memory_gib", by + "available memory / devices per node"},
       {"device.memory_tbps", by + "a 256 MiB f32 copy (bytes read + written)"},
       {"device.devices_per_node", by + "cores / --threads (or --devices-per-node)"},
-      {"intra.bandwidth_gbps", by + "2-rank MPI all-reduce of 64 KiB, 1 and 4 MiB (fit)"},
-      {"intra.latency_us", by + "2-rank MPI all-reduce of 64 KiB, 1 and 4 MiB (fit)"},
+      {"intra.bandwidth_gbps", by + "2-rank MPI all-reduce of 8 B to 4 MiB (least squares)"},
+      {"intra.latency_us", by + "2-rank MPI all-reduce of 8 bytes"},
       {"inter.bandwidth_gbps", "one machine: no link between nodes; set equal to intra"},
       {"inter.latency_us", "one machine: no link between nodes; set equal to intra"}};
   planner::write_hardware_profile(o.out, p);

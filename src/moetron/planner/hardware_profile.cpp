@@ -149,10 +149,20 @@ Link fit_link(const std::vector<std::pair<double, double>>& samples) {
     sxx += x * x;
     sxy += x * y;
   }
-  const double c = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-  const double a = (sy - c * sx) / n;
-  MOETRON_CHECK(c > 0, "fit_link: time does not grow with bytes (", c, " s/byte)");
-  return {1 / c, std::max(0.0, a / 2)};
+  double c = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  if (!(c > 0)) {
+    // Times that do not grow with bytes (a machine too busy to measure):
+    // the largest message's whole time as if it were all bandwidth, which
+    // overstates the cost rather than understating it.
+    const auto largest = *std::max_element(samples.begin(), samples.end());
+    MOETRON_CHECK(largest.first > 0 && largest.second > 0, "fit_link: no positive sample");
+    c = largest.second / largest.first;
+  }
+  // The latency from the smallest message, less its bytes' share: a
+  // least-squares intercept of noisy large messages can come out <= 0.
+  const auto smallest = *std::min_element(samples.begin(), samples.end());
+  const double rest = smallest.second - smallest.first * c;
+  return {1 / c, rest > 0 ? rest / 2 : smallest.second / 2};
 }
 
 }  // namespace moetron::planner

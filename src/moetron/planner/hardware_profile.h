@@ -59,7 +59,10 @@ struct GemmFit {
 };
 GemmFit fit_gemm_rows(const std::vector<std::pair<double, double>>& samples, double peak_flops);
 // A 2-rank all-reduce's (bytes, seconds) at two or more sizes -> the link:
-// time = 2 latency + bytes / bandwidth (least squares).
+// time = 2 latency + bytes / bandwidth (the bandwidth by least squares, the
+// latency from the smallest message; always positive). When the times do not
+// grow with bytes (a busy machine), the largest message's time is taken as
+// all bandwidth: an overstated cost, never an understated one.
 Link fit_link(const std::vector<std::pair<double, double>>& samples);
 
 }  // namespace moetron::planner
