@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "moetron/core/error.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/train/memory_report.h"
 #include "moetron/train/trainer.h"
 
@@ -118,12 +119,8 @@ int run_memory_command(const MemoryCommand& o) {
     std::cout << "largest micro-batch within " << planner::format_bytes(budget) << " under "
               << rows[i].label << ": " << fits[i].get<int64_t>() << "\n";
   }
-  if (!o.json_path.empty()) {
-    std::ofstream f(o.json_path);
-    MOETRON_CHECK(f.good(), "cannot open '", o.json_path, "' for writing");
-    f << j.dump(2) << "\n";
-    MOETRON_CHECK(f.good(), "cannot write '", o.json_path, "'");
-  }
+  // Renamed into place: a failed write leaves no partial file.
+  if (!o.json_path.empty()) write_file_atomically(o.json_path, j.dump(2) + "\n");
   return 0;
 }
 

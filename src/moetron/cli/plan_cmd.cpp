@@ -6,6 +6,7 @@
 
 #include "moetron/cli/plan_search.h"
 #include "moetron/core/error.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/train/plan_config.h"
 #include "moetron/train/plan_report.h"
 
@@ -59,7 +60,7 @@ int run_plan_command(const PlanCommand& o) {
                  "may split "
                  "the stages differently from the FLOP split shown\n";
   }
-  if (!o.json_path.empty()) write_json_file(o.json_path, j);
+  if (!o.json_path.empty()) write_file_atomically(o.json_path, j.dump(2) + "\n");
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moetron/core/error.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/planner/layout_search.h"
 #include "moetron/train/config.h"
 
@@ -111,18 +112,6 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
 
 }  // namespace
 
-void write_json_file(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    MOETRON_CHECK(f.good(), "cannot open '", tmp, "' for writing");
-    f << j.dump(2) << "\n";
-    MOETRON_CHECK(f.good(), "cannot write '", tmp, "'");
-  }
-  MOETRON_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path,
-                "'");
-}
-
 int run_plan_search(const PlanCommand& o) {
   const train::Config cfg = train::load_config(o.config, o.sets);
   const auto [nodes, per_node] = parse_cluster(o.cluster);
@@ -169,7 +158,7 @@ int run_plan_search(const PlanCommand& o) {
   print_plans(plans);
   j["plans"] = nlohmann::json::array();
   for (const auto& p : plans) j["plans"].push_back(plan_json(p));
-  if (!o.json_path.empty()) write_json_file(o.json_path, j);
+  if (!o.json_path.empty()) write_file_atomically(o.json_path, j.dump(2) + "\n");
   return 0;
 }
 

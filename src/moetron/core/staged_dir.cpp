@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "moetron/core/error.h"
 
@@ -65,6 +67,25 @@ void StagedDir::commit() {
   committed_ = true;
   const fs::path parent = fs::path(final_).parent_path();
   fsync_path(parent.empty() ? "." : parent.string());
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    MOETRON_CHECK(f.good(), "cannot write '", tmp, "': ", std::strerror(errno));
+    f << text;
+    f.close();
+    if (!f.good()) {
+      std::remove(tmp.c_str());
+      MOETRON_FAIL("writing '", tmp, "' failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    MOETRON_FAIL("cannot rename '", tmp, "' to '", path, "': ", why);
+  }
 }
 
 }  // namespace moetron

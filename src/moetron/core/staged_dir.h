@@ -32,6 +32,10 @@ class StagedDir {
   bool committed_ = false;
 };
 
+// Writes `text` to `path` through a temporary sibling renamed into place:
+// a failed write leaves no partial file and the previous one untouched.
+// Throws naming the path.
+void write_file_atomically(const std::string& path, const std::string& text);
 // Flushes a file or directory to stable storage; throws naming the path.
 void fsync_path(const std::string& path);
 // Removes a directory tree; quiet if it does not exist.

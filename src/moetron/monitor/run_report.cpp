@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "moetron/core/error.h"
+#include "moetron/core/staged_dir.h"
 #include "moetron/monitor/svg_plot.h"
 
 namespace moetron::monitor {
@@ -108,25 +109,6 @@ std::string render_report_html(const RunHistory& h, const RunSummary& s,
   if (any_heatmap) out += "<h2>Expert load</h2>\n" + figures(panels, true);
   if (!h.events.empty()) out += "<h2>Events</h2>\n" + events_table(h);
   return out + "</body>\n</html>\n";
-}
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    MOETRON_CHECK(f.good(), "cannot write '", tmp, "': ", std::strerror(errno));
-    f << text;
-    f.close();
-    if (!f.good()) {
-      std::remove(tmp.c_str());
-      MOETRON_FAIL("writing '", tmp, "' failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    MOETRON_FAIL("cannot rename '", tmp, "' to '", path, "': ", why);
-  }
 }
 
 ReportResult write_run_report(const ReportOptions& o) {

@@ -32,7 +32,4 @@ ReportResult write_run_report(const ReportOptions& opts);
 std::string render_report_html(const RunHistory& h, const RunSummary& s,
                                const std::vector<Panel>& panels);
 
-// Writes `text` to path.tmp-PID, then renames it to `path`; throws naming the path.
-void write_file_atomically(const std::string& path, const std::string& text);
-
 }  // namespace moetron::monitor

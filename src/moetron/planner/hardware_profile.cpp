@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include "moetron/core/error.h"
+#include "moetron/core/staged_dir.h"
 
 namespace moetron::planner {
 
@@ -108,17 +108,7 @@ void write_hardware_profile(const std::string& path, const HardwareProfile& p) {
   }
   out << "\n[sources]\n";
   for (const auto& [k, v] : p.sources) out << quoted(k) << " = " << quoted(v) << "\n";
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    MOETRON_CHECK(f.good(), "cannot open '", tmp, "' for writing");
-    f << out.str();
-    f.flush();
-    MOETRON_CHECK(f.good(), "cannot write '", tmp, "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  MOETRON_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  write_file_atomically(path, out.str());
 }
 
 GemmFit fit_gemm_rows(const std::vector<std::pair<double, double>>& samples, double peak_flops) {

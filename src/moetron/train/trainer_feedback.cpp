@@ -63,23 +63,30 @@ std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving, bool residu
   return out;
 }
 
-bool Trainer::saved_layout_matches(const std::string& dir) const {
+namespace {
+
+nlohmann::json saved_trainer_state(const std::string& dir) {
   std::ifstream f(dir + "/" + ckpt::kTrainerFile);
-  const nlohmann::json st = nlohmann::json::parse(f);
-  const parallel::PlanSettings& s = plan_->settings();
-  return st.value("dp", int64_t{0}) == plan_->dp() && st.value("tp", int64_t{1}) == s.tp &&
-         st.value("ep", int64_t{1}) == s.ep && st.value("pp", int64_t{1}) == s.pp &&
-         st.value("cp", int64_t{1}) == s.cp;
+  return nlohmann::json::parse(f);
+}
+
+// Whether the checkpoint's layout differs from `s` at most in dp.
+bool same_but_dp(const nlohmann::json& st, const parallel::PlanSettings& s) {
+  return st.value("tp", int64_t{1}) == s.tp && st.value("ep", int64_t{1}) == s.ep &&
+         st.value("pp", int64_t{1}) == s.pp && st.value("cp", int64_t{1}) == s.cp;
+}
+
+}  // namespace
+
+bool Trainer::saved_layout_matches(const std::string& dir) const {
+  const nlohmann::json st = saved_trainer_state(dir);
+  return st.value("dp", int64_t{0}) == plan_->dp() && same_but_dp(st, plan_->settings());
 }
 
 void Trainer::fold_residuals(const std::string& dir) {
   if (cfg_.parallel.compression == "none") return;
-  std::ifstream f(dir + "/" + ckpt::kTrainerFile);
-  const nlohmann::json st = nlohmann::json::parse(f);
-  const parallel::PlanSettings& s = plan_->settings();
-  const bool only_dp = st.value("tp", int64_t{1}) == s.tp && st.value("ep", int64_t{1}) == s.ep &&
-                       st.value("pp", int64_t{1}) == s.pp && st.value("cp", int64_t{1}) == s.cp;
-  if (!only_dp) {
+  const nlohmann::json st = saved_trainer_state(dir);
+  if (!same_but_dp(st, plan_->settings())) {
     if (is_root())
       std::cerr << "notice: checkpoint '" << dir << "' was saved with another tp, ep, pp or cp; "
                 << "gradient compression's error feedback starts from zero\n";
