@@ -250,7 +250,7 @@ TEST(Cli, CalibrateWritesAProfileThatPlanSearchesWith) {
       run("plan --config " MOETRON_SOURCE_DIR "/configs/tiny.toml --cluster 1x2 --device " +
           profile + " --top 3 --json " + root() + "/plans.json");
   ASSERT_EQ(plan.code, 0) << plan.err;
-  EXPECT_NE(plan.out.find("searched "), std::string::npos) << plan.out;
+  EXPECT_NE(plan.out.find("exhaustive: "), std::string::npos) << plan.out;
   const nlohmann::json j = nlohmann::json::parse(slurp(root() + "/plans.json"));
   ASSERT_FALSE(j.at("plans").empty());
   EXPECT_LE(j.at("plans").size(), 3u);
@@ -262,6 +262,26 @@ TEST(Cli, CalibrateWritesAProfileThatPlanSearchesWith) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("dp x tp x pp x cp"), std::string::npos) << bad.err;
   EXPECT_FALSE(std::filesystem::exists(root() + "/bad.json"));
+}
+
+TEST(Cli, PlanTakesAPresetAndSearchesWithReinforcementLearning) {
+  const Outcome rl = run("plan --model mixtral-8x7b --cluster 8x8 --device h200 --top 1 "
+                         "--search both --seed 3 --json " +
+                         root() + "/rl.json");
+  ASSERT_EQ(rl.code, 0) << rl.err;
+  const nlohmann::json j = nlohmann::json::parse(slurp(root() + "/rl.json"));
+  EXPECT_GT(j.at("rl").at("evaluations").get<int64_t>(), 0);
+  EXPECT_LT(j.at("rl").at("evaluations").get<int64_t>(),
+            j.at("exhaustive").at("evaluated").get<int64_t>());
+  EXPECT_LE(j.at("rl").at("gap_to_exhaustive").get<double>(), 0.02);
+  EXPECT_EQ(j.at("plans").size(), 1u);
+  EXPECT_NE(rl.out.find("4.67e+10 parameters"), std::string::npos) << rl.out;
+  const Outcome unknown = run("plan --model mixtral-8x9b --cluster 8x8");
+  EXPECT_NE(unknown.code, 0);
+  EXPECT_NE(unknown.err.find("configs/scale/mixtral-8x9b.toml"), std::string::npos) << unknown.err;
+  const Outcome neither = run("plan --cluster 8x8");
+  EXPECT_NE(neither.code, 0);
+  EXPECT_NE(neither.err.find("--config FILE or --model PRESET"), std::string::npos) << neither.err;
 }
 
 }  // namespace

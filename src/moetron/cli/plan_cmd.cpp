@@ -16,8 +16,12 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& o) {
   auto* cmd = app.add_subcommand("plan",
                                  "print the plan of a config on N ranks (coordinates, groups, "
                                  "stages, buckets, memory) without MPI");
-  cmd->add_option("--config", o.config, "TOML config file (the model, seq_len, global batch)")
-      ->required();
+  auto* config =
+      cmd->add_option("--config", o.config, "TOML config file (the model, seq_len, global batch)");
+  cmd->add_option("--model", o.model,
+                  "a preset instead of --config: configs/scale/<model>.toml (mixtral-8x7b, "
+                  "mixtral-8x22b, deepseek-v3, switch-c, moe-1.6t, moe-10t)")
+      ->excludes(config);
   cmd->add_option("-n,--ranks", o.ranks, "ranks of the job planned (without --cluster)");
   cmd->add_option("--cluster", o.cluster,
                   "search layouts for NODESxDEVICES (e.g. 128x8) with the cost model");
@@ -30,6 +34,12 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& o) {
                   "vpp=..,mb=..,recompute=none|selective|full,zero1]");
   cmd->add_option("--routing-skew", o.routing_skew,
                   "the busiest expert rank's extra load under ep (search mode)");
+  cmd->add_option("--search", o.search,
+                  "search mode: exhaustive (every layout), rl (a REINFORCE policy against the "
+                  "cost model) or both (rl, and its gap to the exhaustive optimum)")
+      ->check(CLI::IsMember({"exhaustive", "rl", "both"}));
+  cmd->add_option("--rl-samples", o.rl_samples, "the rl search's budget of sampled layouts");
+  cmd->add_option("--seed", o.seed, "the rl search's random seed");
   cmd->add_option("--set", o.sets, "override a config key: key=value (repeatable)");
   cmd->add_option("--json", o.json_path,
                   "also write the plan as JSON to this file ('-': stdout only)");
@@ -39,7 +49,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& o) {
   return cmd;
 }
 
-int run_plan_command(const PlanCommand& o) {
+int run_plan_command(const PlanCommand& given) {
+  MOETRON_CHECK(!given.config.empty() || !given.model.empty(),
+                "moetron plan: --config FILE or --model PRESET is required");
+  PlanCommand o = given;
+  if (!o.model.empty()) o.config = find_configs_file("scale", o.model, "--model");
   if (!o.cluster.empty()) return run_plan_search(o);
   MOETRON_CHECK(o.ranks >= 1, "-n must be >= 1, got ", o.ranks);
   const train::Config cfg = train::load_config(o.config, o.sets);

@@ -12,6 +12,7 @@ namespace moetron::cli {
 
 struct PlanCommand {
   std::string config;
+  std::string model;  // a preset: configs/scale/<model>.toml (instead of --config)
   std::vector<std::string> sets;
   int64_t ranks = 1;
   std::string json_path;  // "-": JSON on stdout instead of the table
@@ -25,6 +26,9 @@ struct PlanCommand {
   int64_t seq_len = 0;       // 0: the config's
   std::string layout;        // "tp=8,pp=8,dp=16,...": evaluate this one instead of searching
   double routing_skew = 0.1;
+  std::string search = "exhaustive";  // exhaustive | rl | both (rl, with its gap to exhaustive)
+  int64_t rl_samples = 20000;         // the rl search's sample budget
+  uint64_t seed = 1;                  // the rl search's
 };
 
 CLI::App* add_plan_command(CLI::App& app, PlanCommand& opts);

@@ -10,6 +10,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/planner/layout_rl.h"
 #include "moetron/planner/layout_search.h"
 #include "moetron/train/config.h"
 
@@ -19,23 +20,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// --device NAME: configs/hardware/NAME.toml beside the working directory or
-// the binary's checkout; a path to a .toml file as is.
+// --device NAME: configs/hardware/NAME.toml; a path to a .toml file as is.
 planner::HardwareProfile find_profile(const std::string& device) {
   if (device.ends_with(".toml")) return planner::load_hardware_profile(device);
-  std::vector<fs::path> roots = {fs::current_path() / "configs"};
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    roots.push_back(exe.parent_path().parent_path() / "configs");
-    roots.push_back(exe.parent_path() / "configs");
-  }
-  for (const auto& r : roots) {
-    if (fs::exists(r / "hardware" / (device + ".toml")))
-      return planner::hardware_profile_named(r.string(), device);
-  }
-  MOETRON_FAIL("--device '", device, "': no configs/hardware/", device,
-               ".toml here or beside the binary (or pass a .toml path)");
+  return planner::load_hardware_profile(find_configs_file("hardware", device, "--device"));
 }
 
 std::pair<int64_t, int64_t> parse_cluster(const std::string& s) {
@@ -112,6 +100,76 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
 
 }  // namespace
 
+std::string find_configs_file(const std::string& dir, const std::string& name,
+                              const std::string& option) {
+  std::vector<fs::path> roots = {fs::current_path() / "configs"};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    roots.push_back(exe.parent_path().parent_path() / "configs");
+    roots.push_back(exe.parent_path() / "configs");
+  }
+  for (const auto& r : roots) {
+    const fs::path f = r / dir / (name + ".toml");
+    if (fs::exists(f)) return f.string();
+  }
+  MOETRON_FAIL(option, " '", name, "': no configs/", dir, "/", name,
+               ".toml under the working directory or beside the binary");
+}
+
+namespace {
+
+// The ranked plans of the search --search names; their statistics go into `j`.
+std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t devices,
+                                        const PlanCommand& o, nlohmann::json& j) {
+  const planner::HardwareProfile& hw = model.hardware();
+  planner::SearchResult r;
+  if (o.search != "rl") {
+    r = planner::search_layouts(model, devices, o.top);
+    std::printf("exhaustive: %lld layouts, %lld fit, in %.3f s\n",
+                static_cast<long long>(r.evaluated), static_cast<long long>(r.fit), r.seconds);
+    MOETRON_CHECK(!r.plans.empty(), "no layout of ", devices, " ", hw.name,
+                  " devices fits this workload: the leanest (", r.leanest.str(), ") needs ",
+                  gib(r.leanest_bytes), " GiB per device of ", gib(hw.memory_bytes),
+                  " (weights, gradients and ZeRO-1 state; moetron has no ZeRO-3 or offload yet)");
+    j["exhaustive"] = {{"evaluated", r.evaluated}, {"fit", r.fit}, {"seconds", r.seconds}};
+    if (o.search == "exhaustive") return r.plans;
+  }
+  planner::RlOptions ro;
+  ro.max_samples = o.rl_samples;
+  ro.seed = o.seed;
+  const planner::RlResult rl = planner::rl_search_layouts(model, devices, {}, ro);
+  std::printf(
+      "rl: %lld samples, %lld policy updates, %lld distinct layouts evaluated (%lld more by the "
+      "polish), in %.3f s\n",
+      static_cast<long long>(rl.samples), static_cast<long long>(rl.updates),
+      static_cast<long long>(rl.policy_evaluations),
+      static_cast<long long>(rl.evaluations - rl.policy_evaluations), rl.seconds);
+  MOETRON_CHECK(rl.found, "the rl search found no layout of ", devices, " ", hw.name,
+                " devices that fits this workload in ", rl.samples,
+                " samples (--search exhaustive says whether one exists)");
+  j["rl"] = {{"samples", rl.samples},
+             {"evaluations", rl.evaluations},
+             {"policy_evaluations", rl.policy_evaluations},
+             {"policy_step_s", rl.policy_step_s},
+             {"updates", rl.updates},
+             {"seconds", rl.seconds},
+             {"seed", o.seed}};
+  if (o.search == "both") {
+    const double optimum = r.plans.front().cost.step_s;
+    const double gap = rl.best.cost.step_s / optimum - 1, policy_gap = rl.policy_step_s / optimum - 1;
+    std::printf(
+        "rl's best is %+.2f%% of the exhaustive optimum's step time (the policy alone %+.2f%%), "
+        "from %.1f%% of its evaluations\n",
+        100 * gap, 100 * policy_gap, 100.0 * double(rl.evaluations) / double(r.evaluated));
+    j["rl"]["gap_to_exhaustive"] = gap;
+    j["rl"]["policy_gap_to_exhaustive"] = policy_gap;
+  }
+  return {rl.best};
+}
+
+}  // namespace
+
 int run_plan_search(const PlanCommand& o) {
   const train::Config cfg = train::load_config(o.config, o.sets);
   const auto [nodes, per_node] = parse_cluster(o.cluster);
@@ -143,17 +201,7 @@ int run_plan_search(const PlanCommand& o) {
       std::printf("warning: %.1f GiB per device does not fit %s's %.0f GiB\n",
                   gib(plans.back().cost.memory_bytes), hw.name.c_str(), gib(hw.memory_bytes));
   } else {
-    const planner::SearchResult r = planner::search_layouts(model, devices, o.top);
-    std::printf("searched %lld layouts, %lld fit, in %.3f s\n", static_cast<long long>(r.evaluated),
-                static_cast<long long>(r.fit), r.seconds);
-    MOETRON_CHECK(!r.plans.empty(), "no layout of ", devices, " ", hw.name,
-                  " devices fits this workload: the leanest (", r.leanest.str(), ") needs ",
-                  gib(r.leanest_bytes), " GiB per device of ", gib(hw.memory_bytes),
-                  " (weights, gradients and ZeRO-1 state; moetron has no ZeRO-3 or offload yet)");
-    plans = r.plans;
-    j["evaluated"] = r.evaluated;
-    j["fit"] = r.fit;
-    j["search_seconds"] = r.seconds;
+    plans = search(model, devices, o, j);
   }
   print_plans(plans);
   j["plans"] = nlohmann::json::array();

@@ -337,8 +337,12 @@ LayoutChoice parse_layout(const std::string& text, int64_t devices) {
   return l;
 }
 
+double memory_budget(const HardwareProfile& hw) {
+  return kMemoryHeadroom * hw.memory_bytes;
+}
+
 bool fits_memory(const StepCost& c, const HardwareProfile& hw) {
-  return c.memory_bytes <= kMemoryHeadroom * hw.memory_bytes;
+  return c.memory_bytes <= memory_budget(hw);
 }
 
 }  // namespace moetron::planner

@@ -124,8 +124,10 @@ class CostModel {
 // the others leave of `devices`. Throws naming the bad item.
 LayoutChoice parse_layout(const std::string& text, int64_t devices);
 
-// Whether a plan's memory fits the device (with 10% headroom for the
+// The bytes a plan may fill per device: 90% of its memory (headroom for the
 // allocator's rounding and the workspace the estimate leaves out).
+double memory_budget(const HardwareProfile& hw);
+// Whether a plan's memory fits the device's budget.
 bool fits_memory(const StepCost& c, const HardwareProfile& hw);
 
 }  // namespace moetron::planner

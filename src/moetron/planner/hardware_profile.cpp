@@ -76,12 +76,6 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   return p;
 }
 
-HardwareProfile hardware_profile_named(const std::string& configs_dir, const std::string& name) {
-  const std::string path = configs_dir + "/hardware/" + name + ".toml";
-  MOETRON_CHECK(std::filesystem::exists(path), "--device '", name, "': no profile '", path, "'");
-  return load_hardware_profile(path);
-}
-
 void write_hardware_profile(const std::string& path, const HardwareProfile& p) {
   auto quoted = [](const std::string& text) {  // a TOML basic string
     std::string q = "\"";

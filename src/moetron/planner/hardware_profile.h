@@ -44,8 +44,6 @@ struct HardwareProfile {
 // Reads a profile; an unknown, missing or non-positive key is an error naming
 // the key and the file.
 HardwareProfile load_hardware_profile(const std::string& path);
-// configs/hardware/<name>.toml under `configs_dir` (name: h100, h200, ...).
-HardwareProfile hardware_profile_named(const std::string& configs_dir, const std::string& name);
 // Writes `p` in the form load_hardware_profile reads (with its sources),
 // whole to a temporary name and renamed: a failure leaves no partial file.
 void write_hardware_profile(const std::string& path, const HardwareProfile& p);

@@ -5,8 +5,6 @@
 
 namespace moetron::planner {
 
-namespace {
-
 std::vector<int64_t> divisors(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t k = 1; k <= n; ++k) {
@@ -14,8 +12,6 @@ std::vector<int64_t> divisors(int64_t n) {
   }
   return out;
 }
-
-}  // namespace
 
 SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top,
                             const SearchSpace& space) {

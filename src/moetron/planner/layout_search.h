@@ -35,6 +35,9 @@ struct SearchSpace {
   int64_t max_cp = 8;
 };
 
+// The divisors of n, ascending.
+std::vector<int64_t> divisors(int64_t n);
+
 SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top,
                             const SearchSpace& space = {});
 
