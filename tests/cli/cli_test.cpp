@@ -15,7 +15,9 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/planner/cost_model.h"
 #include "moetron/planner/hardware_profile.h"
+#include "moetron/train/config.h"
 
 namespace moetron {
 namespace {
@@ -262,6 +264,32 @@ TEST(Cli, CalibrateWritesAProfileThatPlanSearchesWith) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("dp x tp x pp x cp"), std::string::npos) << bad.err;
   EXPECT_FALSE(std::filesystem::exists(root() + "/bad.json"));
+}
+
+// parallel.auto under mpirun: the planner's layout is printed before
+// training, and the run trains with it (the checkpoint's config says so).
+TEST(Cli, TrainWithParallelAutoPrintsAndRunsThePlannersLayout) {
+  const std::string out = root() + "/auto";
+  const Outcome r = run(train_args(out, "--set parallel.auto=true --set train.global_batch=8"),
+                        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                        "OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe --bind-to none");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.out.find("parallel.auto: dp=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_LT(at, r.out.find("trained 2 steps")) << r.out;
+  const std::string layout = r.out.substr(at + 15, r.out.find(' ', at + 15) - at - 15);
+  const planner::LayoutChoice l = planner::parse_layout(layout, 2);
+  std::string saved;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(out)) {
+    if (e.path().filename() == "moetron.toml") saved = e.path().string();
+  }
+  ASSERT_FALSE(saved.empty()) << "no checkpoint config under " << out;
+  const train::Config cfg = train::load_config(saved);
+  EXPECT_EQ(cfg.parallel.tp, l.tp);
+  EXPECT_EQ(cfg.parallel.pp, l.pp);
+  EXPECT_EQ(cfg.parallel.cp, l.cp);
+  EXPECT_EQ(cfg.parallel.zero, l.zero1);
+  EXPECT_EQ(cfg.train.micro_batch, l.micro_batch);
 }
 
 TEST(Cli, PlanTakesAPresetAndSearchesWithReinforcementLearning) {

@@ -7,6 +7,8 @@
 #include "moetron/cli/plan_search.h"
 #include "moetron/core/error.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/train/auto_layout.h"
+#include "moetron/train/config_files.h"
 #include "moetron/train/plan_config.h"
 #include "moetron/train/plan_report.h"
 
@@ -53,10 +55,13 @@ int run_plan_command(const PlanCommand& given) {
   MOETRON_CHECK(!given.config.empty() || !given.model.empty(),
                 "moetron plan: --config FILE or --model PRESET is required");
   PlanCommand o = given;
-  if (!o.model.empty()) o.config = find_configs_file("scale", o.model, "--model");
+  if (!o.model.empty()) o.config = train::find_configs_file("scale", o.model, "--model");
   if (!o.cluster.empty()) return run_plan_search(o);
   MOETRON_CHECK(o.ranks >= 1, "-n must be >= 1, got ", o.ranks);
-  const train::Config cfg = train::load_config(o.config, o.sets);
+  std::string chosen;
+  const train::Config cfg = train::resolve_auto_layout(train::load_config(o.config, o.sets),
+                                                       static_cast<int>(o.ranks), &chosen);
+  if (!chosen.empty() && o.json_path != "-") std::cout << chosen << "\n";
   const nn::Precision prec = train::resolve_precision(cfg.train, nullptr);
   const parallel::TrainingPlan plan = train::make_plan(cfg, prec, static_cast<int>(o.ranks));
   train::PlanReportOptions ro;

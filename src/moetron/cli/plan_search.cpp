@@ -1,9 +1,6 @@
 #include "moetron/cli/plan_search.h"
 
-#include <unistd.h>
-
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -13,17 +10,15 @@
 #include "moetron/planner/layout_rl.h"
 #include "moetron/planner/layout_search.h"
 #include "moetron/train/config.h"
+#include "moetron/train/config_files.h"
 
 namespace moetron::cli {
 
 namespace {
 
-namespace fs = std::filesystem;
-
 // --device NAME: configs/hardware/NAME.toml; a path to a .toml file as is.
 planner::HardwareProfile find_profile(const std::string& device) {
-  if (device.ends_with(".toml")) return planner::load_hardware_profile(device);
-  return planner::load_hardware_profile(find_configs_file("hardware", device, "--device"));
+  return planner::load_hardware_profile(train::find_configs_file("hardware", device, "--device"));
 }
 
 std::pair<int64_t, int64_t> parse_cluster(const std::string& s) {
@@ -99,23 +94,6 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
 }
 
 }  // namespace
-
-std::string find_configs_file(const std::string& dir, const std::string& name,
-                              const std::string& option) {
-  std::vector<fs::path> roots = {fs::current_path() / "configs"};
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    roots.push_back(exe.parent_path().parent_path() / "configs");
-    roots.push_back(exe.parent_path() / "configs");
-  }
-  for (const auto& r : roots) {
-    const fs::path f = r / dir / (name + ".toml");
-    if (fs::exists(f)) return f.string();
-  }
-  MOETRON_FAIL(option, " '", name, "': no configs/", dir, "/", name,
-               ".toml under the working directory or beside the binary");
-}
 
 namespace {
 

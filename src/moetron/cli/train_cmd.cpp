@@ -5,6 +5,7 @@
 #include "moetron/cli/plan_cmd.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
+#include "moetron/train/auto_layout.h"
 #include "moetron/train/fault_injection.h"
 #include "moetron/train/heartbeat.h"
 #include "moetron/train/trainer.h"
@@ -20,7 +21,10 @@ int train_ranks(const TrainCommand& o) {
   if (comm::detect_launch_env().under_mpi) world = comm::make_mpi_world();
   train::start_heartbeats(world ? world->rank() : 0);  // for `launch` (train/heartbeat.h)
   train::maybe_inject_failure(world ? world->rank() : 0, 0);
-  const train::Config cfg = train::load_config(o.config, o.sets);
+  std::string chosen;
+  const train::Config cfg = train::resolve_auto_layout(train::load_config(o.config, o.sets),
+                                                       world ? world->size() : 1, &chosen);
+  if (!chosen.empty() && (!world || world->rank() == 0)) std::cout << chosen << std::endl;
   train::ResumeOptions ro;
   ro.resume = o.resume;
   ro.fresh_if_all_corrupt = o.allow_fresh_start;

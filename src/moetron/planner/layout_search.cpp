@@ -51,7 +51,9 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
       }
     }
   }
-  std::sort(out.plans.begin(), out.plans.end(),
+  // Stable: among equal predictions the first enumerated (no ZeRO-1, less
+  // recompute, smaller degrees) stays first.
+  std::stable_sort(out.plans.begin(), out.plans.end(),
             [](const RankedPlan& a, const RankedPlan& b) { return a.cost.step_s < b.cost.step_s; });
   if (static_cast<int64_t>(out.plans.size()) > top) out.plans.resize(static_cast<size_t>(top));
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -138,6 +138,8 @@ std::vector<Field> run_fields() {
       field("parallel.microbatches", &Config::parallel, &ParallelConfig::microbatches),
       field("parallel.cp", &Config::parallel, &ParallelConfig::cp),
       field("parallel.cp_comm", &Config::parallel, &ParallelConfig::cp_comm),
+      field("parallel.auto", &Config::parallel, &ParallelConfig::auto_layout),
+      field("parallel.auto_device", &Config::parallel, &ParallelConfig::auto_device),
       field("monitor.enabled", &Config::monitor, &MonitorConfig::enabled),
       field("monitor.serve", &Config::monitor, &MonitorConfig::serve),
       field("monitor.host", &Config::monitor, &MonitorConfig::host),
@@ -539,6 +541,9 @@ void validate_parallel(const Config& c) {
              "must be in (0, 1]");
   check_rule(c.parallel.compression_warmup >= 0, "parallel.compression_warmup", "must be >= 0");
   check_rule(c.parallel.ep >= 1, "parallel.ep", "must be >= 1");
+  check_rule(!c.parallel.auto_layout || c.train.global_batch > 0, "parallel.auto",
+             "needs train.global_batch (sequences per step): the planner chooses the "
+             "micro-batch and dp, so the batch cannot come from them");
   if (c.parallel.ep > 1) {
     check_rule(c.moe.num_experts > 0, "parallel.ep", "needs routed experts (moe.num_experts > 0)");
     check_rule(c.moe.num_experts % c.parallel.ep == 0, "parallel.ep",

@@ -160,6 +160,13 @@ struct ParallelConfig {
   // How cp attention exchanges: "ring" (K/V blocks around the cp ranks) or
   // "all_to_all" (Ulysses: the whole sequence for 1/cp of the heads).
   std::string cp_comm = "ring";
+  // The planner chooses tp, pp, vpp, ep, cp, ZeRO-1, train.micro_batch and
+  // recompute.policy for the job's world size (train/auto_layout.h),
+  // overriding what the config says of them; train.global_batch must be set.
+  bool auto_layout = false;  // the key is parallel.auto
+  // The hardware profile it plans with: configs/hardware/<name>.toml, or a
+  // path to a .toml file.
+  std::string auto_device = "this-machine";
 };
 
 struct CheckpointConfig {
