@@ -307,6 +307,19 @@ TEST(Cli, PlanTakesAPresetAndSearchesWithReinforcementLearning) {
   const Outcome unknown = run("plan --model mixtral-8x9b --cluster 8x8");
   EXPECT_NE(unknown.code, 0);
   EXPECT_NE(unknown.err.find("configs/scale/mixtral-8x9b.toml"), std::string::npos) << unknown.err;
+  // moetron simulate: the same preset's best plan as a Chrome trace.
+  const Outcome sim = run("simulate --model mixtral-8x7b --cluster 2x8 --device h100 --trace " +
+                          root() + "/trace.json");
+  ASSERT_EQ(sim.code, 0) << sim.err;
+  const nlohmann::json trace = nlohmann::json::parse(slurp(root() + "/trace.json"));
+  EXPECT_GT(trace.at("traceEvents").size(), 10u);
+  EXPECT_NEAR(trace.at("otherData").at("timeline_end_s").get<double>(),
+              trace.at("otherData").at("predicted_step_s").get<double>(), 1e-9);
+  EXPECT_NE(sim.out.find("trace: "), std::string::npos) << sim.out;
+  const Outcome bad_sim = run("simulate --model mixtral-8x7b --cluster 2x8 --layout tp=5 --trace " +
+                              root() + "/bad_trace.json");
+  EXPECT_NE(bad_sim.code, 0);
+  EXPECT_FALSE(std::filesystem::exists(root() + "/bad_trace.json"));
   const Outcome neither = run("plan --cluster 8x8");
   EXPECT_NE(neither.code, 0);
   EXPECT_NE(neither.err.find("--config FILE or --model PRESET"), std::string::npos) << neither.err;

@@ -167,12 +167,17 @@ TEST(CostModel, EachAxisCostsWhatItsFormulaSays) {
   EXPECT_NEAR(t.tp_bytes, microbatches * 8 * 4 * (2.0 * 1 / 2) * act, 1);
   EXPECT_NEAR(t.tp_comm_s, t.tp_bytes / 1e11, 1e-12);
   // pp 4: the simulated schedule idles (pp - 1) / (vpp m + pp - 1) of the
-  // time, so the bubble is (pp - 1) / (vpp m) of the compute.
+  // time, so the bubble is (pp - 1) / (vpp m) of what the forwards and
+  // backwards run (compute, elementwise work, exposed tp/ep/cp/pp traffic).
   LayoutChoice pp;
   pp.pp = 4;
   pp.vpp = 2;
   const StepCost p = m.predict(pp);
-  EXPECT_NEAR(p.bubble_s, p.compute_s * 3 / (2 * microbatches), 1e-9 * p.compute_s);
+  const double pipelined =
+      p.compute_s + p.elementwise_s + p.tp_comm_s + p.ep_comm_s + p.cp_comm_s + p.pp_comm_s;
+  EXPECT_GT(p.pp_comm_s, 0);
+  EXPECT_NEAR(pipelined_seconds(p), pipelined, 1e-12 * pipelined);
+  EXPECT_NEAR(p.bubble_s, pipelined * 3 / (2 * microbatches), 1e-9 * p.compute_s);
   // Recompute full adds a forward: 4/3 of the compute.
   LayoutChoice full;
   full.recompute = "full";

@@ -1,4 +1,4 @@
-// moetron: train / eval / generate / prepare-data / plan / memory / metrics / launch / export /
+// moetron: train / eval / generate / prepare-data / plan / simulate / memory / metrics / launch / export /
 // report.
 // Library code throws moetron::Error; this is the one place that turns an
 // error into a message and a non-zero exit: the sentence for users, and
@@ -18,6 +18,7 @@
 #include "moetron/cli/memory_cmd.h"
 #include "moetron/cli/metrics_cmd.h"
 #include "moetron/cli/plan_cmd.h"
+#include "moetron/cli/simulate_cmd.h"
 #include "moetron/cli/prepare_cmd.h"
 #include "moetron/cli/report_cmd.h"
 #include "moetron/cli/train_cmd.h"
@@ -148,6 +149,8 @@ int main(int argc, char** argv) {
   auto* prep = cli::add_prepare_command(app, prep_opts);
   cli::PlanCommand plan_opts;
   auto* plan = cli::add_plan_command(app, plan_opts);
+  cli::SimulateCommand simulate_opts;
+  auto* simulate = cli::add_simulate_command(app, simulate_opts);
   cli::MetricsCommand metrics_opts;
   auto* metrics = cli::add_metrics_command(app, metrics_opts);
   cli::MemoryCommand memory_opts;
@@ -167,6 +170,7 @@ int main(int argc, char** argv) {
     if (*launch) return train::launch(lopts);
     if (*train) return cli::run_train_command(train_opts);
     if (*plan) return cli::run_plan_command(plan_opts);
+    if (*simulate) return cli::run_simulate_command(simulate_opts);
     if (*metrics) return cli::run_metrics_command(metrics_opts);
     if (*gen) return run_generate(gen_opts);
     if (*ev) return cli::run_eval_command(eval_opts);

@@ -148,7 +148,7 @@ std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t
 
 }  // namespace
 
-int run_plan_search(const PlanCommand& o) {
+PlanModel plan_cost_model(const PlanCommand& o) {
   const train::Config cfg = train::load_config(o.config, o.sets);
   const auto [nodes, per_node] = parse_cluster(o.cluster);
   planner::HardwareProfile hw = find_profile(o.device);
@@ -161,15 +161,22 @@ int run_plan_search(const PlanCommand& o) {
                    : cfg.train.global_batch > 0 ? cfg.train.global_batch
                                                 : cfg.train.micro_batch * cfg.train.grad_accum;
   w.routing_skew = o.routing_skew;
-  const planner::CostModel model(w, hw);
-  const int64_t devices = nodes * per_node;
+  PlanModel pm{planner::CostModel(w, hw), nodes * per_node};
   std::printf(
       "%s on %lld x %lld %s (%lld devices): %.3g parameters (%.3g in experts), %lld "
       "sequences x %lld tokens per step\n",
       o.config.c_str(), static_cast<long long>(nodes), static_cast<long long>(per_node),
-      hw.name.c_str(), static_cast<long long>(devices),
-      model.dense_params() + model.expert_params(), model.expert_params(),
+      hw.name.c_str(), static_cast<long long>(pm.devices),
+      pm.model.dense_params() + pm.model.expert_params(), pm.model.expert_params(),
       static_cast<long long>(w.global_batch), static_cast<long long>(w.seq_len));
+  return pm;
+}
+
+int run_plan_search(const PlanCommand& o) {
+  const PlanModel pm = plan_cost_model(o);
+  const planner::CostModel& model = pm.model;
+  const planner::HardwareProfile& hw = model.hardware();
+  const int64_t devices = pm.devices;
   std::vector<planner::RankedPlan> plans;
   nlohmann::json j = {{"config", o.config}, {"cluster", o.cluster}, {"device", hw.name}};
   if (!o.layout.empty()) {

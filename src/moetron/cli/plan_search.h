@@ -9,4 +9,12 @@ namespace moetron::cli {
 
 int run_plan_search(const PlanCommand& opts);
 
+// The cost model of --config (or --model's file) on --cluster of --device,
+// after printing what it models; shared with `moetron simulate`.
+struct PlanModel {
+  planner::CostModel model;
+  int64_t devices = 0;
+};
+PlanModel plan_cost_model(const PlanCommand& opts);
+
 }  // namespace moetron::cli

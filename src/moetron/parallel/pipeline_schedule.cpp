@@ -140,12 +140,14 @@ std::vector<std::pair<int64_t, int64_t>> stage_chunks(const nn::ModelConfig& m,
   return chunks;
 }
 
-double simulate_schedule(ScheduleKind kind, int64_t pp, int64_t microbatches, int64_t v,
-                         double forward, double backward, double hop) {
+std::vector<std::vector<TimedOp>> simulate_schedule_timeline(ScheduleKind kind, int64_t pp,
+                                                             int64_t microbatches, int64_t v,
+                                                             double forward, double backward,
+                                                             double hop) {
   const int64_t stages = pp * v;
   std::vector<std::vector<PipeOp>> ops;
   for (int64_t r = 0; r < pp; ++r) ops.push_back(pipeline_schedule(kind, pp, r, microbatches, v));
-  std::vector<size_t> next(static_cast<size_t>(pp), 0);
+  std::vector<std::vector<TimedOp>> timeline(static_cast<size_t>(pp));
   std::vector<double> clock(static_cast<size_t>(pp), 0.0);
   // Finish times by (backward, virtual stage, micro-batch).
   std::vector<double> done(static_cast<size_t>(2 * stages * microbatches), -1.0);
@@ -156,10 +158,10 @@ double simulate_schedule(ScheduleKind kind, int64_t pp, int64_t microbatches, in
   for (bool progress = true; progress;) {
     progress = false;
     for (int64_t r = 0; r < pp; ++r) {
-      size_t& i = next[static_cast<size_t>(r)];
+      std::vector<TimedOp>& mine = timeline[static_cast<size_t>(r)];
       // Run this rank's ops until one waits on another rank.
-      while (i < ops[static_cast<size_t>(r)].size()) {
-        const PipeOp& op = ops[static_cast<size_t>(r)][i];
+      while (mine.size() < ops[static_cast<size_t>(r)].size()) {
+        const PipeOp& op = ops[static_cast<size_t>(r)][mine.size()];
         const int64_t j = op.chunk * pp + r;
         double ready = 0;
         if (op.forward && j > 0) {
@@ -172,19 +174,28 @@ double simulate_schedule(ScheduleKind kind, int64_t pp, int64_t microbatches, in
           if (j != stages - 1) ready += hop;
         }
         double& c = clock[static_cast<size_t>(r)];
-        c = std::max(c, ready) + (op.forward ? f : b);
+        const double begin = std::max(c, ready);
+        c = begin + (op.forward ? f : b);
         at(op.forward, j, op.mb) = c;
-        ++i;
+        mine.push_back({op, begin, c});
         progress = true;
       }
     }
   }
-  double end = 0;
   for (int64_t r = 0; r < pp; ++r) {
-    MOETRON_CHECK(next[static_cast<size_t>(r)] == ops[static_cast<size_t>(r)].size(),
+    MOETRON_CHECK(timeline[static_cast<size_t>(r)].size() == ops[static_cast<size_t>(r)].size(),
                   "pipeline schedule ", name_of(kind), " deadlocks at pp ", pp, ", ", microbatches,
                   " micro-batches, vpp ", v, " (rank ", r, ")");
-    end = std::max(end, clock[static_cast<size_t>(r)]);
+  }
+  return timeline;
+}
+
+double simulate_schedule(ScheduleKind kind, int64_t pp, int64_t microbatches, int64_t v,
+                         double forward, double backward, double hop) {
+  double end = 0;
+  for (const auto& rank :
+       simulate_schedule_timeline(kind, pp, microbatches, v, forward, backward, hop)) {
+    if (!rank.empty()) end = std::max(end, rank.back().end);
   }
   return end;
 }

@@ -48,6 +48,16 @@ double ideal_bubble_fraction(int64_t pp, int64_t microbatches, int64_t v);
 double simulate_schedule(ScheduleKind kind, int64_t pp, int64_t microbatches, int64_t v,
                          double forward = 1, double backward = 2, double hop = 0);
 
+// The same simulation, op by op: when each of a rank's ops starts and ends.
+struct TimedOp {
+  PipeOp op;
+  double start = 0, end = 0;
+};
+std::vector<std::vector<TimedOp>> simulate_schedule_timeline(ScheduleKind kind, int64_t pp,
+                                                             int64_t microbatches, int64_t v,
+                                                             double forward = 1,
+                                                             double backward = 2, double hop = 0);
+
 // What each piece of the model costs a stage, in any unit: every layer, the
 // embedding (on the first stage) and the final norm, head and loss (on the last).
 struct StageCosts {

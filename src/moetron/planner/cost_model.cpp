@@ -53,6 +53,10 @@ std::string LayoutChoice::str() const {
   return s;
 }
 
+double pipelined_seconds(const StepCost& c) {
+  return c.compute_s + c.elementwise_s + c.tp_comm_s + c.ep_comm_s + c.cp_comm_s + c.pp_comm_s;
+}
+
 std::string StepCost::dominant() const {
   const std::pair<const char*, double> terms[] = {
       {"compute", compute_s}, {"bubble", bubble_s},       {"pp", pp_comm_s},
@@ -232,6 +236,7 @@ void CostModel::add_communication(const LayoutChoice& l, StepCost& c) const {
   const double dp_time = reduce(dense, dense_group, link(dense_group, l.tp)) +
                          reduce(experts, expert_group, link(expert_group, l.ep));
   const double last_backward = c.compute_s * 2.0 / 3 / microbatches;
+  c.dp_reduce_s = dp_time;
   c.dp_comm_s = std::max(0.0, dp_time - last_backward);
   c.dp_bytes = (l.zero1 ? 0.75 : 1.0) * (wire_allreduce(dense * kF32, dense_group) +
                                          wire_allreduce(experts * kF32, expert_group));
@@ -266,8 +271,6 @@ StepCost CostModel::predict(const LayoutChoice& l) const {
   MOETRON_CHECK(why.empty(), "layout ", l.str(), ": ", why);
   StepCost c;
   c.compute_s = compute_seconds(l);
-  const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
-  c.bubble_s = c.compute_s * bubble_ratio(l.pp, static_cast<int64_t>(microbatches), l.vpp);
   add_communication(l, c);
   const double local = dense_params_ / static_cast<double>(l.tp * l.pp) /
                            (l.zero1 ? static_cast<double>(l.dp * l.cp) : 1.0) +
@@ -281,6 +284,10 @@ StepCost CostModel::predict(const LayoutChoice& l) const {
   c.elementwise_s = tokens_here *
                     (elementwise_bytes_ * recompute / static_cast<double>(l.pp) + loss_bytes_) /
                     static_cast<double>(l.tp) / hw_.memory_bandwidth;
+  // The pipeline idles everything its forwards and backwards run: their
+  // compute, elementwise work and exposed tp, ep, cp and pp communication.
+  const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
+  c.bubble_s = pipelined_seconds(c) * bubble_ratio(l.pp, static_cast<int64_t>(microbatches), l.vpp);
   c.step_s = c.compute_s + c.elementwise_s + c.bubble_s + c.pp_comm_s + c.tp_comm_s + c.ep_comm_s +
              c.cp_comm_s + c.dp_comm_s + c.optimizer_s;
   const double tokens = static_cast<double>(w_.global_batch * w_.seq_len);

@@ -13,7 +13,8 @@
 //   pipeline    the schedule's bubble, from an event simulation of the 1F1B
 //               (interleaved with vpp > 1) schedule the trainer runs
 //               (parallel::simulate_schedule: backward twice a forward),
-//               plus the stage-to-stage activations
+//               as a share of everything the forwards and backwards run
+//               (pipelined_seconds), plus the stage-to-stage activations
 //   tp          4 all-reduces (or all-gather + reduce-scatter with sequence
 //               parallelism: the same bytes) of a micro-batch's activations
 //               per layer, ring algorithm
@@ -73,6 +74,8 @@ struct StepCost {
   double compute_s = 0, bubble_s = 0, pp_comm_s = 0, tp_comm_s = 0, ep_comm_s = 0, cp_comm_s = 0,
          dp_comm_s = 0, optimizer_s = 0, elementwise_s = 0;
   double step_s = 0;
+  // The whole dp reduction (dp_comm_s is what the last backward leaves of it).
+  double dp_reduce_s = 0;
   double tokens_per_s = 0, mfu = 0, tflops_per_device = 0;
   double memory_bytes = 0;  // per device, the largest stage's
   // Bytes each device puts on the wire per step, by axis.
@@ -80,6 +83,11 @@ struct StepCost {
   // The term that costs most ("compute", "dp", "tp", ...).
   std::string dominant() const;
 };
+
+// What a step's forwards and backwards run, split evenly over them (the
+// pipeline's ops): compute, elementwise and the exposed tp, ep, cp and pp
+// communication. The bubble idles this; dp and the optimizer come after.
+double pipelined_seconds(const StepCost& c);
 
 // A workload on a hardware profile; what depends only on them (FLOPs and
 // parameters per token and layer) is computed once, so a search can
