@@ -28,10 +28,11 @@ TEST(HardwareProfile, EveryShippedProfileLoadsWithASourceForEachNumber) {
     const HardwareProfile p = load_hardware_profile(e.path().string());
     EXPECT_GT(p.peak_flops, 0) << e.path();
     EXPECT_GT(p.intra.bandwidth, 0) << e.path();
-    for (const char* key : {"device.peak_tflops", "device.gemm_efficiency", "device.gemm_half_rows",
-                            "device.attention_efficiency", "device.memory_gib",
-                            "device.memory_tbps", "device.devices_per_node", "intra.bandwidth_gbps",
-                            "intra.latency_us", "inter.bandwidth_gbps", "inter.latency_us"}) {
+    for (const char* key :
+         {"device.peak_tflops", "device.gemm_efficiency", "device.gemm_half_rows",
+          "device.grouped_gemm_efficiency", "device.attention_efficiency", "device.memory_gib",
+          "device.memory_tbps", "device.elementwise_tbps", "device.devices_per_node",
+          "intra.bandwidth_gbps", "intra.latency_us", "inter.bandwidth_gbps", "inter.latency_us"}) {
       EXPECT_TRUE(p.sources.count(key) && !p.sources.at(key).empty())
           << e.path() << ": no source for " << key;
     }
@@ -88,12 +89,16 @@ TEST(HardwareProfile, AWrittenProfileReadsBackAndTheFitsRecoverTheirModels) {
   EXPECT_GT(noisy.latency, 0);
   HardwareProfile p = load_hardware_profile(kConfigs + "/hardware/h200.toml");
   p.gemm_half_rows = g.half_rows;
+  p.grouped_gemm_efficiency = 0.61;
+  p.elementwise_bandwidth = 12.5e9;
   p.intra = l;
   const std::string path = write_profile("moetron_written_", "");
   write_hardware_profile(path, p);
   const HardwareProfile q = load_hardware_profile(path);
   EXPECT_NEAR(q.peak_flops, p.peak_flops, 1e-6 * p.peak_flops);
   EXPECT_NEAR(q.gemm_half_rows, p.gemm_half_rows, 1e-3);
+  EXPECT_NEAR(q.grouped_gemm_efficiency, 0.61, 1e-6);
+  EXPECT_NEAR(q.elementwise_bandwidth, 12.5e9, 1e3);
   EXPECT_NEAR(q.intra.bandwidth, l.bandwidth, 1e-3 * l.bandwidth);
   EXPECT_NEAR(q.intra.latency, l.latency, 1e-3 * l.latency);
   EXPECT_EQ(q.sources, p.sources);
@@ -120,10 +125,10 @@ HardwareProfile flat_profile() {
   HardwareProfile hw;
   hw.name = "flat";
   hw.peak_flops = 1e14;
-  hw.gemm_efficiency = hw.attention_efficiency = 0.5;
+  hw.gemm_efficiency = hw.attention_efficiency = hw.grouped_gemm_efficiency = 0.5;
   hw.gemm_half_rows = 1e-12;
   hw.memory_bytes = 80.0 * (1 << 30);
-  hw.memory_bandwidth = 2e12;
+  hw.memory_bandwidth = hw.elementwise_bandwidth = 2e12;
   hw.devices_per_node = 8;
   hw.intra = {1e11, 0};
   hw.inter = {1e10, 0};

@@ -10,8 +10,11 @@
 
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
+#include "moetron/kernels/activation.h"
 #include "moetron/kernels/attention.h"
+#include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/matmul.h"
+#include "moetron/kernels/norm.h"
 #include "moetron/planner/hardware_profile.h"
 #include "moetron/planner/memory_model.h"
 #include "moetron/train/peak_flops.h"
@@ -47,6 +50,54 @@ std::vector<std::pair<double, double>> gemm_rates(kernels::Context& ctx) {
     out.emplace_back(static_cast<double>(m), 2.0 * static_cast<double>(m * k * n) / s);
   }
   return out;
+}
+
+Tensor filled(const Shape& shape, DType dt, double value) {
+  Tensor t = Tensor::empty(shape, dt, MemTag::workspace);
+  t.fill(value);
+  return t;
+}
+
+// The experts' grouped GEMMs as a training step runs them: 8 groups of 512
+// rows of a gate/up projection (K 512 -> N 2048), forward, input gradient
+// and fp32 weight gradient. Returns FLOP/s.
+double grouped_gemm_rate(kernels::Context& ctx) {
+  const int64_t groups = 8, rows = 512, k = 512, n = 2048, t = groups * rows;
+  std::vector<int64_t> offsets;
+  for (int64_t g = 0; g <= groups; ++g) offsets.push_back(g * rows);
+  Tensor x = filled({t, k}, DType::bf16, 0.5), w = filled({groups, n, k}, DType::bf16, 0.25);
+  Tensor y = filled({t, n}, DType::bf16, 0), dx = filled({t, k}, DType::bf16, 0);
+  Tensor dw = filled({groups, n, k}, DType::f32, 0);
+  const double s = best_seconds(5, [&] {
+    kernels::grouped_matmul(ctx, x, w, offsets, y, /*trans_w=*/true, 0.0f);
+    kernels::grouped_matmul(ctx, y, w, offsets, dx, /*trans_w=*/false, 0.0f);
+    kernels::grouped_matmul_weight_grad(ctx, y, x, offsets, dw, 1.0f);
+  });
+  return 3 * 2.0 * static_cast<double>(t * k * n) / s;
+}
+
+// The elementwise kernels of one layer as the cost model counts their bytes
+// (planner/cost_model.cpp): two RMSNorms forward and backward (5 d
+// elements a token each), two residual adds (3 d) and SwiGLU forward and
+// backward (8 F), bf16, 4096 tokens of d 512 and F 1024. Returns bytes/s.
+double elementwise_rate(kernels::Context& ctx) {
+  const int64_t t = 4096, d = 512, f = 1024;
+  Tensor x = filled({t, d}, DType::bf16, 0.5), y = filled({t, d}, DType::bf16, 0);
+  Tensor dy = filled({t, d}, DType::bf16, 0.1), dx = filled({t, d}, DType::bf16, 0);
+  Tensor w = filled({d}, DType::f32, 1), dw = filled({d}, DType::f32, 0);
+  Tensor rstd = filled({t}, DType::f32, 0);
+  Tensor gate_up = filled({t, 2 * f}, DType::bf16, 0.3), h = filled({t, f}, DType::bf16, 0);
+  Tensor dh = filled({t, f}, DType::bf16, 0.1), d_gate_up = filled({t, 2 * f}, DType::bf16, 0);
+  const double s = best_seconds(5, [&] {
+    for (int i = 0; i < 2; ++i) {
+      kernels::rmsnorm_forward(ctx, x, w, 1e-5f, y, rstd);
+      kernels::rmsnorm_backward(ctx, dy, x, w, rstd, dx, dw);
+      kernels::add(ctx, x, y, dx);
+    }
+    kernels::swiglu_forward(ctx, gate_up, h);
+    kernels::swiglu_backward(ctx, dh, gate_up, d_gate_up);
+  });
+  return 2.0 * static_cast<double>(t * (16 * d + 8 * f)) / s;
 }
 
 // Causal attention forward + backward, bf16, 8 heads of 64: FLOP/s of the
@@ -130,6 +181,10 @@ int run_calibrate_command(const CalibrateCommand& o) {
     const planner::GemmFit g = planner::fit_gemm_rows(gemm_rates(ctx), p.peak_flops);
     p.gemm_efficiency = g.efficiency;
     p.gemm_half_rows = g.half_rows;
+    // The probe's 512 rows a group run at m / (m + half) of the large rate.
+    p.grouped_gemm_efficiency = std::min(
+        1.0, grouped_gemm_rate(ctx) / p.peak_flops * (512 + g.half_rows) / 512);
+    p.elementwise_bandwidth = elementwise_rate(ctx);
     p.attention_efficiency = std::min(1.0, attention_rate(ctx, o.seq_len) / p.peak_flops);
     p.memory_bandwidth = memory_bandwidth();
   }
@@ -146,6 +201,12 @@ int run_calibrate_command(const CalibrateCommand& o) {
       {"device.peak_tflops", by + "the best of 10 bf16 1024^3 GEMMs (train/peak_flops.h)"},
       {"device.gemm_efficiency", by + "bf16 GEMM of 4096 x 1024 x 1024 / peak"},
       {"device.gemm_half_rows", by + "bf16 GEMMs of 32, 128, 512 rows against 4096 (median fit)"},
+      {"device.grouped_gemm_efficiency",
+       by + "bf16 grouped GEMMs, 8 groups of 512 x 512 -> 2048, forward + input and fp32 weight "
+            "gradients / peak, scaled from 512 rows to large"},
+      {"device.elementwise_tbps",
+       by + "bf16 RMSNorm forward + backward x 2, residual add x 2, SwiGLU forward + backward "
+            "on 4096 tokens of d 512, F 1024: the bytes the cost model counts / time"},
       {"device.attention_efficiency", by + "causal attention forward + backward, bf16, 4 x " +
                                           std::to_string(o.seq_len) + " tokens, 8 heads of 64"},
       {"device.memory_gib", by + "available memory / devices per node"},
@@ -158,7 +219,9 @@ int run_calibrate_command(const CalibrateCommand& o) {
   planner::write_hardware_profile(o.out, p);
   std::cout << "wrote " << o.out << ": peak " << p.peak_flops / 1e9 << " GFLOP/s, GEMM "
             << p.gemm_efficiency << " (half at " << p.gemm_half_rows << " rows), attention "
-            << p.attention_efficiency << ", memory " << p.memory_bandwidth / 1e9 << " GB/s, link "
+            << p.attention_efficiency << ", grouped GEMM " << p.grouped_gemm_efficiency
+            << ", elementwise " << p.elementwise_bandwidth / 1e9 << " GB/s, memory "
+            << p.memory_bandwidth / 1e9 << " GB/s, link "
             << p.intra.bandwidth / 1e9 << " GB/s + " << p.intra.latency * 1e6 << " us\n";
   return 0;
 }

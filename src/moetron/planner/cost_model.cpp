@@ -170,11 +170,12 @@ double CostModel::compute_seconds(const LayoutChoice& l) const {
                                        static_cast<double>(w_.moe.top_k) /
                                        static_cast<double>(w_.moe.num_experts)
                                  : rows;
-  auto efficiency = [&](double m) {
-    return hw_.peak_flops * hw_.gemm_efficiency * m / (m + hw_.gemm_half_rows);
+  auto efficiency = [&](double large, double m) {
+    return hw_.peak_flops * large * m / (m + hw_.gemm_half_rows);
   };
-  const double gemm = dense_flops_ * full / efficiency(rows) +
-                      expert_flops_ * full * skew / efficiency(expert_rows);
+  const double gemm =
+      dense_flops_ * full / efficiency(hw_.gemm_efficiency, rows) +
+      expert_flops_ * full * skew / efficiency(hw_.grouped_gemm_efficiency, expert_rows);
   const double core = attention_flops_ * attn / (hw_.peak_flops * hw_.attention_efficiency);
   return tokens * (gemm + core) / world;
 }
@@ -283,7 +284,7 @@ StepCost CostModel::predict(const LayoutChoice& l) const {
   const double recompute = l.recompute == "full" ? 1.5 : 1.0;  // the forward's half again
   c.elementwise_s = tokens_here *
                     (elementwise_bytes_ * recompute / static_cast<double>(l.pp) + loss_bytes_) /
-                    static_cast<double>(l.tp) / hw_.memory_bandwidth;
+                    static_cast<double>(l.tp) / hw_.elementwise_bandwidth;
   // The pipeline idles everything its forwards and backwards run: their
   // compute, elementwise work and exposed tp, ep, cp and pp communication.
   const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));

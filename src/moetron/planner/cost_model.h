@@ -7,7 +7,8 @@
 //   compute     T x training FLOPs per token (nn/flops.h; + a forward of
 //               what the recompute policy rebuilds) / W at peak x
 //               efficiency (GEMMs and attention apart; a GEMM of m rows at
-//               gemm_efficiency x m / (m + gemm_half_rows)); the experts' share
+//               gemm_efficiency x m / (m + gemm_half_rows), the experts'
+//               grouped ones at grouped_gemm_efficiency instead); the experts' share
 //               scaled by (1 + routing skew) under ep (the busiest rank sets
 //               the pace)
 //   pipeline    the schedule's bubble, from an event simulation of the 1F1B
@@ -27,7 +28,8 @@
 //   elementwise the memory-bound work between the GEMMs (norms, residual
 //               adds, RoPE, the SwiGLU gate, the router's softmax; the
 //               cross-entropy over the vocabulary, tp-sharded): bytes read
-//               and written per token, forward and backward / memory bandwidth
+//               and written per token, forward and backward / the rate the
+//               elementwise kernels reach (elementwise_bandwidth)
 //   optimizer   the bytes the update reads and writes / memory bandwidth
 // Each collective's time is latency x steps + bytes on the wire / bandwidth
 // of its link class: within a node when the group fits in one (ranks are

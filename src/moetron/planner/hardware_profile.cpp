@@ -28,8 +28,9 @@ double number(const toml::table& t, const std::string& key, const std::string& p
 void check_keys(const toml::table& t, const std::string& path) {
   static const std::map<std::string, std::set<std::string>> known = {
       {"device",
-       {"peak_tflops", "gemm_efficiency", "gemm_half_rows", "attention_efficiency", "memory_gib",
-        "memory_tbps", "devices_per_node"}},
+       {"peak_tflops", "gemm_efficiency", "gemm_half_rows", "grouped_gemm_efficiency",
+        "attention_efficiency", "memory_gib", "memory_tbps", "elementwise_tbps",
+        "devices_per_node"}},
       {"intra", {"bandwidth_gbps", "latency_us"}},
       {"inter", {"bandwidth_gbps", "latency_us"}}};
   for (const auto& [k, v] : t) {
@@ -61,10 +62,14 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   p.gemm_efficiency = number(t, "device.gemm_efficiency", path);
   p.attention_efficiency = number(t, "device.attention_efficiency", path);
   p.gemm_half_rows = number(t, "device.gemm_half_rows", path);
-  MOETRON_CHECK(p.gemm_efficiency <= 1 && p.attention_efficiency <= 1, "hardware profile '", path,
+  p.grouped_gemm_efficiency = number(t, "device.grouped_gemm_efficiency", path);
+  MOETRON_CHECK(p.gemm_efficiency <= 1 && p.attention_efficiency <= 1 &&
+                    p.grouped_gemm_efficiency <= 1,
+                "hardware profile '", path,
                 "': efficiencies are fractions of the peak (<= 1)");
   p.memory_bytes = number(t, "device.memory_gib", path) * double(1 << 30);
   p.memory_bandwidth = number(t, "device.memory_tbps", path) * 1e12;
+  p.elementwise_bandwidth = number(t, "device.elementwise_tbps", path) * 1e12;
   p.devices_per_node = static_cast<int64_t>(number(t, "device.devices_per_node", path));
   p.intra = {number(t, "intra.bandwidth_gbps", path) * 1e9,
              number(t, "intra.latency_us", path) * 1e-6};
@@ -92,9 +97,11 @@ void write_hardware_profile(const std::string& path, const HardwareProfile& p) {
       << "peak_tflops = " << p.peak_flops / 1e12 << "\n"
       << "gemm_efficiency = " << p.gemm_efficiency << "\n"
       << "gemm_half_rows = " << p.gemm_half_rows << "\n"
+      << "grouped_gemm_efficiency = " << p.grouped_gemm_efficiency << "\n"
       << "attention_efficiency = " << p.attention_efficiency << "\n"
       << "memory_gib = " << p.memory_bytes / double(1 << 30) << "\n"
       << "memory_tbps = " << p.memory_bandwidth / 1e12 << "\n"
+      << "elementwise_tbps = " << p.elementwise_bandwidth / 1e12 << "\n"
       << "devices_per_node = " << p.devices_per_node << "\n";
   for (const auto& [section, link] : {std::pair{"intra", p.intra}, std::pair{"inter", p.inter}}) {
     out << "\n[" << section << "]\nbandwidth_gbps = " << link.bandwidth / 1e9

@@ -5,8 +5,10 @@
 // it assumed.
 //
 //   name = "h200"
-//   [device]    peak_tflops, gemm_efficiency, gemm_half_rows, attention_efficiency,
-//               memory_gib, memory_tbps (HBM bandwidth, TB/s), devices_per_node
+//   [device]    peak_tflops, gemm_efficiency, gemm_half_rows,
+//               grouped_gemm_efficiency, attention_efficiency, memory_gib,
+//               memory_tbps (HBM bandwidth, TB/s), elementwise_tbps,
+//               devices_per_node
 //   [intra]     bandwidth_gbps (GB/s per direction per device), latency_us
 //   [inter]     bandwidth_gbps, latency_us
 //   [sources]   one string per key above ("device.peak_tflops" = "...")
@@ -33,9 +35,17 @@ struct HardwareProfile {
   // Rows (tokens) at which a GEMM reaches half of gemm_efficiency: a GEMM
   // of m rows runs at gemm_efficiency x m / (m + gemm_half_rows).
   double gemm_half_rows = 64;
+  // The experts' grouped GEMMs (many matrices in one call, uneven groups):
+  // their large-group efficiency, scaled by rows as the dense ones.
+  double grouped_gemm_efficiency = 0.5;
   double attention_efficiency = 0.3;
   double memory_bytes = 0;      // per device
-  double memory_bandwidth = 0;  // bytes/s: the optimizer step and elementwise work
+  double memory_bandwidth = 0;  // bytes/s: the optimizer step's streams
+  // Bytes/s the elementwise kernels (norms, residual adds, SwiGLU) reach in
+  // the bytes the cost model counts for them: the memory's bandwidth where
+  // they are memory-bound (GPUs), less where their arithmetic (exp,
+  // conversions) limits them (a CPU core).
+  double elementwise_bandwidth = 0;
   int64_t devices_per_node = 1;
   Link intra, inter;  // within a node, between nodes
   std::map<std::string, std::string> sources;
