@@ -247,7 +247,7 @@ TEST(Cli, CalibrateWritesAProfileThatPlanSearchesWith) {
   const planner::HardwareProfile p = planner::load_hardware_profile(profile);
   EXPECT_GT(p.peak_flops, 1e9);
   EXPECT_GT(p.intra.bandwidth, 0);
-  EXPECT_EQ(p.sources.size(), 13u);
+  EXPECT_EQ(p.sources.size(), 16u);
   const Outcome plan =
       run("plan --config " MOETRON_SOURCE_DIR "/configs/tiny.toml --cluster 1x2 --device " +
           profile + " --top 3 --json " + root() + "/plans.json");

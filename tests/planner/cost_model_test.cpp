@@ -32,7 +32,8 @@ TEST(HardwareProfile, EveryShippedProfileLoadsWithASourceForEachNumber) {
          {"device.peak_tflops", "device.gemm_efficiency", "device.gemm_half_rows",
           "device.grouped_gemm_efficiency", "device.attention_efficiency", "device.memory_gib",
           "device.memory_tbps", "device.elementwise_tbps", "device.devices_per_node",
-          "intra.bandwidth_gbps", "intra.latency_us", "inter.bandwidth_gbps", "inter.latency_us"}) {
+          "intra.bandwidth_gbps", "intra.latency_us", "inter.bandwidth_gbps", "inter.latency_us",
+          "host.memory_gib", "host.memory_tbps", "host.pcie_gbps"}) {
       EXPECT_TRUE(p.sources.count(key) && !p.sources.at(key).empty())
           << e.path() << ": no source for " << key;
     }
@@ -129,6 +130,9 @@ HardwareProfile flat_profile() {
   hw.gemm_half_rows = 1e-12;
   hw.memory_bytes = 80.0 * (1 << 30);
   hw.memory_bandwidth = hw.elementwise_bandwidth = 2e12;
+  hw.host_memory_bytes = 512.0 * (1 << 30);
+  hw.host_memory_bandwidth = 1e11;
+  hw.pcie_bandwidth = 5e10;
   hw.devices_per_node = 8;
   hw.intra = {1e11, 0};
   hw.inter = {1e10, 0};

@@ -53,6 +53,8 @@ TEST(AutoLayout, ChoosesTheFastestPlanTheTrainerAccepts) {
     planner::SearchSpace space;
     space.micro_batches = {1, 2, 4, 8, 16};
     space.vpps = {1, 2};
+    space.zero = {0, 1};
+    space.offload = {false};
     const planner::SearchResult r = planner::search_layouts(model, world, 1, space);
     ASSERT_FALSE(r.plans.empty());
     EXPECT_GE(a.chosen.cost.step_s, r.plans.front().cost.step_s);

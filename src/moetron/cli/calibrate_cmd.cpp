@@ -196,6 +196,9 @@ int run_calibrate_command(const CalibrateCommand& o) {
       o.devices_per_node > 0 ? o.devices_per_node : std::max<int64_t>(1, cores / o.threads);
   p.memory_bytes = static_cast<double>(planner::available_memory_bytes()) /
                    static_cast<double>(p.devices_per_node);
+  // One machine: a device is a core of the host, so offload has no bus to cross.
+  p.host_memory_bytes = p.memory_bytes;
+  p.host_memory_bandwidth = p.pcie_bandwidth = p.memory_bandwidth;
   const std::string by = "measured by moetron calibrate: ";
   p.sources = {
       {"device.peak_tflops", by + "the best of 10 bf16 1024^3 GEMMs (train/peak_flops.h)"},
@@ -215,7 +218,10 @@ int run_calibrate_command(const CalibrateCommand& o) {
       {"intra.bandwidth_gbps", by + "2-rank MPI all-reduce of 8 B to 4 MiB (least squares)"},
       {"intra.latency_us", by + "2-rank MPI all-reduce of 8 bytes"},
       {"inter.bandwidth_gbps", "one machine: no link between nodes; set equal to intra"},
-      {"inter.latency_us", "one machine: no link between nodes; set equal to intra"}};
+      {"inter.latency_us", "one machine: no link between nodes; set equal to intra"},
+      {"host.memory_gib", "one machine: a device is a core of the host (device.memory_gib)"},
+      {"host.memory_tbps", "one machine: the host's memory is the device's (device.memory_tbps)"},
+      {"host.pcie_gbps", "one machine: no bus between device and host; device.memory_tbps"}};
   planner::write_hardware_profile(o.out, p);
   std::cout << "wrote " << o.out << ": peak " << p.peak_flops / 1e9 << " GFLOP/s, GEMM "
             << p.gemm_efficiency << " (half at " << p.gemm_half_rows << " rows), attention "

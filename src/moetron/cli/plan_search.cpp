@@ -49,6 +49,10 @@ nlohmann::json plan_json(const planner::RankedPlan& p) {
           {"micro_batch", p.layout.micro_batch},
           {"recompute", p.layout.recompute},
           {"zero1", p.layout.zero1},
+          {"zero3", p.layout.zero3},
+          {"offload", p.layout.offload},
+          {"runtime_supports", !p.layout.beyond_runtime()},
+          {"host_gib_per_device", gib(c.host_bytes)},
           {"step_s", c.step_s},
           {"tokens_per_s", c.tokens_per_s},
           {"mfu", c.mfu},
@@ -84,6 +88,12 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
                 c.ep_bytes / 1e9, c.cp_bytes / 1e9, c.dp_bytes / 1e9, c.pp_bytes / 1e9);
   }
   if (plans.empty()) return;
+  for (const auto& p : plans) {
+    if (p.layout.beyond_runtime()) {
+      std::printf("(zero3 and offload are planner-only: moetron's trainer runs neither yet)\n");
+      break;
+    }
+  }
   // Why the best one wins: its terms, largest first.
   const planner::StepCost& b = plans.front().cost;
   std::printf(
@@ -109,7 +119,7 @@ std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t
     MOETRON_CHECK(!r.plans.empty(), "no layout of ", devices, " ", hw.name,
                   " devices fits this workload: the leanest (", r.leanest.str(), ") needs ",
                   gib(r.leanest_bytes), " GiB per device of ", gib(hw.memory_bytes),
-                  " (weights, gradients and ZeRO-1 state; moetron has no ZeRO-3 or offload yet)");
+                  " (with ZeRO-3, offload and full recompute in the search)");
     j["exhaustive"] = {{"evaluated", r.evaluated}, {"fit", r.fit}, {"seconds", r.seconds}};
     if (o.search == "exhaustive") return r.plans;
   }

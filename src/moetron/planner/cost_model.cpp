@@ -49,7 +49,12 @@ std::string LayoutChoice::str() const {
   s += ",vpp=" + std::to_string(vpp);
   s += ",mb=" + std::to_string(micro_batch);
   s += ",recompute=" + recompute;
-  if (zero1) s += ",zero1";
+  if (zero3) {
+    s += ",zero3";
+  } else if (zero1) {
+    s += ",zero1";
+  }
+  if (offload) s += ",offload";
   return s;
 }
 
@@ -134,6 +139,7 @@ std::string CostModel::misfit(const LayoutChoice& l) const {
   if (l.pp > 1 && microbatches < l.pp) return "1F1B needs at least pp micro-batches per step";
   if (l.recompute != "none" && l.recompute != "selective" && l.recompute != "full")
     return "recompute is none, selective or full";
+  if (l.zero3 && !l.zero1) return "zero3 shards what zero1 does too (set both)";
   return "";
 }
 
@@ -221,36 +227,65 @@ void CostModel::add_communication(const LayoutChoice& l, StepCost& c) const {
     c.pp_comm_s = sends * (pp_link.latency + boundary / pp_link.bandwidth);
     c.pp_bytes = sends * boundary;
   }
-  // dp: fp32 gradients; dense over dp x cp, experts over the stage's ranks
+  add_dp_communication(l, c);
+}
+
+CostModel::LocalParams CostModel::local_params(const LayoutChoice& l) const {
+  LocalParams p;
+  p.dense = dense_params_ / static_cast<double>(l.tp * l.pp);
+  p.experts = expert_params_ / static_cast<double>(l.ep * l.pp);
+  p.dense_group = l.dp * l.cp;
+  p.expert_group = l.dp * l.cp * l.tp / l.ep;
+  if (l.zero1) {
+    p.dense_shards = static_cast<double>(p.dense_group);
+    p.expert_shards = static_cast<double>(p.expert_group);
+  }
+  return p;
+}
+
+void CostModel::add_dp_communication(const LayoutChoice& l, StepCost& c) const {
+  // fp32 gradients; dense over dp x cp, experts over the stage's ranks
   // holding the same experts. ZeRO-1 reduce-scatters them and all-gathers
-  // the bf16 weights. What the last micro-batch's backward covers is hidden.
-  const double dense = dense_params_ / static_cast<double>(l.tp * l.pp);
-  const double experts = expert_params_ / static_cast<double>(l.ep * l.pp);
-  const int64_t dense_group = l.dp * l.cp, expert_group = l.dp * l.cp * l.tp / l.ep;
+  // the bf16 weights; what the last micro-batch's backward covers is
+  // hidden. ZeRO-3 gathers the weights for every micro-batch's forward and
+  // backward and reduce-scatters its gradients, under its compute.
+  const LocalParams p = local_params(l);
+  const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
   auto reduce = [&](double params, int64_t n, const Link& ln) {
     const double grads = params * kF32;
     const double buckets = std::ceil(grads / kBucketBytes);
     const double lat = buckets * 2 * static_cast<double>(std::max<int64_t>(n - 1, 0)) * ln.latency;
+    if (l.zero3) return 2 * half_allreduce_s(params * kBf16, n, ln) + half_allreduce_s(grads, n, ln) + lat;
     if (!l.zero1) return allreduce_s(grads, n, ln) + lat;
     return half_allreduce_s(grads, n, ln) + half_allreduce_s(params * kBf16, n, ln) + lat;
   };
-  const double dp_time = reduce(dense, dense_group, link(dense_group, l.tp)) +
-                         reduce(experts, expert_group, link(expert_group, l.ep));
+  const double dp_time = reduce(p.dense, p.dense_group, link(p.dense_group, l.tp)) +
+                         reduce(p.experts, p.expert_group, link(p.expert_group, l.ep));
+  const double wire = wire_allreduce(p.dense * kF32, p.dense_group) +
+                      wire_allreduce(p.experts * kF32, p.expert_group);
+  if (l.zero3) {
+    c.dp_reduce_s = microbatches * dp_time;
+    c.dp_comm_s = microbatches * std::max(0.0, dp_time - c.compute_s / microbatches);
+    c.dp_bytes = microbatches * wire;  // 2 bf16 gathers + an fp32 reduce-scatter: one all-reduce
+    return;
+  }
   const double last_backward = c.compute_s * 2.0 / 3 / microbatches;
   c.dp_reduce_s = dp_time;
   c.dp_comm_s = std::max(0.0, dp_time - last_backward);
-  c.dp_bytes = (l.zero1 ? 0.75 : 1.0) * (wire_allreduce(dense * kF32, dense_group) +
-                                         wire_allreduce(experts * kF32, expert_group));
+  c.dp_bytes = (l.zero1 ? 0.75 : 1.0) * wire;
 }
 
 double CostModel::memory_per_device(const LayoutChoice& l) const {
-  const double dense = dense_params_ / static_cast<double>(l.tp * l.pp);
-  const double experts = expert_params_ / static_cast<double>(l.ep * l.pp);
-  const double dense_shards = l.zero1 ? static_cast<double>(l.dp * l.cp) : 1.0;
-  const double expert_shards = l.zero1 ? static_cast<double>(l.dp * l.cp * l.tp / l.ep) : 1.0;
-  // bf16 weights and fp32 gradients whole; fp32 master and two moments sharded.
-  const double state = (dense + experts) * (kBf16 + kF32) +
-                       3 * kF32 * (dense / dense_shards + experts / expert_shards);
+  const LocalParams p = local_params(l);
+  // bf16 weights (sharded under ZeRO-3, plus two layers gathered: the one
+  // running and the next one prefetched); gradients fp32 (bf16 when they go
+  // to the host); fp32 master and two moments sharded under ZeRO-1, on the
+  // host when offloaded.
+  const double stage_layers = static_cast<double>(w_.model.n_layers) / static_cast<double>(l.pp);
+  const double weights = l.zero3 ? p.sharded() + 2 * p.whole() / stage_layers : p.whole();
+  const double grad_bytes = l.offload ? kBf16 : kF32;
+  const double state = weights * kBf16 + grad_bytes * (l.zero3 ? p.sharded() : p.whole()) +
+                       (l.offload ? 0.0 : 3 * kF32 * p.sharded());
   // Activations of the first stage: 1F1B keeps pp micro-batches in flight
   // (interleaving adds (pp - 1) / vpp chunks' worth).
   const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
@@ -273,11 +308,16 @@ StepCost CostModel::predict(const LayoutChoice& l) const {
   StepCost c;
   c.compute_s = compute_seconds(l);
   add_communication(l, c);
-  const double local = dense_params_ / static_cast<double>(l.tp * l.pp) /
-                           (l.zero1 ? static_cast<double>(l.dp * l.cp) : 1.0) +
-                       expert_params_ / static_cast<double>(l.ep * l.pp) /
-                           (l.zero1 ? static_cast<double>(l.dp * l.cp * l.tp / l.ep) : 1.0);
-  c.optimizer_s = local * kOptimizerBytesPerParam / hw_.memory_bandwidth;
+  const double local = local_params(l).sharded();
+  if (l.offload) {
+    // On the host's cores and memory, the fp32 gradients down and the bf16
+    // weights back up over PCIe; masters, moments and gradients live there.
+    c.optimizer_s = local * kOptimizerBytesPerParam / hw_.host_memory_bandwidth +
+                    local * (kF32 + kBf16) / hw_.pcie_bandwidth;
+    c.host_bytes = local * (3 * kF32 + kF32);
+  } else {
+    c.optimizer_s = local * kOptimizerBytesPerParam / hw_.memory_bandwidth;
+  }
   // Layers split over tp and pp, tokens over dp and cp; the loss on the last stage.
   const double tokens_here =
       static_cast<double>(w_.global_batch * w_.seq_len) / static_cast<double>(l.dp * l.cp);
@@ -308,8 +348,10 @@ LayoutChoice parse_layout(const std::string& text, int64_t devices) {
     const std::string item = text.substr(pos, comma - pos);
     pos = comma + 1;
     if (item.empty()) continue;
-    if (item == "zero1") {
-      l.zero1 = true;
+    if (item == "zero1" || item == "zero3" || item == "offload") {
+      l.zero1 = l.zero1 || item != "offload";
+      l.zero3 = l.zero3 || item == "zero3";
+      l.offload = l.offload || item == "offload";
       continue;
     }
     const size_t eq = item.find('=');
@@ -334,7 +376,7 @@ LayoutChoice parse_layout(const std::string& text, int64_t devices) {
                      : k == "mb"  ? &l.micro_batch
                                   : nullptr;
     MOETRON_CHECK(field, "--layout: unknown key '", k,
-                  "' (dp, tp, pp, ep, cp, vpp, mb, recompute, zero1)");
+                  "' (dp, tp, pp, ep, cp, vpp, mb, recompute, zero1, zero3, offload)");
     *field = n;
     dp_given = dp_given || k == "dp";
   }
@@ -350,7 +392,8 @@ double memory_budget(const HardwareProfile& hw) {
 }
 
 bool fits_memory(const StepCost& c, const HardwareProfile& hw) {
-  return c.memory_bytes <= memory_budget(hw);
+  return c.memory_bytes <= memory_budget(hw) &&
+         c.host_bytes <= kMemoryHeadroom * hw.host_memory_bytes;
 }
 
 }  // namespace moetron::planner

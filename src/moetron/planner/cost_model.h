@@ -31,12 +31,19 @@
 //               and written per token, forward and backward / the rate the
 //               elementwise kernels reach (elementwise_bandwidth)
 //   optimizer   the bytes the update reads and writes / memory bandwidth
+//               (offload: / the host's, plus the gradients down and the
+//               weights up over PCIe, not overlapped)
+//   zero3       per micro-batch, the weights' all-gather for forward and
+//               for backward and the gradients' reduce-scatter, hidden
+//               under that micro-batch's compute where it fits (dp term)
 // Each collective's time is latency x steps + bytes on the wire / bandwidth
 // of its link class: within a node when the group fits in one (ranks are
 // numbered tp fastest, then cp, dp, pp), else between nodes.
 //
 // Memory per device: bf16 weights, fp32 masters, fp32 gradients, AdamW's
-// two fp32 moments (the last three split over dp under ZeRO-1), and the
+// two fp32 moments (the last three split over dp under ZeRO-1; all four
+// under ZeRO-3, plus two layers' gathered weights; masters and moments in
+// host memory under offload, bf16 gradients on the device), and the
 // activations 1F1B keeps in flight (pp micro-batches on the first stage)
 // from a per-token count per layer (recompute full keeps only each layer's
 // input). It is the planner's quick estimate; planner/memory_model.h is the
@@ -59,8 +66,16 @@ struct LayoutChoice {
   int64_t micro_batch = 1;         // sequences per micro-batch per dp rank
   std::string recompute = "none";  // none | selective | full
   bool zero1 = false;
+  // Planner-only (the runtime has neither yet): ZeRO-3 also shards the bf16
+  // weights and the gradients over dp, gathering each layer's weights for
+  // its forward and backward (implies zero1); offload keeps the fp32
+  // masters and moments in host memory and runs the optimizer on the CPU
+  // (ZeRO-Offload), gradients and weights crossing PCIe every step.
+  bool zero3 = false;
+  bool offload = false;
   bool sequence_parallel = true;  // with tp > 1
   int64_t world() const { return dp * tp * pp * cp; }
+  bool beyond_runtime() const { return zero3 || offload; }
   std::string str() const;  // "dp=16,tp=8,pp=8,ep=8,cp=1,vpp=1,mb=1,recompute=none,zero1"
 };
 
@@ -80,6 +95,7 @@ struct StepCost {
   double dp_reduce_s = 0;
   double tokens_per_s = 0, mfu = 0, tflops_per_device = 0;
   double memory_bytes = 0;  // per device, the largest stage's
+  double host_bytes = 0;    // per device, in host memory (offload)
   // Bytes each device puts on the wire per step, by axis.
   double tp_bytes = 0, ep_bytes = 0, cp_bytes = 0, dp_bytes = 0, pp_bytes = 0;
   // The term that costs most ("compute", "dp", "tp", ...).
@@ -109,8 +125,19 @@ class CostModel {
   double expert_params() const { return expert_params_; }
 
  private:
+  // The parameters a device holds (dense split over tp x pp, experts over
+  // ep x pp), the groups that reduce their gradients, and the shards ZeRO
+  // splits their state into (1 without it).
+  struct LocalParams {
+    double dense = 0, experts = 0, dense_shards = 1, expert_shards = 1;
+    int64_t dense_group = 1, expert_group = 1;
+    double whole() const { return dense + experts; }
+    double sharded() const { return dense / dense_shards + experts / expert_shards; }
+  };
+  LocalParams local_params(const LayoutChoice& l) const;
   double compute_seconds(const LayoutChoice& l) const;
   void add_communication(const LayoutChoice& l, StepCost& c) const;
+  void add_dp_communication(const LayoutChoice& l, StepCost& c) const;
   double memory_per_device(const LayoutChoice& l) const;
   const Link& link(int64_t group, int64_t stride) const;
   // Idle time over busy time of a pp x vpp schedule of m micro-batches
@@ -137,7 +164,8 @@ LayoutChoice parse_layout(const std::string& text, int64_t devices);
 // The bytes a plan may fill per device: 90% of its memory (headroom for the
 // allocator's rounding and the workspace the estimate leaves out).
 double memory_budget(const HardwareProfile& hw);
-// Whether a plan's memory fits the device's budget.
+// Whether a plan's memory fits the device's budget (and, offloaded, the
+// host's share of its memory per device).
 bool fits_memory(const StepCost& c, const HardwareProfile& hw);
 
 }  // namespace moetron::planner

@@ -32,7 +32,8 @@ void check_keys(const toml::table& t, const std::string& path) {
         "attention_efficiency", "memory_gib", "memory_tbps", "elementwise_tbps",
         "devices_per_node"}},
       {"intra", {"bandwidth_gbps", "latency_us"}},
-      {"inter", {"bandwidth_gbps", "latency_us"}}};
+      {"inter", {"bandwidth_gbps", "latency_us"}},
+      {"host", {"memory_gib", "memory_tbps", "pcie_gbps"}}};
   for (const auto& [k, v] : t) {
     const std::string key(k.str());
     if (key == "name" || key == "sources") continue;
@@ -75,6 +76,9 @@ HardwareProfile load_hardware_profile(const std::string& path) {
              number(t, "intra.latency_us", path) * 1e-6};
   p.inter = {number(t, "inter.bandwidth_gbps", path) * 1e9,
              number(t, "inter.latency_us", path) * 1e-6};
+  p.host_memory_bytes = number(t, "host.memory_gib", path) * double(1 << 30);
+  p.host_memory_bandwidth = number(t, "host.memory_tbps", path) * 1e12;
+  p.pcie_bandwidth = number(t, "host.pcie_gbps", path) * 1e9;
   if (const toml::table* s = t["sources"].as_table()) {
     for (const auto& [k, v] : *s) p.sources[std::string(k.str())] = v.value_or(std::string());
   }
@@ -107,6 +111,9 @@ void write_hardware_profile(const std::string& path, const HardwareProfile& p) {
     out << "\n[" << section << "]\nbandwidth_gbps = " << link.bandwidth / 1e9
         << "\nlatency_us = " << link.latency * 1e6 << "\n";
   }
+  out << "\n[host]\nmemory_gib = " << p.host_memory_bytes / double(1 << 30)
+      << "\nmemory_tbps = " << p.host_memory_bandwidth / 1e12
+      << "\npcie_gbps = " << p.pcie_bandwidth / 1e9 << "\n";
   out << "\n[sources]\n";
   for (const auto& [k, v] : p.sources) out << quoted(k) << " = " << quoted(v) << "\n";
   write_file_atomically(path, out.str());

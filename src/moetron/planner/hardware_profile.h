@@ -11,6 +11,8 @@
 //               devices_per_node
 //   [intra]     bandwidth_gbps (GB/s per direction per device), latency_us
 //   [inter]     bandwidth_gbps, latency_us
+//   [host]      memory_gib, memory_tbps (per device: its share of the host),
+//               pcie_gbps (per device, one direction): for offload
 //   [sources]   one string per key above ("device.peak_tflops" = "...")
 #pragma once
 
@@ -48,6 +50,9 @@ struct HardwareProfile {
   double elementwise_bandwidth = 0;
   int64_t devices_per_node = 1;
   Link intra, inter;  // within a node, between nodes
+  // The host's share per device (offload): memory, its bandwidth, and the
+  // device's PCIe link (bytes/s one way).
+  double host_memory_bytes = 0, host_memory_bandwidth = 0, pcie_bandwidth = 0;
   std::map<std::string, std::string> sources;
 };
 

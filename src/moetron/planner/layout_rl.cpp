@@ -17,7 +17,7 @@ namespace {
 // (a fitting layout at 0.25% MFU scores log(0.0025) = -6).
 constexpr double kMisfitReward = -8;
 
-enum Decision { kTp, kCp, kPp, kEp, kVpp, kMicroBatch, kRecompute, kZero, kDecisions };
+enum Decision { kTp, kCp, kPp, kEp, kVpp, kMicroBatch, kRecompute, kZero, kOffload, kDecisions };
 
 // One softmax per decision over its values (as indices into `values`).
 struct Policy {
@@ -40,7 +40,8 @@ Policy make_policy(const CostModel& model, int64_t devices, const SearchSpace& s
   p.values[kMicroBatch] = space.micro_batches;
   for (size_t i = 0; i < space.recompute.size(); ++i)
     p.values[kRecompute].push_back(static_cast<int64_t>(i));
-  for (size_t i = 0; i < space.zero1.size(); ++i) p.values[kZero].push_back(space.zero1[i] ? 1 : 0);
+  for (const int z : space.zero) p.values[kZero].push_back(z);
+  for (const bool o : space.offload) p.values[kOffload].push_back(o ? 1 : 0);
   for (int d = 0; d < kDecisions; ++d) {
     MOETRON_CHECK(!p.values[d].empty(), "rl search: decision ", d, " has no values");
     p.logits[d].assign(p.values[d].size(), 0.0);
@@ -104,7 +105,9 @@ LayoutChoice layout_of(const Policy& p, const Sample& s, int64_t devices,
   l.vpp = v(kVpp);
   l.micro_batch = v(kMicroBatch);
   l.recompute = space.recompute[static_cast<size_t>(v(kRecompute))];
-  l.zero1 = v(kZero) != 0;
+  l.zero1 = v(kZero) >= 1;
+  l.zero3 = v(kZero) >= 3;
+  l.offload = v(kOffload) != 0;
   return l;
 }
 

@@ -1,5 +1,5 @@
 // Reinforcement-learning layout search: a policy over the layout decisions
-// (tp, cp, pp, ep, vpp, micro-batch, recompute, ZeRO-1; dp is what the
+// (tp, cp, pp, ep, vpp, micro-batch, recompute, ZeRO stage, offload; dp is what the
 // others leave of the cluster) trained with REINFORCE against the cost
 // model, for spaces too large to enumerate.
 //

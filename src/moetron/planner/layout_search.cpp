@@ -31,8 +31,9 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
           for (const int64_t vpp : space.vpps) {
             for (const int64_t mb : space.micro_batches) {
               for (const auto& rc : space.recompute) {
-                for (const bool z : space.zero1) {
-                  LayoutChoice l{dp, tp, pp, ep, cp, vpp, mb, rc, z, true};
+                for (const int z : space.zero) {
+                 for (const bool off : space.offload) {
+                  LayoutChoice l{dp, tp, pp, ep, cp, vpp, mb, rc, z >= 1, z >= 3, off, true};
                   ++out.evaluated;
                   if (!model.misfit(l).empty()) continue;
                   const StepCost c = model.predict(l);
@@ -43,6 +44,7 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
                   if (!fits_memory(c, model.hardware())) continue;
                   ++out.fit;
                   out.plans.push_back({l, c});
+                 }
                 }
               }
             }

@@ -1,7 +1,8 @@
 // Exhaustive layout search over a cost model (planner/cost_model.h): every
 // dp x tp x pp x ep x cp of `devices` (tp within a node), interleaving,
-// micro-batch size, recompute policy and ZeRO-1 that fits the workload and
-// the device's memory, ranked by predicted step time.
+// micro-batch size, recompute policy, ZeRO stage (none, 1, 3) and offload
+// that fits the workload and the device's memory, ranked by predicted step
+// time. ZeRO-3 and offload are planner-only (LayoutChoice::beyond_runtime).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,8 @@ struct SearchSpace {
   std::vector<int64_t> micro_batches = {1, 2, 4, 8};
   std::vector<int64_t> vpps = {1, 2, 4};
   std::vector<std::string> recompute = {"none", "selective", "full"};
-  std::vector<bool> zero1 = {false, true};
+  std::vector<int> zero = {0, 1, 3};  // ZeRO stages (3: planner-only)
+  std::vector<bool> offload = {false, true};  // planner-only when true
   int64_t max_cp = 8;
 };
 
