@@ -197,6 +197,41 @@ TEST(CostModel, EachAxisCostsWhatItsFormulaSays) {
   EXPECT_LT(m.predict(z).memory_bytes, d.memory_bytes);
 }
 
+// ZeRO-3 shards the weights and gradients too (less device memory, a
+// gather and a reduce-scatter every micro-batch); offload moves the fp32
+// masters, moments and gradients to the host (16 bytes a local parameter)
+// and pays the update at the host's bandwidth plus PCIe both ways.
+TEST(CostModel, ZeroThreeAndOffloadMoveWhatTheySay) {
+  const CostModel m(dense_workload(), flat_profile());
+  LayoutChoice z1;
+  z1.dp = 4;
+  z1.zero1 = true;
+  LayoutChoice z3 = z1;
+  z3.zero3 = true;
+  const StepCost a = m.predict(z1), b = m.predict(z3);
+  const double local = m.dense_params();  // tp = pp = 1: every parameter is local
+  // bf16 weights and fp32 gradients: 6 bytes a parameter, 3/4 of them sharded
+  // away, two of the 8 layers' weights gathered back.
+  EXPECT_NEAR(a.memory_bytes - b.memory_bytes, 6 * local * 3 / 4 - 2 * 2 * local / 8,
+              1e-6 * a.memory_bytes);
+  const double microbatches = 32.0 / (4 * 1);
+  EXPECT_NEAR(b.dp_bytes, microbatches * 2.0 * 3 / 4 * local * 4, 1);
+  EXPECT_GT(b.dp_reduce_s, a.dp_reduce_s);
+  LayoutChoice off = z1;
+  off.offload = true;
+  const StepCost c = m.predict(off);
+  EXPECT_NEAR(c.host_bytes, 16 * local / 4, 1e-6 * c.host_bytes);
+  EXPECT_NEAR(a.memory_bytes - c.memory_bytes, 12 * local / 4 + 2 * local, 1e-6 * a.memory_bytes);
+  EXPECT_NEAR(c.optimizer_s, local / 4 * (30 / 1e11 + 6 / 5e10), 1e-9 * c.optimizer_s);
+  HardwareProfile tiny_host = flat_profile();
+  tiny_host.host_memory_bytes = c.host_bytes;  // under the 10% headroom
+  EXPECT_TRUE(fits_memory(c, flat_profile()));
+  EXPECT_FALSE(fits_memory(c, tiny_host));
+  LayoutChoice bad = z3;
+  bad.zero1 = false;
+  EXPECT_NE(m.misfit(bad).find("zero3"), std::string::npos);
+}
+
 TEST(CostModel, LayoutsThatDoNotDivideTheWorkloadSayWhy) {
   const CostModel m(dense_workload(), flat_profile());
   LayoutChoice l;
@@ -218,6 +253,9 @@ TEST(CostModel, ALayoutReadsBackWhatItWrites) {
   LayoutChoice l{16, 8, 4, 8, 2, 2, 4, "full", true, true};
   EXPECT_EQ(parse_layout(l.str(), l.world()).str(), l.str());
   EXPECT_EQ(parse_layout("tp=8,pp=8", 1024).dp, 16);
+  const LayoutChoice z = parse_layout("tp=8,pp=8,zero3,offload", 1024);
+  EXPECT_TRUE(z.zero1 && z.zero3 && z.offload && z.beyond_runtime());
+  EXPECT_EQ(parse_layout(z.str(), 1024).str(), z.str());
   EXPECT_THROW(parse_layout("tp=8,pp=8,dp=3", 1024), Error);
   EXPECT_THROW(parse_layout("tq=8", 8), Error);
 }
