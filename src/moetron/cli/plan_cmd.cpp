@@ -40,6 +40,14 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommand& o) {
                   "search mode: exhaustive (every layout), rl (a REINFORCE policy against the "
                   "cost model) or both (rl, and its gap to the exhaustive optimum)")
       ->check(CLI::IsMember({"exhaustive", "rl", "both"}));
+  cmd->add_option("--fix", o.fix,
+                  "search only layouts with these degrees, e.g. ep=1,pp=1 (dp, tp, pp, ep, cp, "
+                  "vpp, mb)");
+  cmd->add_flag("--no-dp-overlap", o.no_dp_overlap,
+                "model the dp reduction after the pipeline instead of under its last backward");
+  cmd->add_flag("--muon", o.muon,
+                "for the best plan, Muon's update replicated on every dp rank vs FlexMuon's "
+                "owners");
   cmd->add_option("--rl-samples", o.rl_samples, "the rl search's budget of sampled layouts");
   cmd->add_option("--seed", o.seed, "the rl search's random seed");
   cmd->add_option("--set", o.sets, "override a config key: key=value (repeatable)");

@@ -29,6 +29,9 @@ struct PlanCommand {
   std::string search = "exhaustive";  // exhaustive | rl | both (rl, with its gap to exhaustive)
   int64_t rl_samples = 20000;         // the rl search's sample budget
   uint64_t seed = 1;                  // the rl search's
+  std::string fix;                    // "ep=1,pp=1": search only layouts with these degrees
+  bool no_dp_overlap = false;         // the dp reduction after the pipeline, not under it
+  bool muon = false;                  // also compare Muon's update, replicated vs owner
 };
 
 CLI::App* add_plan_command(CLI::App& app, PlanCommand& opts);

@@ -9,6 +9,7 @@
 #include "moetron/core/staged_dir.h"
 #include "moetron/planner/layout_rl.h"
 #include "moetron/planner/layout_search.h"
+#include "moetron/planner/muon_update.h"
 #include "moetron/train/config.h"
 #include "moetron/train/config_files.h"
 
@@ -111,9 +112,11 @@ namespace {
 std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t devices,
                                         const PlanCommand& o, nlohmann::json& j) {
   const planner::HardwareProfile& hw = model.hardware();
+  planner::SearchSpace space;
+  if (!o.fix.empty()) space.allow = planner::fixed_degrees(o.fix);
   planner::SearchResult r;
   if (o.search != "rl") {
-    r = planner::search_layouts(model, devices, o.top);
+    r = planner::search_layouts(model, devices, o.top, space);
     std::printf("exhaustive: %lld layouts, %lld fit, in %.3f s\n",
                 static_cast<long long>(r.evaluated), static_cast<long long>(r.fit), r.seconds);
     MOETRON_CHECK(!r.plans.empty(), "no layout of ", devices, " ", hw.name,
@@ -126,7 +129,7 @@ std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t
   planner::RlOptions ro;
   ro.max_samples = o.rl_samples;
   ro.seed = o.seed;
-  const planner::RlResult rl = planner::rl_search_layouts(model, devices, {}, ro);
+  const planner::RlResult rl = planner::rl_search_layouts(model, devices, space, ro);
   std::printf(
       "rl: %lld samples, %lld policy updates, %lld distinct layouts evaluated (%lld more by the "
       "polish), in %.3f s\n",
@@ -171,6 +174,7 @@ PlanModel plan_cost_model(const PlanCommand& o) {
                    : cfg.train.global_batch > 0 ? cfg.train.global_batch
                                                 : cfg.train.micro_batch * cfg.train.grad_accum;
   w.routing_skew = o.routing_skew;
+  w.dp_overlap = !o.no_dp_overlap;
   PlanModel pm{planner::CostModel(w, hw), nodes * per_node};
   std::printf(
       "%s on %lld x %lld %s (%lld devices): %.3g parameters (%.3g in experts), %lld "
@@ -199,6 +203,19 @@ int run_plan_search(const PlanCommand& o) {
     plans = search(model, devices, o, j);
   }
   print_plans(plans);
+  if (o.muon && !plans.empty()) {
+    const planner::MuonUpdate u = planner::muon_update_seconds(model, plans.front().layout);
+    std::printf(
+        "Muon update of the best plan (%lld matrices a stage): replicated %.3f s, FlexMuon owner "
+        "%.3f s (Newton-Schulz %.3f + gather %.3f): %+.0f%%\n",
+        static_cast<long long>(u.matrices), u.replicated_s, u.owner_s(), u.owner_compute_s,
+        u.owner_gather_s, 100 * (u.owner_s() / u.replicated_s - 1));
+    j["muon_update"] = {{"replicated_s", u.replicated_s},
+                        {"owner_s", u.owner_s()},
+                        {"owner_newton_schulz_s", u.owner_compute_s},
+                        {"owner_gather_s", u.owner_gather_s},
+                        {"matrices_per_stage", u.matrices}};
+  }
   j["plans"] = nlohmann::json::array();
   for (const auto& p : plans) j["plans"].push_back(plan_json(p));
   if (!o.json_path.empty()) write_file_atomically(o.json_path, j.dump(2) + "\n");

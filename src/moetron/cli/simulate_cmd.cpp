@@ -26,6 +26,9 @@ CLI::App* add_simulate_command(CLI::App& app, SimulateCommand& o) {
   cmd->add_option("--global-batch", p.global_batch, "sequences per step");
   cmd->add_option("--seq-len", p.seq_len, "tokens per sequence");
   cmd->add_option("--routing-skew", p.routing_skew, "the busiest expert rank's extra load");
+  cmd->add_option("--fix", p.fix, "simulate the best layout with these degrees (ep=1,pp=1)");
+  cmd->add_flag("--no-dp-overlap", p.no_dp_overlap,
+                "the dp reduction after the pipeline instead of under its last backward");
   cmd->add_option("--set", p.sets, "override a config key: key=value (repeatable)");
   cmd->add_option("--trace", o.trace_path, "write the Chrome trace JSON here")->required();
   return cmd;
@@ -42,7 +45,9 @@ int run_simulate_command(const SimulateCommand& given) {
   if (!o.plan.layout.empty()) {
     layout = planner::parse_layout(o.plan.layout, pm.devices);
   } else {
-    const planner::SearchResult r = planner::search_layouts(pm.model, pm.devices, 1);
+    planner::SearchSpace space;
+    if (!o.plan.fix.empty()) space.allow = planner::fixed_degrees(o.plan.fix);
+    const planner::SearchResult r = planner::search_layouts(pm.model, pm.devices, 1, space);
     MOETRON_CHECK(!r.plans.empty(), "no layout of ", pm.devices, " devices fits this workload ",
                   "(moetron plan --cluster says what the leanest needs)");
     layout = r.plans.front().layout;

@@ -265,11 +265,12 @@ void CostModel::add_dp_communication(const LayoutChoice& l, StepCost& c) const {
                       wire_allreduce(p.experts * kF32, p.expert_group);
   if (l.zero3) {
     c.dp_reduce_s = microbatches * dp_time;
-    c.dp_comm_s = microbatches * std::max(0.0, dp_time - c.compute_s / microbatches);
+    const double hidden = w_.dp_overlap ? c.compute_s / microbatches : 0.0;
+    c.dp_comm_s = microbatches * std::max(0.0, dp_time - hidden);
     c.dp_bytes = microbatches * wire;  // 2 bf16 gathers + an fp32 reduce-scatter: one all-reduce
     return;
   }
-  const double last_backward = c.compute_s * 2.0 / 3 / microbatches;
+  const double last_backward = w_.dp_overlap ? c.compute_s * 2.0 / 3 / microbatches : 0.0;
   c.dp_reduce_s = dp_time;
   c.dp_comm_s = std::max(0.0, dp_time - last_backward);
   c.dp_bytes = (l.zero1 ? 0.75 : 1.0) * wire;

@@ -85,6 +85,9 @@ struct Workload {
   int64_t seq_len = 4096;
   int64_t global_batch = 1024;  // sequences per step
   double routing_skew = 0.1;    // the busiest expert rank's extra load (0: balanced)
+  // Whether the dp reduction runs under the last micro-batch's backward
+  // (false: all of it after the pipeline, as a trainer without overlap).
+  bool dp_overlap = true;
 };
 
 struct StepCost {
@@ -123,6 +126,9 @@ class CostModel {
   const HardwareProfile& hardware() const { return hw_; }
   double dense_params() const { return dense_params_; }
   double expert_params() const { return expert_params_; }
+  // The link a group of `group` ranks `stride` apart talks over: within a
+  // node when they fit in one (nodes hold consecutive ranks), else between.
+  const Link& link(int64_t group, int64_t stride) const;
 
  private:
   // The parameters a device holds (dense split over tp x pp, experts over
@@ -139,7 +145,6 @@ class CostModel {
   void add_communication(const LayoutChoice& l, StepCost& c) const;
   void add_dp_communication(const LayoutChoice& l, StepCost& c) const;
   double memory_per_device(const LayoutChoice& l) const;
-  const Link& link(int64_t group, int64_t stride) const;
   // Idle time over busy time of a pp x vpp schedule of m micro-batches
   // (simulated once per shape).
   double bubble_ratio(int64_t pp, int64_t microbatches, int64_t vpp) const;

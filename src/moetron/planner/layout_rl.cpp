@@ -139,14 +139,15 @@ void update(Policy& p, const std::vector<Sample>& batch, double lr) {
 // Every distinct layout's reward, evaluated once; the best fitting one so far.
 class Evaluator {
  public:
-  explicit Evaluator(const CostModel& model, RlResult& out) : model_(model), out_(out) {}
+  Evaluator(const CostModel& model, const SearchSpace& space, RlResult& out)
+      : model_(model), space_(space), out_(out) {}
   // The reward of `l` (see the header); true in `fresh` when it was new.
   double reward(const LayoutChoice& l, bool& fresh) {
     const auto [it, added] = seen_.try_emplace(l.str(), kMisfitReward);
     fresh = added;
     if (!added) return it->second;
     ++out_.evaluations;
-    if (!model_.misfit(l).empty()) return it->second;
+    if ((space_.allow && !space_.allow(l)) || !model_.misfit(l).empty()) return it->second;
     const StepCost c = model_.predict(l);
     if (!fits_memory(c, model_.hardware())) {
       const double over = c.memory_bytes / memory_budget(model_.hardware());
@@ -159,6 +160,7 @@ class Evaluator {
 
  private:
   const CostModel& model_;
+  const SearchSpace& space_;
   RlResult& out_;
   std::unordered_map<std::string, double> seen_;
 };
@@ -218,7 +220,7 @@ RlResult rl_search_layouts(const CostModel& model, int64_t devices, const Search
   Policy policy = make_policy(model, devices, space);
   std::mt19937_64 rng(o.seed);
   RlResult out;
-  Evaluator eval(model, out);
+  Evaluator eval(model, space, out);
   Sample best_sample;
   int64_t stale = 0;
   auto budget_left = [&] {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "moetron/core/error.h"
+
 namespace moetron::planner {
 
 std::vector<int64_t> divisors(int64_t n) {
@@ -11,6 +13,41 @@ std::vector<int64_t> divisors(int64_t n) {
     if (n % k == 0) out.push_back(k);
   }
   return out;
+}
+
+std::function<bool(const LayoutChoice&)> fixed_degrees(const std::string& text) {
+  std::vector<std::pair<std::string, int64_t>> fixed;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    MOETRON_CHECK(eq != std::string::npos, "--fix: '", item, "' is not key=value");
+    const std::string k = item.substr(0, eq);
+    MOETRON_CHECK(k == "dp" || k == "tp" || k == "pp" || k == "ep" || k == "cp" || k == "vpp" ||
+                      k == "mb",
+                  "--fix: unknown key '", k, "' (dp, tp, pp, ep, cp, vpp, mb)");
+    try {
+      fixed.emplace_back(k, std::stoll(item.substr(eq + 1)));
+    } catch (const std::exception&) {
+      MOETRON_FAIL("--fix: '", item, "': the value is not a number");
+    }
+  }
+  return [fixed](const LayoutChoice& l) {
+    for (const auto& [k, v] : fixed) {
+      const int64_t have = k == "dp"   ? l.dp
+                           : k == "tp" ? l.tp
+                           : k == "pp" ? l.pp
+                           : k == "ep" ? l.ep
+                           : k == "cp" ? l.cp
+                           : k == "vpp" ? l.vpp
+                                        : l.micro_batch;
+      if (have != v) return false;
+    }
+    return true;
+  };
 }
 
 SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top,
@@ -35,6 +72,7 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
                  for (const bool off : space.offload) {
                   LayoutChoice l{dp, tp, pp, ep, cp, vpp, mb, rc, z >= 1, z >= 3, off, true};
                   ++out.evaluated;
+                  if (space.allow && !space.allow(l)) continue;
                   if (!model.misfit(l).empty()) continue;
                   const StepCost c = model.predict(l);
                   if (out.leanest_bytes == 0 || c.memory_bytes < out.leanest_bytes) {

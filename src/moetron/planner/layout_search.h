@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "moetron/planner/cost_model.h"
@@ -35,7 +37,13 @@ struct SearchSpace {
   std::vector<int> zero = {0, 1, 3};  // ZeRO stages (3: planner-only)
   std::vector<bool> offload = {false, true};  // planner-only when true
   int64_t max_cp = 8;
+  // Layouts outside this are not considered (empty: all are).
+  std::function<bool(const LayoutChoice&)> allow;
 };
+
+// "ep=1,pp=1,cp=1": a filter keeping the layouts with those degrees (keys
+// dp, tp, pp, ep, cp, vpp, mb); throws naming a bad item.
+std::function<bool(const LayoutChoice&)> fixed_degrees(const std::string& text);
 
 // The divisors of n, ascending.
 std::vector<int64_t> divisors(int64_t n);

@@ -66,7 +66,8 @@ StepTimeline simulate_step(const CostModel& model, const LayoutChoice& l) {
       parallel::ScheduleKind::one_f_one_b, l.pp, t.microbatches, l.vpp, pipelined / m / 3,
       2 * pipelined / m / 3);
   const std::vector<Part> parts = op_parts(c);
-  const double last_backward = c.compute_s * 2.0 / 3 / m;  // what hides the dp reduction
+  // What the cost model hides of the dp reduction under the pipeline's end.
+  const double hidden = c.dp_reduce_s - c.dp_comm_s;
   for (int64_t s = 0; s < l.pp; ++s) {
     double idle_from = 0;
     for (const parallel::TimedOp& op : stages[static_cast<size_t>(s)]) {
@@ -79,7 +80,7 @@ StepTimeline simulate_step(const CostModel& model, const LayoutChoice& l) {
     const double end = idle_from;
     double ready = end;
     if (c.dp_reduce_s > 0) {
-      const double from = std::max(0.0, end - last_backward);
+      const double from = std::max(0.0, end - hidden);
       t.slices.push_back({s, 1, "dp reduction", "comm", 0, from, c.dp_reduce_s});
       ready = std::max(ready, from + c.dp_reduce_s);
     }

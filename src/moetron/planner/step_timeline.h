@@ -8,8 +8,9 @@
 // pipelined terms add up to (compute, elementwise, exposed tp, ep, cp and
 // pp traffic) evenly, a backward twice a forward, each op split into those
 // parts in proportion; idle time before a stage's last op is bubble. The
-// dp reduction starts under the stage's last backward (what the cost model
-// hides) and the optimizer follows both. The timeline's end is the cost
+// dp reduction ends where the cost model says its exposed part ends (the
+// part it hides runs under the stage's last ops) and the optimizer follows
+// both. The timeline's end is the cost
 // model's step time by construction; the test checks it.
 #pragma once
 
