@@ -119,6 +119,10 @@ std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t
     r = planner::search_layouts(model, devices, o.top, space);
     std::printf("exhaustive: %lld layouts, %lld fit, in %.3f s\n",
                 static_cast<long long>(r.evaluated), static_cast<long long>(r.fit), r.seconds);
+    MOETRON_CHECK(r.leanest_bytes > 0, "no layout of ", devices, " devices",
+                  o.fix.empty() ? "" : " with --fix " + o.fix,
+                  " divides this workload (heads by tp, experts by ep, layers by pp x vpp, the "
+                  "global batch by dp x micro-batch)");
     MOETRON_CHECK(!r.plans.empty(), "no layout of ", devices, " ", hw.name,
                   " devices fits this workload: the leanest (", r.leanest.str(), ") needs ",
                   gib(r.leanest_bytes), " GiB per device of ", gib(hw.memory_bytes),
