@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moetron/comm/wait_hook.h"
+#include "moetron/core/allocator.h"
 #include "moetron/core/error.h"
 
 namespace moetron::comm {
@@ -34,6 +35,10 @@ void ensure_mpi() {
   MPI_Initialized(&initialized);
   if (initialized) return;
   int provided = 0;
+  // OpenMPI 4.1's non-blocking reductions (coll/libnbc) malloc full-size
+  // temporaries on every call (Ireduce_scatter_block the whole buffer, on
+  // rank 0): kept in the heap, their pages are reused, not faulted in anew.
+  keep_freed_memory_in_heap();
   check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
   std::atexit([] {
     int finalized = 0;

@@ -1,6 +1,9 @@
 #include "moetron/core/allocator.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
+#include <string>
 
 #include "moetron/core/error.h"
 
@@ -165,7 +168,27 @@ void Allocator::reset_peaks() {
   total_peak_.store(total_current(), std::memory_order_relaxed);
 }
 
+void keep_freed_memory_in_heap() {
+  // glibc maps every malloc above its mmap threshold (128 KiB, growing)
+  // afresh and unmaps it on free, so a block freed and allocated again
+  // first-touches new pages each time (~11 us per 4 KiB on this VM; 7% of a
+  // one-rank demo step in the kernel's page-fault path). OpenMPI's
+  // non-blocking reductions malloc full-size temporaries on every call the
+  // same way. Served from the heap and not trimmed, freed pages are reused:
+  // bench/RESULTS.md, "Keeping freed memory in the heap".
+  static const bool once = [] {
+    // MOETRON_DEFAULT_MALLOC=1 keeps glibc's defaults (for A/B measurements).
+    const char* keep = std::getenv("MOETRON_DEFAULT_MALLOC");
+    if (keep != nullptr && std::string(keep) == "1") return false;
+    ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    return true;
+  }();
+  (void)once;
+}
+
 Allocator& cpu_allocator() {
+  keep_freed_memory_in_heap();
   static Allocator allocator(Device::cpu);
   return allocator;
 }

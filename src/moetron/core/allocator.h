@@ -108,6 +108,10 @@ class Allocator {
 
 // The process's host allocator. One per process is the honest model of host
 // memory; every Tensor allocated on the CPU is counted here.
+// Sets glibc's malloc to serve blocks up to 1 GiB from the heap and keep
+// freed memory there (see the .cpp for why); idempotent. cpu_allocator()
+// calls it, and so does MPI's initialisation (for OpenMPI's temporaries).
+void keep_freed_memory_in_heap();
 Allocator& cpu_allocator();
 
 // A standard-library allocator that counts through cpu_allocator() under a
