@@ -232,6 +232,40 @@ TEST(CostModel, ZeroThreeAndOffloadMoveWhatTheySay) {
   EXPECT_NE(m.misfit(bad).find("zero3"), std::string::npos);
 }
 
+// 2-D tensor parallelism over a q x q grid: each tp-split GEMM receives
+// 3 (q - 1) / q^2 of its activation and weight elements a micro-batch
+// (forward, input and weight gradients); rows within a node, so a grid of
+// 16 may span nodes where 1-D tp may not.
+TEST(CostModel, TwoDimensionalTpMovesWhatSummaMoves) {
+  const Workload w = dense_workload();  // d 256, 8 heads of 32, FFN 1024, 8 layers
+  const CostModel m(w, flat_profile());
+  LayoutChoice g;
+  g.tp = 4;
+  g.tp_2d = true;
+  const StepCost c = m.predict(g);
+  const double tokens = 512, d = 256, f = 1024, q = 2, microbatches = 32;
+  const double per_layer = 4 * (tokens * d + d * d) + 2 * (tokens * d + d * f) + (tokens * f + f * d);
+  EXPECT_NEAR(c.tp_bytes, microbatches * 8 * 3 * (q - 1) / (q * q) * per_layer * 2,
+              1e-9 * c.tp_bytes);
+  EXPECT_TRUE(g.beyond_runtime());
+  // Not a square, a q that does not divide the heads, 1-D past a node: why not.
+  LayoutChoice bad = g;
+  bad.tp = 8;
+  EXPECT_NE(m.misfit(bad).find("q x q"), std::string::npos);
+  bad.tp = 16;
+  EXPECT_EQ(m.misfit(bad), "");  // 4 x 4: rows of 4 in a node of 8
+  bad.tp_2d = false;
+  EXPECT_NE(m.misfit(bad).find("heads"), std::string::npos);  // 1-D: 16 does not divide 8 heads
+  LayoutChoice wide;
+  wide.tp = 8;
+  HardwareProfile four = flat_profile();
+  four.devices_per_node = 4;
+  EXPECT_NE(CostModel(w, four).misfit(wide).find("fit in a node"), std::string::npos);
+  EXPECT_EQ(grid_side(16), 4);
+  EXPECT_EQ(grid_side(8), 0);
+  EXPECT_EQ(parse_layout(g.str(), 4).str(), g.str());
+}
+
 TEST(CostModel, LayoutsThatDoNotDivideTheWorkloadSayWhy) {
   const CostModel m(dense_workload(), flat_profile());
   LayoutChoice l;

@@ -55,6 +55,7 @@ TEST(AutoLayout, ChoosesTheFastestPlanTheTrainerAccepts) {
     space.vpps = {1, 2};
     space.zero = {0, 1};
     space.offload = {false};
+    space.tp_2d = {false};
     const planner::SearchResult r = planner::search_layouts(model, world, 1, space);
     ASSERT_FALSE(r.plans.empty());
     EXPECT_GE(a.chosen.cost.step_s, r.plans.front().cost.step_s);

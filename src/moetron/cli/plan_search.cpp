@@ -52,6 +52,7 @@ nlohmann::json plan_json(const planner::RankedPlan& p) {
           {"zero1", p.layout.zero1},
           {"zero3", p.layout.zero3},
           {"offload", p.layout.offload},
+          {"tp_2d", p.layout.tp_2d},
           {"runtime_supports", !p.layout.beyond_runtime()},
           {"host_gib_per_device", gib(c.host_bytes)},
           {"step_s", c.step_s},
@@ -91,7 +92,9 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
   if (plans.empty()) return;
   for (const auto& p : plans) {
     if (p.layout.beyond_runtime()) {
-      std::printf("(zero3 and offload are planner-only: moetron's trainer runs neither yet)\n");
+      std::printf(
+          "(zero3, offload and tp2d are planner-only: moetron's trainer runs none of them "
+          "yet)\n");
       break;
     }
   }
@@ -107,6 +110,32 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
 }  // namespace
 
 namespace {
+
+// Why the plan uses 1-D or 2-D tensor parallelism: the best of each
+// (with the same other filters), their tp time and traffic.
+void compare_tp_grids(const planner::CostModel& model, int64_t devices,
+                      const planner::SearchSpace& base, nlohmann::json& j) {
+  planner::RankedPlan best[2];
+  bool found[2] = {false, false};
+  for (const int two : {0, 1}) {
+    planner::SearchSpace space = base;
+    space.tp_2d = {two == 1};
+    const planner::SearchResult r = planner::search_layouts(model, devices, 1, space);
+    if (r.plans.empty()) continue;
+    best[two] = r.plans.front();
+    found[two] = true;
+  }
+  if (!found[0] || !found[1]) return;
+  const planner::StepCost &a = best[0].cost, &b = best[1].cost;
+  std::printf(
+      "1-D vs 2-D tp: best 1-D %.3f s (tp %.3f s exposed, %.1f GB a device), best 2-D %.3f s "
+      "(tp %.3f s, %.1f GB): %s wins by %.1f%%\n",
+      a.step_s, a.tp_comm_s, a.tp_bytes / 1e9, b.step_s, b.tp_comm_s, b.tp_bytes / 1e9,
+      a.step_s <= b.step_s ? "1-D" : "2-D",
+      100 * (std::max(a.step_s, b.step_s) / std::min(a.step_s, b.step_s) - 1));
+  j["tp_1d_vs_2d"] = {{"best_1d", best[0].layout.str()}, {"best_1d_step_s", a.step_s},
+                      {"best_2d", best[1].layout.str()}, {"best_2d_step_s", b.step_s}};
+}
 
 // The ranked plans of the search --search names; their statistics go into `j`.
 std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t devices,
@@ -128,6 +157,7 @@ std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t
                   gib(r.leanest_bytes), " GiB per device of ", gib(hw.memory_bytes),
                   " (with ZeRO-3, offload and full recompute in the search)");
     j["exhaustive"] = {{"evaluated", r.evaluated}, {"fit", r.fit}, {"seconds", r.seconds}};
+    if (o.fix.find("tp2d") == std::string::npos) compare_tp_grids(model, devices, space, j);
     if (o.search == "exhaustive") return r.plans;
   }
   planner::RlOptions ro;

@@ -40,6 +40,12 @@ double wire_allreduce(double bytes, int64_t n) {
 
 }  // namespace
 
+int64_t grid_side(int64_t tp) {
+  int64_t q = 1;
+  while ((q + 1) * (q + 1) <= tp) ++q;
+  return q * q == tp ? q : 0;
+}
+
 std::string LayoutChoice::str() const {
   std::string s = "dp=" + std::to_string(dp);
   s += ",tp=" + std::to_string(tp);
@@ -49,6 +55,7 @@ std::string LayoutChoice::str() const {
   s += ",vpp=" + std::to_string(vpp);
   s += ",mb=" + std::to_string(micro_batch);
   s += ",recompute=" + recompute;
+  if (tp_2d) s += ",tp2d";
   if (zero3) {
     s += ",zero3";
   } else if (zero1) {
@@ -124,7 +131,7 @@ std::string CostModel::misfit(const LayoutChoice& l) const {
   const nn::ModelConfig& m = w_.model;
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.cp < 1 || l.vpp < 1 || l.micro_batch < 1)
     return "every degree must be >= 1";
-  if (m.n_heads % l.tp != 0) return "tp must divide the heads";
+  if (!l.tp_2d && m.n_heads % l.tp != 0) return "tp must divide the heads";
   if (w_.moe.num_experts > 0 && w_.moe.num_experts % l.ep != 0) return "ep must divide the experts";
   if (w_.moe.num_experts == 0 && l.ep > 1) return "ep needs experts";
   if ((l.dp * l.cp * l.tp) % l.ep != 0) return "ep must divide the stage's dp x cp x tp ranks";
@@ -140,6 +147,15 @@ std::string CostModel::misfit(const LayoutChoice& l) const {
   if (l.recompute != "none" && l.recompute != "selective" && l.recompute != "full")
     return "recompute is none, selective or full";
   if (l.zero3 && !l.zero1) return "zero3 shards what zero1 does too (set both)";
+  if (l.tp_2d) {
+    const int64_t q = grid_side(l.tp);
+    if (q < 2) return "tp2d needs tp = q x q with q >= 2";
+    if (m.d_model % q != 0 || m.n_heads % q != 0 || m.n_kv_heads % q != 0)
+      return "tp2d: q must divide d_model and the heads";
+    if (q > hw_.devices_per_node) return "tp2d: a row of q ranks must fit in a node";
+  } else if (l.tp > hw_.devices_per_node) {
+    return "1-D tp must fit in a node";
+  }
   return "";
 }
 
@@ -170,7 +186,9 @@ double CostModel::compute_seconds(const LayoutChoice& l) const {
   const double skew = l.ep > 1 ? 1 + w_.routing_skew : 1.0;
   // GEMM rows: a micro-batch's tokens on this rank for the dense ones; for
   // an expert, the tokens the ep group routes to it.
-  const double rows = static_cast<double>(l.micro_batch * w_.seq_len / l.cp);
+  // (2-D tp splits the rows too: a GEMM of tokens / q rows a device.)
+  const double rows = static_cast<double>(l.micro_batch * w_.seq_len / l.cp) /
+                      static_cast<double>(l.tp_2d ? grid_side(l.tp) : 1);
   const double expert_rows = w_.moe.num_experts > 0
                                  ? rows / static_cast<double>(l.tp) * static_cast<double>(l.ep) *
                                        static_cast<double>(w_.moe.top_k) /
@@ -195,9 +213,13 @@ void CostModel::add_communication(const LayoutChoice& l, StepCost& c) const {
   const double passes = l.recompute == "full" ? 6 : 4;  // collectives per layer: fwd 2, bwd 2 (+2)
   // tp: the activations of a micro-batch, per layer.
   const double act = mb_tokens * d * kBf16;
-  const Link& tp_link = link(l.tp, 1);
-  c.tp_comm_s = microbatches * layers * passes * allreduce_s(act, l.tp, tp_link);
-  c.tp_bytes = microbatches * layers * passes * wire_allreduce(act, l.tp);
+  if (l.tp_2d) {
+    add_tp_2d_communication(l, c);
+  } else {
+    const Link& tp_link = link(l.tp, 1);
+    c.tp_comm_s = microbatches * layers * passes * allreduce_s(act, l.tp, tp_link);
+    c.tp_bytes = microbatches * layers * passes * wire_allreduce(act, l.tp);
+  }
   // ep: the routed tokens (top_k copies) of this rank's token shard, per MoE layer.
   const double routed =
       mb_tokens / static_cast<double>(l.tp) * static_cast<double>(w_.moe.top_k) * d * kBf16;
@@ -228,6 +250,39 @@ void CostModel::add_communication(const LayoutChoice& l, StepCost& c) const {
     c.pp_bytes = sends * boundary;
   }
   add_dp_communication(l, c);
+}
+
+void CostModel::add_tp_2d_communication(const LayoutChoice& l, StepCost& c) const {
+  const nn::ModelConfig& m = w_.model;
+  const double q = static_cast<double>(grid_side(l.tp));
+  const double tokens = static_cast<double>(l.micro_batch * w_.seq_len / l.cp);
+  const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
+  const double d = static_cast<double>(m.d_model), hd = static_cast<double>(m.resolved_head_dim());
+  const double qd = static_cast<double>(m.n_heads) * hd, kv = static_cast<double>(m.n_kv_heads) * hd;
+  const double f = static_cast<double>(m.ffn_hidden);
+  const Link& row = link(grid_side(l.tp), 1);
+  const Link& col = link(grid_side(l.tp), grid_side(l.tp));
+  const double share = 3 * (q - 1) / (q * q);  // forward, input and weight gradients
+  const double recompute = l.recompute == "full" ? 4.0 / 3 : 1.0;  // the forward again
+  double seconds = 0, bytes = 0;
+  auto gemm = [&](double in, double out) {
+    const double x = share * tokens * in * kBf16, w = share * in * out * kBf16;
+    seconds += 3 * q * (row.latency + col.latency) + x / row.bandwidth + w / col.bandwidth;
+    bytes += x + w;
+  };
+  for (int64_t i = 0; i < m.n_layers / l.pp; ++i) {  // stage 0's layers
+    gemm(d, qd);
+    gemm(d, kv);
+    gemm(d, kv);
+    gemm(qd, d);
+    if (!nn::layer_is_moe(w_.moe, i)) {
+      gemm(d, f);
+      gemm(d, f);
+      gemm(f, d);
+    }
+  }
+  c.tp_comm_s = microbatches * seconds * recompute;
+  c.tp_bytes = microbatches * bytes * recompute;
 }
 
 CostModel::LocalParams CostModel::local_params(const LayoutChoice& l) const {
@@ -349,6 +404,10 @@ LayoutChoice parse_layout(const std::string& text, int64_t devices) {
     const std::string item = text.substr(pos, comma - pos);
     pos = comma + 1;
     if (item.empty()) continue;
+    if (item == "tp2d") {
+      l.tp_2d = true;
+      continue;
+    }
     if (item == "zero1" || item == "zero3" || item == "offload") {
       l.zero1 = l.zero1 || item != "offload";
       l.zero3 = l.zero3 || item == "zero3";
@@ -377,7 +436,7 @@ LayoutChoice parse_layout(const std::string& text, int64_t devices) {
                      : k == "mb"  ? &l.micro_batch
                                   : nullptr;
     MOETRON_CHECK(field, "--layout: unknown key '", k,
-                  "' (dp, tp, pp, ep, cp, vpp, mb, recompute, zero1, zero3, offload)");
+                  "' (dp, tp, pp, ep, cp, vpp, mb, recompute, zero1, zero3, offload, tp2d)");
     *field = n;
     dp_given = dp_given || k == "dp";
   }

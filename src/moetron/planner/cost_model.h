@@ -18,7 +18,10 @@
 //               (pipelined_seconds), plus the stage-to-stage activations
 //   tp          4 all-reduces (or all-gather + reduce-scatter with sequence
 //               parallelism: the same bytes) of a micro-batch's activations
-//               per layer, ring algorithm
+//               per layer, ring algorithm; 2-D (q x q): per tp-split GEMM
+//               (attention's four, a dense FFN's three) and micro-batch,
+//               3 (q - 1) / q^2 of its activation (along rows) and weight
+//               (along columns) elements received, forward and backward
 //   ep          4 all-to-alls of the routed tokens (top_k copies) per MoE layer
 //   cp          the K/V ring of each attention layer, hidden under the
 //               attention it overlaps
@@ -73,9 +76,13 @@ struct LayoutChoice {
   // (ZeRO-Offload), gradients and weights crossing PCIe every step.
   bool zero3 = false;
   bool offload = false;
+  // Planner-only: 2-D tensor parallelism (SUMMA over a q x q grid, tp =
+  // q^2; rows within a node, columns across): every GEMM broadcasts its
+  // activation blocks along rows and its weight blocks along columns.
+  bool tp_2d = false;
   bool sequence_parallel = true;  // with tp > 1
   int64_t world() const { return dp * tp * pp * cp; }
-  bool beyond_runtime() const { return zero3 || offload; }
+  bool beyond_runtime() const { return zero3 || offload || tp_2d; }
   std::string str() const;  // "dp=16,tp=8,pp=8,ep=8,cp=1,vpp=1,mb=1,recompute=none,zero1"
 };
 
@@ -104,6 +111,9 @@ struct StepCost {
   // The term that costs most ("compute", "dp", "tp", ...).
   std::string dominant() const;
 };
+
+// q when tp = q x q, else 0.
+int64_t grid_side(int64_t tp);
 
 // What a step's forwards and backwards run, split evenly over them (the
 // pipeline's ops): compute, elementwise and the exposed tp, ep, cp and pp
@@ -144,6 +154,7 @@ class CostModel {
   double compute_seconds(const LayoutChoice& l) const;
   void add_communication(const LayoutChoice& l, StepCost& c) const;
   void add_dp_communication(const LayoutChoice& l, StepCost& c) const;
+  void add_tp_2d_communication(const LayoutChoice& l, StepCost& c) const;
   double memory_per_device(const LayoutChoice& l) const;
   // Idle time over busy time of a pp x vpp schedule of m micro-batches
   // (simulated once per shape).

@@ -17,7 +17,19 @@ namespace {
 // (a fitting layout at 0.25% MFU scores log(0.0025) = -6).
 constexpr double kMisfitReward = -8;
 
-enum Decision { kTp, kCp, kPp, kEp, kVpp, kMicroBatch, kRecompute, kZero, kOffload, kDecisions };
+enum Decision {
+  kTp,
+  kTp2d,
+  kCp,
+  kPp,
+  kEp,
+  kVpp,
+  kMicroBatch,
+  kRecompute,
+  kZero,
+  kOffload,
+  kDecisions
+};
 
 // One softmax per decision over its values (as indices into `values`).
 struct Policy {
@@ -27,9 +39,14 @@ struct Policy {
 
 Policy make_policy(const CostModel& model, int64_t devices, const SearchSpace& space) {
   Policy p;
+  const int64_t per_node = model.hardware().devices_per_node;
+  const bool grids = std::find(space.tp_2d.begin(), space.tp_2d.end(), true) != space.tp_2d.end();
   for (const int64_t t : divisors(devices)) {
-    if (t <= model.hardware().devices_per_node) p.values[kTp].push_back(t);
+    // 1-D within a node; a q x q grid (2-D) with its rows in one.
+    if (t <= per_node || (grids && grid_side(t) >= 2 && grid_side(t) <= per_node))
+      p.values[kTp].push_back(t);
   }
+  for (const bool two : space.tp_2d) p.values[kTp2d].push_back(two ? 1 : 0);
   for (const int64_t c : divisors(devices)) {
     if (c <= space.max_cp) p.values[kCp].push_back(c);
   }
@@ -98,6 +115,7 @@ LayoutChoice layout_of(const Policy& p, const Sample& s, int64_t devices,
   auto v = [&](int d) { return p.values[d][static_cast<size_t>(s.chosen[d])]; };
   LayoutChoice l;
   l.tp = v(kTp);
+  l.tp_2d = v(kTp2d) != 0;
   l.cp = v(kCp);
   l.pp = v(kPp);
   l.dp = devices / (l.tp * l.cp * l.pp);

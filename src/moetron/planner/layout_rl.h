@@ -31,7 +31,7 @@ struct RlOptions {
   int64_t max_samples = 20000;  // layouts sampled (repeats included)
   int64_t max_evaluations = 0;  // distinct layouts evaluated; 0: no limit
   int64_t batch = 64;           // samples per policy update
-  double learning_rate = 0.3;
+  double learning_rate = 0.15;
   int64_t patience = 8;  // batches in a row without a new layout before stopping
   uint64_t seed = 1;
   bool polish = true;  // local search from the policy's best (see the .cpp)

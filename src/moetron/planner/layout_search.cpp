@@ -27,8 +27,8 @@ std::function<bool(const LayoutChoice&)> fixed_degrees(const std::string& text) 
     MOETRON_CHECK(eq != std::string::npos, "--fix: '", item, "' is not key=value");
     const std::string k = item.substr(0, eq);
     MOETRON_CHECK(k == "dp" || k == "tp" || k == "pp" || k == "ep" || k == "cp" || k == "vpp" ||
-                      k == "mb",
-                  "--fix: unknown key '", k, "' (dp, tp, pp, ep, cp, vpp, mb)");
+                      k == "mb" || k == "tp2d",
+                  "--fix: unknown key '", k, "' (dp, tp, pp, ep, cp, vpp, mb, tp2d)");
     try {
       fixed.emplace_back(k, std::stoll(item.substr(eq + 1)));
     } catch (const std::exception&) {
@@ -43,6 +43,7 @@ std::function<bool(const LayoutChoice&)> fixed_degrees(const std::string& text) 
                            : k == "ep" ? l.ep
                            : k == "cp" ? l.cp
                            : k == "vpp" ? l.vpp
+                           : k == "tp2d" ? (l.tp_2d ? 1 : 0)
                                         : l.micro_batch;
       if (have != v) return false;
     }
@@ -59,7 +60,10 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
   std::vector<int64_t> eps = {1};
   if (w.moe.num_experts > 0) eps = divisors(w.moe.num_experts);
   for (const int64_t tp : divisors(devices)) {
-    if (tp > per_node) break;  // tp's collectives stay on the node's links
+    // 1-D tp stays on the node's links; a 2-D grid keeps its rows there.
+    const bool as_2d = std::find(space.tp_2d.begin(), space.tp_2d.end(), true) != space.tp_2d.end() &&
+                       grid_side(tp) >= 2 && grid_side(tp) <= per_node;
+    if (tp > per_node && !as_2d) continue;
     for (const int64_t cp : divisors(devices / tp)) {
       if (cp > space.max_cp) break;
       for (const int64_t pp : divisors(devices / (tp * cp))) {
@@ -70,7 +74,8 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
               for (const auto& rc : space.recompute) {
                 for (const int z : space.zero) {
                  for (const bool off : space.offload) {
-                  LayoutChoice l{dp, tp, pp, ep, cp, vpp, mb, rc, z >= 1, z >= 3, off, true};
+                  for (const bool two : space.tp_2d) {
+                  LayoutChoice l{dp, tp, pp, ep, cp, vpp, mb, rc, z >= 1, z >= 3, off, two, true};
                   ++out.evaluated;
                   if (space.allow && !space.allow(l)) continue;
                   if (!model.misfit(l).empty()) continue;
@@ -82,6 +87,7 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
                   if (!fits_memory(c, model.hardware())) continue;
                   ++out.fit;
                   out.plans.push_back({l, c});
+                  }
                  }
                 }
               }

@@ -36,13 +36,15 @@ struct SearchSpace {
   std::vector<std::string> recompute = {"none", "selective", "full"};
   std::vector<int> zero = {0, 1, 3};  // ZeRO stages (3: planner-only)
   std::vector<bool> offload = {false, true};  // planner-only when true
+  std::vector<bool> tp_2d = {false, true};    // planner-only when true (tp = q x q)
   int64_t max_cp = 8;
   // Layouts outside this are not considered (empty: all are).
   std::function<bool(const LayoutChoice&)> allow;
 };
 
 // "ep=1,pp=1,cp=1": a filter keeping the layouts with those degrees (keys
-// dp, tp, pp, ep, cp, vpp, mb); throws naming a bad item.
+// dp, tp, pp, ep, cp, vpp, mb; tp2d=0|1 for 1-D or 2-D tp); throws naming
+// a bad item.
 std::function<bool(const LayoutChoice&)> fixed_degrees(const std::string& text);
 
 // The divisors of n, ascending.

@@ -71,6 +71,7 @@ AutoLayout choose_auto_layout(const Config& cfg, int world_size) {
   space.vpps = {1, 2};
   space.zero = {0, 1};  // what the trainer runs: no ZeRO-3 or offload yet
   space.offload = {false};
+  space.tp_2d = {false};
   const planner::SearchResult r = planner::search_layouts(model, world_size, 1 << 20, space);
   out.fit = r.fit;
   std::string first_refusal;
