@@ -293,9 +293,10 @@ TEST(Cli, TrainWithParallelAutoPrintsAndRunsThePlannersLayout) {
 }
 
 TEST(Cli, PlanTakesAPresetAndSearchesWithReinforcementLearning) {
-  const Outcome rl = run("plan --model mixtral-8x7b --cluster 8x8 --device h200 --top 1 "
-                         "--search both --seed 3 --json " +
-                         root() + "/rl.json");
+  const Outcome rl =
+      run("plan --model mixtral-8x7b --cluster 8x8 --device h200 --top 1 "
+          "--search both --seed 3 --json " +
+          root() + "/rl.json");
   ASSERT_EQ(rl.code, 0) << rl.err;
   const nlohmann::json j = nlohmann::json::parse(slurp(root() + "/rl.json"));
   EXPECT_GT(j.at("rl").at("evaluations").get<int64_t>(), 0);

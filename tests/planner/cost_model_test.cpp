@@ -244,7 +244,8 @@ TEST(CostModel, TwoDimensionalTpMovesWhatSummaMoves) {
   g.tp_2d = true;
   const StepCost c = m.predict(g);
   const double tokens = 512, d = 256, f = 1024, q = 2, microbatches = 32;
-  const double per_layer = 4 * (tokens * d + d * d) + 2 * (tokens * d + d * f) + (tokens * f + f * d);
+  const double per_layer =
+      4 * (tokens * d + d * d) + 2 * (tokens * d + d * f) + (tokens * f + f * d);
   EXPECT_NEAR(c.tp_bytes, microbatches * 8 * 3 * (q - 1) / (q * q) * per_layer * 2,
               1e-9 * c.tp_bytes);
   EXPECT_TRUE(g.beyond_runtime());

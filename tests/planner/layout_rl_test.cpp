@@ -75,7 +75,8 @@ TEST(RlSearch, TheTrainedPolicyBeatsUniformSamplingAtEqualEvaluations) {
     uniform_gap += uniform.policy_step_s / optimum - 1;
     std::printf("seed %llu: policy %+.2f%% (%lld evaluations), uniform %+.2f%% (%lld)\n",
                 static_cast<unsigned long long>(seed), 100 * (rl.policy_step_s / optimum - 1),
-                static_cast<long long>(rl.policy_evaluations), 100 * (uniform.policy_step_s / optimum - 1),
+                static_cast<long long>(rl.policy_evaluations),
+                100 * (uniform.policy_step_s / optimum - 1),
                 static_cast<long long>(uniform.evaluations));
   }
   EXPECT_LT(policy_gap, uniform_gap);

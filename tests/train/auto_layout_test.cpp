@@ -15,9 +15,9 @@ namespace {
 const std::string kConfigs = MOETRON_SOURCE_DIR "/configs";
 
 Config tiny_auto(const std::vector<std::string>& more = {}) {
-  std::vector<std::string> sets = {"parallel.auto=true", "train.global_batch=8",
-                                   "parallel.auto_device=" + kConfigs +
-                                       "/hardware/this-machine.toml"};
+  std::vector<std::string> sets = {
+      "parallel.auto=true", "train.global_batch=8",
+      "parallel.auto_device=" + kConfigs + "/hardware/this-machine.toml"};
   sets.insert(sets.end(), more.begin(), more.end());
   return load_config(kConfigs + "/tiny.toml", sets);
 }

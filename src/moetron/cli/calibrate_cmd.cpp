@@ -182,8 +182,8 @@ int run_calibrate_command(const CalibrateCommand& o) {
     p.gemm_efficiency = g.efficiency;
     p.gemm_half_rows = g.half_rows;
     // The probe's 512 rows a group run at m / (m + half) of the large rate.
-    p.grouped_gemm_efficiency = std::min(
-        1.0, grouped_gemm_rate(ctx) / p.peak_flops * (512 + g.half_rows) / 512);
+    p.grouped_gemm_efficiency =
+        std::min(1.0, grouped_gemm_rate(ctx) / p.peak_flops * (512 + g.half_rows) / 512);
     p.elementwise_bandwidth = elementwise_rate(ctx);
     p.attention_efficiency = std::min(1.0, attention_rate(ctx, o.seq_len) / p.peak_flops);
     p.memory_bandwidth = memory_bandwidth();
@@ -227,8 +227,8 @@ int run_calibrate_command(const CalibrateCommand& o) {
             << p.gemm_efficiency << " (half at " << p.gemm_half_rows << " rows), attention "
             << p.attention_efficiency << ", grouped GEMM " << p.grouped_gemm_efficiency
             << ", elementwise " << p.elementwise_bandwidth / 1e9 << " GB/s, memory "
-            << p.memory_bandwidth / 1e9 << " GB/s, link "
-            << p.intra.bandwidth / 1e9 << " GB/s + " << p.intra.latency * 1e6 << " us\n";
+            << p.memory_bandwidth / 1e9 << " GB/s, link " << p.intra.bandwidth / 1e9 << " GB/s + "
+            << p.intra.latency * 1e6 << " us\n";
   return 0;
 }
 

@@ -1,11 +1,9 @@
-// moetron: train / eval / generate / prepare-data / plan / simulate / memory / metrics / launch / export /
-// report.
-// Library code throws moetron::Error; this is the one place that turns an
-// error into a message and a non-zero exit: the sentence for users, and
-// with --verbose (or in a debug build) the failed expression and its
-// [file:line]. Started by mpirun or srun, a rank prefixes its errors with
-// "rank R: " and aborts every rank of the job, so one failing rank never
-// leaves the others waiting in a collective.
+// moetron: train / eval / generate / prepare-data / plan / simulate / memory / metrics / launch /
+// export / report. Library code throws moetron::Error; this is the one place that turns an error
+// into a message and a non-zero exit: the sentence for users, and with --verbose (or in a debug
+// build) the failed expression and its [file:line]. Started by mpirun or srun, a rank prefixes its
+// errors with "rank R: " and aborts every rank of the job, so one failing rank never leaves the
+// others waiting in a collective.
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
@@ -18,9 +16,9 @@
 #include "moetron/cli/memory_cmd.h"
 #include "moetron/cli/metrics_cmd.h"
 #include "moetron/cli/plan_cmd.h"
-#include "moetron/cli/simulate_cmd.h"
 #include "moetron/cli/prepare_cmd.h"
 #include "moetron/cli/report_cmd.h"
+#include "moetron/cli/simulate_cmd.h"
 #include "moetron/cli/train_cmd.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"

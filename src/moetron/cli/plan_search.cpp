@@ -133,8 +133,10 @@ void compare_tp_grids(const planner::CostModel& model, int64_t devices,
       a.step_s, a.tp_comm_s, a.tp_bytes / 1e9, b.step_s, b.tp_comm_s, b.tp_bytes / 1e9,
       a.step_s <= b.step_s ? "1-D" : "2-D",
       100 * (std::max(a.step_s, b.step_s) / std::min(a.step_s, b.step_s) - 1));
-  j["tp_1d_vs_2d"] = {{"best_1d", best[0].layout.str()}, {"best_1d_step_s", a.step_s},
-                      {"best_2d", best[1].layout.str()}, {"best_2d_step_s", b.step_s}};
+  j["tp_1d_vs_2d"] = {{"best_1d", best[0].layout.str()},
+                      {"best_1d_step_s", a.step_s},
+                      {"best_2d", best[1].layout.str()},
+                      {"best_2d_step_s", b.step_s}};
 }
 
 // The ranked plans of the search --search names; their statistics go into `j`.
@@ -182,7 +184,8 @@ std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t
              {"seed", o.seed}};
   if (o.search == "both") {
     const double optimum = r.plans.front().cost.step_s;
-    const double gap = rl.best.cost.step_s / optimum - 1, policy_gap = rl.policy_step_s / optimum - 1;
+    const double gap = rl.best.cost.step_s / optimum - 1,
+                 policy_gap = rl.policy_step_s / optimum - 1;
     std::printf(
         "rl's best is %+.2f%% of the exhaustive optimum's step time (the policy alone %+.2f%%), "
         "from %.1f%% of its evaluations\n",

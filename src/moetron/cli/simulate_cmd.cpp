@@ -54,22 +54,23 @@ int run_simulate_command(const SimulateCommand& given) {
   }
   const planner::StepTimeline t = planner::simulate_step(pm.model, layout);
   const planner::StepCost& c = t.cost;
-  write_file_atomically(o.trace_path,
-                        planner::chrome_trace(t, o.plan.config + " on " + o.plan.cluster + " " +
-                                                     pm.model.hardware().name)
-                                .dump() +
-                            "\n");
+  write_file_atomically(
+      o.trace_path, planner::chrome_trace(
+                        t, o.plan.config + " on " + o.plan.cluster + " " + pm.model.hardware().name)
+                            .dump() +
+                        "\n");
   std::printf("%s: %lld micro-batches per dp rank over %lld stages\n", layout.str().c_str(),
               static_cast<long long>(t.microbatches), static_cast<long long>(layout.pp));
   std::printf(
       "step %.4f s (timeline %.4f s): stage 0 computes %.4f s, elementwise %.4f, tp %.4f, ep "
       "%.4f, cp %.4f, pp %.4f, bubble %.4f; dp reduction %.4f (%.4f exposed), optimizer %.4f\n",
       c.step_s, t.end_s, t.total("compute"), t.total("elementwise"), t.total("tp"),
-      t.total("ep all-to-all"), t.total("cp ring (exposed)"), t.total("pp send"),
-      t.total("bubble"), c.dp_reduce_s, c.dp_comm_s, c.optimizer_s);
-  std::printf("%.4g tokens/s, %.1f%% MFU; trace: %s (open in https://ui.perfetto.dev or "
-              "chrome://tracing)\n",
-              c.tokens_per_s, 100 * c.mfu, o.trace_path.c_str());
+      t.total("ep all-to-all"), t.total("cp ring (exposed)"), t.total("pp send"), t.total("bubble"),
+      c.dp_reduce_s, c.dp_comm_s, c.optimizer_s);
+  std::printf(
+      "%.4g tokens/s, %.1f%% MFU; trace: %s (open in https://ui.perfetto.dev or "
+      "chrome://tracing)\n",
+      c.tokens_per_s, 100 * c.mfu, o.trace_path.c_str());
   return 0;
 }
 

@@ -258,7 +258,8 @@ void CostModel::add_tp_2d_communication(const LayoutChoice& l, StepCost& c) cons
   const double tokens = static_cast<double>(l.micro_batch * w_.seq_len / l.cp);
   const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
   const double d = static_cast<double>(m.d_model), hd = static_cast<double>(m.resolved_head_dim());
-  const double qd = static_cast<double>(m.n_heads) * hd, kv = static_cast<double>(m.n_kv_heads) * hd;
+  const double qd = static_cast<double>(m.n_heads) * hd,
+               kv = static_cast<double>(m.n_kv_heads) * hd;
   const double f = static_cast<double>(m.ffn_hidden);
   const Link& row = link(grid_side(l.tp), 1);
   const Link& col = link(grid_side(l.tp), grid_side(l.tp));
@@ -310,7 +311,8 @@ void CostModel::add_dp_communication(const LayoutChoice& l, StepCost& c) const {
     const double grads = params * kF32;
     const double buckets = std::ceil(grads / kBucketBytes);
     const double lat = buckets * 2 * static_cast<double>(std::max<int64_t>(n - 1, 0)) * ln.latency;
-    if (l.zero3) return 2 * half_allreduce_s(params * kBf16, n, ln) + half_allreduce_s(grads, n, ln) + lat;
+    if (l.zero3)
+      return 2 * half_allreduce_s(params * kBf16, n, ln) + half_allreduce_s(grads, n, ln) + lat;
     if (!l.zero1) return allreduce_s(grads, n, ln) + lat;
     return half_allreduce_s(grads, n, ln) + half_allreduce_s(params * kBf16, n, ln) + lat;
   };

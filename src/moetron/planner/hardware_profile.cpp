@@ -64,10 +64,9 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   p.attention_efficiency = number(t, "device.attention_efficiency", path);
   p.gemm_half_rows = number(t, "device.gemm_half_rows", path);
   p.grouped_gemm_efficiency = number(t, "device.grouped_gemm_efficiency", path);
-  MOETRON_CHECK(p.gemm_efficiency <= 1 && p.attention_efficiency <= 1 &&
-                    p.grouped_gemm_efficiency <= 1,
-                "hardware profile '", path,
-                "': efficiencies are fractions of the peak (<= 1)");
+  MOETRON_CHECK(
+      p.gemm_efficiency <= 1 && p.attention_efficiency <= 1 && p.grouped_gemm_efficiency <= 1,
+      "hardware profile '", path, "': efficiencies are fractions of the peak (<= 1)");
   p.memory_bytes = number(t, "device.memory_gib", path) * double(1 << 30);
   p.memory_bandwidth = number(t, "device.memory_tbps", path) * 1e12;
   p.elementwise_bandwidth = number(t, "device.elementwise_tbps", path) * 1e12;

@@ -37,14 +37,14 @@ std::function<bool(const LayoutChoice&)> fixed_degrees(const std::string& text) 
   }
   return [fixed](const LayoutChoice& l) {
     for (const auto& [k, v] : fixed) {
-      const int64_t have = k == "dp"   ? l.dp
-                           : k == "tp" ? l.tp
-                           : k == "pp" ? l.pp
-                           : k == "ep" ? l.ep
-                           : k == "cp" ? l.cp
-                           : k == "vpp" ? l.vpp
+      const int64_t have = k == "dp"     ? l.dp
+                           : k == "tp"   ? l.tp
+                           : k == "pp"   ? l.pp
+                           : k == "ep"   ? l.ep
+                           : k == "cp"   ? l.cp
+                           : k == "vpp"  ? l.vpp
                            : k == "tp2d" ? (l.tp_2d ? 1 : 0)
-                                        : l.micro_batch;
+                                         : l.micro_batch;
       if (have != v) return false;
     }
     return true;
@@ -61,8 +61,9 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
   if (w.moe.num_experts > 0) eps = divisors(w.moe.num_experts);
   for (const int64_t tp : divisors(devices)) {
     // 1-D tp stays on the node's links; a 2-D grid keeps its rows there.
-    const bool as_2d = std::find(space.tp_2d.begin(), space.tp_2d.end(), true) != space.tp_2d.end() &&
-                       grid_side(tp) >= 2 && grid_side(tp) <= per_node;
+    const bool as_2d =
+        std::find(space.tp_2d.begin(), space.tp_2d.end(), true) != space.tp_2d.end() &&
+        grid_side(tp) >= 2 && grid_side(tp) <= per_node;
     if (tp > per_node && !as_2d) continue;
     for (const int64_t cp : divisors(devices / tp)) {
       if (cp > space.max_cp) break;
@@ -73,22 +74,23 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
             for (const int64_t mb : space.micro_batches) {
               for (const auto& rc : space.recompute) {
                 for (const int z : space.zero) {
-                 for (const bool off : space.offload) {
-                  for (const bool two : space.tp_2d) {
-                  LayoutChoice l{dp, tp, pp, ep, cp, vpp, mb, rc, z >= 1, z >= 3, off, two, true};
-                  ++out.evaluated;
-                  if (space.allow && !space.allow(l)) continue;
-                  if (!model.misfit(l).empty()) continue;
-                  const StepCost c = model.predict(l);
-                  if (out.leanest_bytes == 0 || c.memory_bytes < out.leanest_bytes) {
-                    out.leanest = l;
-                    out.leanest_bytes = c.memory_bytes;
+                  for (const bool off : space.offload) {
+                    for (const bool two : space.tp_2d) {
+                      LayoutChoice l{dp, tp,     pp,     ep,  cp,  vpp, mb,
+                                     rc, z >= 1, z >= 3, off, two, true};
+                      ++out.evaluated;
+                      if (space.allow && !space.allow(l)) continue;
+                      if (!model.misfit(l).empty()) continue;
+                      const StepCost c = model.predict(l);
+                      if (out.leanest_bytes == 0 || c.memory_bytes < out.leanest_bytes) {
+                        out.leanest = l;
+                        out.leanest_bytes = c.memory_bytes;
+                      }
+                      if (!fits_memory(c, model.hardware())) continue;
+                      ++out.fit;
+                      out.plans.push_back({l, c});
+                    }
                   }
-                  if (!fits_memory(c, model.hardware())) continue;
-                  ++out.fit;
-                  out.plans.push_back({l, c});
-                  }
-                 }
                 }
               }
             }
@@ -99,8 +101,9 @@ SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top
   }
   // Stable: among equal predictions the first enumerated (no ZeRO-1, less
   // recompute, smaller degrees) stays first.
-  std::stable_sort(out.plans.begin(), out.plans.end(),
-            [](const RankedPlan& a, const RankedPlan& b) { return a.cost.step_s < b.cost.step_s; });
+  std::stable_sort(
+      out.plans.begin(), out.plans.end(),
+      [](const RankedPlan& a, const RankedPlan& b) { return a.cost.step_s < b.cost.step_s; });
   if (static_cast<int64_t>(out.plans.size()) > top) out.plans.resize(static_cast<size_t>(top));
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;

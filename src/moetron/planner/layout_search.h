@@ -34,7 +34,7 @@ struct SearchSpace {
   std::vector<int64_t> micro_batches = {1, 2, 4, 8};
   std::vector<int64_t> vpps = {1, 2, 4};
   std::vector<std::string> recompute = {"none", "selective", "full"};
-  std::vector<int> zero = {0, 1, 3};  // ZeRO stages (3: planner-only)
+  std::vector<int> zero = {0, 1, 3};          // ZeRO stages (3: planner-only)
   std::vector<bool> offload = {false, true};  // planner-only when true
   std::vector<bool> tp_2d = {false, true};    // planner-only when true (tp = q x q)
   int64_t max_cp = 8;

@@ -49,7 +49,8 @@ MuonUpdate muon_update_seconds(const CostModel& model, const LayoutChoice& l, in
   double expert_params = 0, dense_params = 0;
   const int64_t first = 0, last = w.model.n_layers / l.pp;  // stage 0's layers
   for (int64_t i = first; i < last; ++i) {
-    for (const auto& [r, c] : {std::pair{d, q}, std::pair{d, kv}, std::pair{d, kv}, std::pair{q, d}}) {
+    for (const auto& [r, c] :
+         {std::pair{d, q}, std::pair{d, kv}, std::pair{d, kv}, std::pair{q, d}}) {
       dense.push_back(ns(r, c));
       dense_params += r * c;
     }

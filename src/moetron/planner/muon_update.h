@@ -16,14 +16,13 @@
 namespace moetron::planner {
 
 struct MuonUpdate {
-  double replicated_s = 0;      // every matrix on every dp rank
-  double owner_compute_s = 0;   // the busiest owner's Newton-Schulz
-  double owner_gather_s = 0;    // the working copies' all-gather
-  int64_t matrices = 0;         // Muon matrices a stage holds
+  double replicated_s = 0;     // every matrix on every dp rank
+  double owner_compute_s = 0;  // the busiest owner's Newton-Schulz
+  double owner_gather_s = 0;   // the working copies' all-gather
+  int64_t matrices = 0;        // Muon matrices a stage holds
   double owner_s() const { return owner_compute_s + owner_gather_s; }
 };
 
-MuonUpdate muon_update_seconds(const CostModel& model, const LayoutChoice& layout,
-                               int steps = 5);
+MuonUpdate muon_update_seconds(const CostModel& model, const LayoutChoice& layout, int steps = 5);
 
 }  // namespace moetron::planner

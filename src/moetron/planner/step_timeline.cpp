@@ -16,9 +16,12 @@ struct Part {
 
 // The parts an op is split into, in the order they run within it.
 std::vector<Part> op_parts(const StepCost& c) {
-  return {{"compute", "compute", c.compute_s},  {"elementwise", "compute", c.elementwise_s},
-          {"tp", "comm", c.tp_comm_s},          {"ep all-to-all", "comm", c.ep_comm_s},
-          {"cp ring (exposed)", "comm", c.cp_comm_s}, {"pp send", "comm", c.pp_comm_s}};
+  return {{"compute", "compute", c.compute_s},
+          {"elementwise", "compute", c.elementwise_s},
+          {"tp", "comm", c.tp_comm_s},
+          {"ep all-to-all", "comm", c.ep_comm_s},
+          {"cp ring (exposed)", "comm", c.cp_comm_s},
+          {"pp send", "comm", c.pp_comm_s}};
 }
 
 std::string op_name(const parallel::PipeOp& op) {

@@ -25,10 +25,10 @@ namespace moetron::planner {
 
 struct TimelineSlice {
   int64_t stage = 0;
-  int track = 0;          // 0: the stage's ops (parts nested in them), 1: dp reduction
-  std::string name;       // "F mb3 c0", "compute", "tp", "bubble", "dp reduction", ...
-  std::string category;   // op | compute | comm | bubble | optimizer
-  int depth = 0;          // 1: a part of the op before it
+  int track = 0;                   // 0: the stage's ops (parts nested in them), 1: dp reduction
+  std::string name;                // "F mb3 c0", "compute", "tp", "bubble", "dp reduction", ...
+  std::string category;            // op | compute | comm | bubble | optimizer
+  int depth = 0;                   // 1: a part of the op before it
   double start = 0, duration = 0;  // seconds from the step's start
 };
 

@@ -47,8 +47,8 @@ std::string AutoLayout::summary() const {
                 "parallel.auto: %s (predicted %.3g s/step, %.4g tokens/s, %.1f%% MFU, %.2f GiB per "
                 "rank, dominant term %s; the fastest of %lld fitting layouts on %s",
                 chosen.layout.str().c_str(), c.step_s, c.tokens_per_s, 100 * c.mfu,
-                c.memory_bytes / double(1 << 30), c.dominant().c_str(),
-                static_cast<long long>(fit), profile.c_str());
+                c.memory_bytes / double(1 << 30), c.dominant().c_str(), static_cast<long long>(fit),
+                profile.c_str());
   std::string s = line;
   if (considered > 1) s += ", after " + std::to_string(considered - 1) + " the trainer refused";
   return s + ")";
@@ -86,10 +86,10 @@ AutoLayout choose_auto_layout(const Config& cfg, int world_size) {
     }
     if (first_refusal.empty()) first_refusal = p.layout.str() + ": " + why;
   }
-  MOETRON_FAIL("parallel.auto: no layout of ", world_size, " ranks both fits ", out.profile,
-               "'s memory and is accepted by the trainer (", r.fit, " fit",
-               first_refusal.empty() ? std::string() : "; the fastest was refused: " + first_refusal,
-               ")");
+  MOETRON_FAIL(
+      "parallel.auto: no layout of ", world_size, " ranks both fits ", out.profile,
+      "'s memory and is accepted by the trainer (", r.fit, " fit",
+      first_refusal.empty() ? std::string() : "; the fastest was refused: " + first_refusal, ")");
 }
 
 Config resolve_auto_layout(const Config& cfg, int world_size, std::string* log) {
