@@ -9,6 +9,7 @@
 
 #include <cstdio>
 
+#include "moetron/train/auto_layout.h"
 #include "moetron/train/config.h"
 
 namespace moetron::planner {
@@ -20,12 +21,7 @@ CostModel mixtral_on_h200(int64_t devices_per_node) {
   const train::Config cfg = train::load_config(kConfigs + "/scale/mixtral-8x7b.toml", {});
   HardwareProfile hw = load_hardware_profile(kConfigs + "/hardware/h200.toml");
   hw.devices_per_node = devices_per_node;
-  Workload w;
-  w.model = cfg.model;
-  w.moe = cfg.moe;
-  w.seq_len = cfg.train.seq_len;
-  w.global_batch = cfg.train.global_batch;
-  return CostModel(w, hw);
+  return CostModel(train::planner_workload(cfg), hw);
 }
 
 TEST(RlSearch, WithinTwoPercentOfTheExhaustiveOptimumFromAFractionOfItsEvaluations) {

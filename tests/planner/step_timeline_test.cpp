@@ -8,6 +8,7 @@
 
 #include <map>
 
+#include "moetron/train/auto_layout.h"
 #include "moetron/train/config.h"
 
 namespace moetron::planner {
@@ -19,10 +20,7 @@ CostModel mixtral(int64_t devices_per_node) {
   const train::Config cfg = train::load_config(kConfigs + "/scale/mixtral-8x7b.toml", {});
   HardwareProfile hw = load_hardware_profile(kConfigs + "/hardware/h100.toml");
   hw.devices_per_node = devices_per_node;
-  Workload w;
-  w.model = cfg.model;
-  w.moe = cfg.moe;
-  w.seq_len = cfg.train.seq_len;
+  Workload w = train::planner_workload(cfg);
   w.global_batch = 64;
   return CostModel(w, hw);
 }

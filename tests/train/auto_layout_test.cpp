@@ -44,12 +44,7 @@ TEST(AutoLayout, ChoosesTheFastestPlanTheTrainerAccepts) {
     planner::HardwareProfile hw =
         planner::load_hardware_profile(kConfigs + "/hardware/this-machine.toml");
     hw.devices_per_node = world;
-    planner::Workload w;
-    w.model = cfg.model;
-    w.moe = cfg.moe;
-    w.seq_len = cfg.train.seq_len;
-    w.global_batch = cfg.train.global_batch;
-    const planner::CostModel model(w, hw);
+    const planner::CostModel model(planner_workload(cfg), hw);
     planner::SearchSpace space;
     space.micro_batches = {1, 2, 4, 8, 16};
     space.vpps = {1, 2};

@@ -10,6 +10,7 @@
 #include "moetron/planner/layout_rl.h"
 #include "moetron/planner/layout_search.h"
 #include "moetron/planner/muon_update.h"
+#include "moetron/train/auto_layout.h"
 #include "moetron/train/config.h"
 #include "moetron/train/config_files.h"
 
@@ -203,13 +204,9 @@ PlanModel plan_cost_model(const PlanCommand& o) {
   const auto [nodes, per_node] = parse_cluster(o.cluster);
   planner::HardwareProfile hw = find_profile(o.device);
   hw.devices_per_node = per_node;  // the cluster's shape is what was asked about
-  planner::Workload w;
-  w.model = cfg.model;
-  w.moe = cfg.moe;
-  w.seq_len = o.seq_len > 0 ? o.seq_len : cfg.train.seq_len;
-  w.global_batch = o.global_batch > 0           ? o.global_batch
-                   : cfg.train.global_batch > 0 ? cfg.train.global_batch
-                                                : cfg.train.micro_batch * cfg.train.grad_accum;
+  planner::Workload w = train::planner_workload(cfg);
+  if (o.seq_len > 0) w.seq_len = o.seq_len;
+  if (o.global_batch > 0) w.global_batch = o.global_batch;
   w.routing_skew = o.routing_skew;
   w.dp_overlap = !o.no_dp_overlap;
   PlanModel pm{planner::CostModel(w, hw), nodes * per_node};

@@ -397,15 +397,21 @@ StepCost CostModel::predict(const LayoutChoice& l) const {
   return c;
 }
 
-LayoutChoice parse_layout(const std::string& text, int64_t devices) {
-  LayoutChoice l;
-  bool dp_given = false;
+std::vector<std::string> layout_items(const std::string& text) {
+  std::vector<std::string> items;
   size_t pos = 0;
   while (pos <= text.size()) {
     const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string item = text.substr(pos, comma - pos);
+    if (comma > pos) items.push_back(text.substr(pos, comma - pos));
     pos = comma + 1;
-    if (item.empty()) continue;
+  }
+  return items;
+}
+
+LayoutChoice parse_layout(const std::string& text, int64_t devices) {
+  LayoutChoice l;
+  bool dp_given = false;
+  for (const std::string& item : layout_items(text)) {
     if (item == "tp2d") {
       l.tp_2d = true;
       continue;

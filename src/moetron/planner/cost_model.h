@@ -176,6 +176,8 @@ class CostModel {
 // LayoutChoice::str() writes): unnamed degrees are 1, dp defaults to what
 // the others leave of `devices`. Throws naming the bad item.
 LayoutChoice parse_layout(const std::string& text, int64_t devices);
+// The non-empty comma-separated items of a layout text ("tp=8,pp=8,zero1").
+std::vector<std::string> layout_items(const std::string& text);
 
 // The bytes a plan may fill per device: 90% of its memory (headroom for the
 // allocator's rounding and the workspace the estimate leaves out).

@@ -17,12 +17,7 @@ std::vector<int64_t> divisors(int64_t n) {
 
 std::function<bool(const LayoutChoice&)> fixed_degrees(const std::string& text) {
   std::vector<std::pair<std::string, int64_t>> fixed;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string item = text.substr(pos, comma - pos);
-    pos = comma + 1;
-    if (item.empty()) continue;
+  for (const std::string& item : layout_items(text)) {
     const size_t eq = item.find('=');
     MOETRON_CHECK(eq != std::string::npos, "--fix: '", item, "' is not key=value");
     const std::string k = item.substr(0, eq);

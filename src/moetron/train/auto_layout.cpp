@@ -40,6 +40,16 @@ std::string refusal(const Config& cfg, int world_size) {
 
 }  // namespace
 
+planner::Workload planner_workload(const Config& cfg) {
+  planner::Workload w;
+  w.model = cfg.model;
+  w.moe = cfg.moe;
+  w.seq_len = cfg.train.seq_len;
+  w.global_batch = cfg.train.global_batch > 0 ? cfg.train.global_batch
+                                              : cfg.train.micro_batch * cfg.train.grad_accum;
+  return w;
+}
+
 std::string AutoLayout::summary() const {
   const planner::StepCost& c = chosen.cost;
   char line[512];
@@ -60,12 +70,7 @@ AutoLayout choose_auto_layout(const Config& cfg, int world_size) {
   out.profile = find_configs_file("hardware", cfg.parallel.auto_device, "parallel.auto_device");
   planner::HardwareProfile hw = planner::load_hardware_profile(out.profile);
   hw.devices_per_node = world_size;  // one machine: every rank on the intra link
-  planner::Workload w;
-  w.model = cfg.model;
-  w.moe = cfg.moe;
-  w.seq_len = cfg.train.seq_len;
-  w.global_batch = cfg.train.global_batch;
-  const planner::CostModel model(w, hw);
+  const planner::CostModel model(planner_workload(cfg), hw);
   planner::SearchSpace space;
   space.micro_batches = {1, 2, 4, 8, 16};
   space.vpps = {1, 2};

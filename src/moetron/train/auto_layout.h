@@ -27,6 +27,10 @@ struct AutoLayout {
   std::string summary() const;
 };
 
+// What the cost model needs of a config: the model, routing, sequence and
+// global batch (train.global_batch, else micro_batch x grad_accum).
+planner::Workload planner_workload(const Config& cfg);
+
 // `cfg` with its layout chosen for `world_size` ranks. Throws naming
 // parallel.auto when no layout of the search both fits and is accepted.
 AutoLayout choose_auto_layout(const Config& cfg, int world_size);
