@@ -308,6 +308,17 @@ TEST(Cli, PlanTakesAPresetAndSearchesWithReinforcementLearning) {
   const Outcome unknown = run("plan --model mixtral-8x9b --cluster 8x8");
   EXPECT_NE(unknown.code, 0);
   EXPECT_NE(unknown.err.find("configs/scale/mixtral-8x9b.toml"), std::string::npos) << unknown.err;
+  // --fix, --muon: the best layout without ep, and Muon's two updates.
+  const Outcome fixed =
+      run("plan --model mixtral-8x7b --cluster 8x8 --device h200 --top 1 "
+          "--fix ep=1 --muon --json " +
+          root() + "/fixed.json");
+  ASSERT_EQ(fixed.code, 0) << fixed.err;
+  const nlohmann::json f = nlohmann::json::parse(slurp(root() + "/fixed.json"));
+  EXPECT_EQ(f.at("plans").at(0).at("ep").get<int64_t>(), 1);
+  EXPECT_LE(f.at("muon_update").at("owner_s").get<double>(),
+            f.at("muon_update").at("replicated_s").get<double>());
+  EXPECT_NE(fixed.out.find("1-D vs 2-D tp: "), std::string::npos) << fixed.out;
   // moetron simulate: the same preset's best plan as a Chrome trace.
   const Outcome sim = run("simulate --model mixtral-8x7b --cluster 2x8 --device h100 --trace " +
                           root() + "/trace.json");

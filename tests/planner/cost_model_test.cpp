@@ -284,8 +284,30 @@ TEST(CostModel, LayoutsThatDoNotDivideTheWorkloadSayWhy) {
   EXPECT_THROW(m.predict(l), Error);
 }
 
+// --fix: only layouts with the given degrees; a bad key or value is named.
+TEST(LayoutSearch, FixedDegreesKeepTheSearchInsideThem) {
+  Workload w = dense_workload();
+  w.moe.num_experts = 8;
+  w.moe.top_k = 2;
+  w.moe.expert_hidden = 512;
+  const CostModel m(w, flat_profile());
+  SearchSpace space;
+  space.allow = fixed_degrees("ep=1,pp=2,tp2d=0");
+  const SearchResult r = search_layouts(m, 16, 50, space);
+  ASSERT_FALSE(r.plans.empty());
+  for (const RankedPlan& p : r.plans) {
+    EXPECT_EQ(p.layout.ep, 1);
+    EXPECT_EQ(p.layout.pp, 2);
+    EXPECT_FALSE(p.layout.tp_2d);
+  }
+  EXPECT_GE(r.plans.front().cost.step_s, search_layouts(m, 16, 1).plans.front().cost.step_s);
+  EXPECT_THROW(fixed_degrees("xp=2"), Error);
+  EXPECT_THROW(fixed_degrees("tp=two"), Error);
+  EXPECT_THROW(fixed_degrees("tp"), Error);
+}
+
 TEST(CostModel, ALayoutReadsBackWhatItWrites) {
-  LayoutChoice l{16, 8, 4, 8, 2, 2, 4, "full", true, true};
+  LayoutChoice l{16, 8, 4, 8, 2, 2, 4, "full", true, true, true, false, true};
   EXPECT_EQ(parse_layout(l.str(), l.world()).str(), l.str());
   EXPECT_EQ(parse_layout("tp=8,pp=8", 1024).dp, 16);
   const LayoutChoice z = parse_layout("tp=8,pp=8,zero3,offload", 1024);
@@ -318,13 +340,27 @@ TEST(LayoutSearch, TheBestPlanIsTheFastestFittingLayoutOfTheSpace) {
           for (int64_t vpp : space.vpps)
             for (int64_t mb : space.micro_batches)
               for (const auto& rc : space.recompute)
-                for (bool z : {false, true}) {
-                  if (tp * cp * pp > 16 || 16 % (tp * cp * pp) != 0 || tp > 8) continue;
-                  const LayoutChoice l{16 / (tp * cp * pp), tp, pp, ep, cp, vpp, mb, rc, z, true};
-                  if (!m.misfit(l).empty()) continue;
-                  const StepCost c = m.predict(l);
-                  if (fits_memory(c, hw)) best = std::min(best, c.step_s);
-                }
+                for (const int zero : {0, 1, 3})
+                  for (const bool off : {false, true})
+                    for (const bool two : {false, true}) {
+                      if (tp * cp * pp > 16 || 16 % (tp * cp * pp) != 0) continue;
+                      LayoutChoice l;
+                      l.dp = 16 / (tp * cp * pp);
+                      l.tp = tp;
+                      l.pp = pp;
+                      l.ep = ep;
+                      l.cp = cp;
+                      l.vpp = vpp;
+                      l.micro_batch = mb;
+                      l.recompute = rc;
+                      l.zero1 = zero >= 1;
+                      l.zero3 = zero >= 3;
+                      l.offload = off;
+                      l.tp_2d = two;
+                      if (!m.misfit(l).empty()) continue;
+                      const StepCost c = m.predict(l);
+                      if (fits_memory(c, hw)) best = std::min(best, c.step_s);
+                    }
   EXPECT_DOUBLE_EQ(r.plans.front().cost.step_s, best);
   // A device too small for any layout: no plan, and the leanest one named.
   hw.memory_bytes = 1 << 20;
