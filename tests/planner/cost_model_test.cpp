@@ -362,6 +362,12 @@ TEST(LayoutSearch, TheBestPlanIsTheFastestFittingLayoutOfTheSpace) {
                       if (fits_memory(c, hw)) best = std::min(best, c.step_s);
                     }
   EXPECT_DOUBLE_EQ(r.plans.front().cost.step_s, best);
+  // The best of each tp kind: the faster of them is the best plan.
+  ASSERT_TRUE(r.found_by_tp_grid[0] && r.found_by_tp_grid[1]);
+  EXPECT_FALSE(r.best_by_tp_grid[0].layout.tp_2d);
+  EXPECT_TRUE(r.best_by_tp_grid[1].layout.tp_2d);
+  EXPECT_DOUBLE_EQ(std::min(r.best_by_tp_grid[0].cost.step_s, r.best_by_tp_grid[1].cost.step_s),
+                   best);
   // A device too small for any layout: no plan, and the leanest one named.
   hw.memory_bytes = 1 << 20;
   const SearchResult none = search_layouts(CostModel(w, hw), 16, 5);

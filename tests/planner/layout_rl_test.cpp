@@ -9,19 +9,13 @@
 
 #include <cstdio>
 
-#include "moetron/train/auto_layout.h"
-#include "moetron/train/config.h"
+#include "util/preset_model.h"
 
 namespace moetron::planner {
 namespace {
 
-const std::string kConfigs = MOETRON_SOURCE_DIR "/configs";
-
 CostModel mixtral_on_h200(int64_t devices_per_node) {
-  const train::Config cfg = train::load_config(kConfigs + "/scale/mixtral-8x7b.toml", {});
-  HardwareProfile hw = load_hardware_profile(kConfigs + "/hardware/h200.toml");
-  hw.devices_per_node = devices_per_node;
-  return CostModel(train::planner_workload(cfg), hw);
+  return test::preset_model("mixtral-8x7b", "h200", devices_per_node);
 }
 
 TEST(RlSearch, WithinTwoPercentOfTheExhaustiveOptimumFromAFractionOfItsEvaluations) {

@@ -8,21 +8,13 @@
 
 #include <map>
 
-#include "moetron/train/auto_layout.h"
-#include "moetron/train/config.h"
+#include "util/preset_model.h"
 
 namespace moetron::planner {
 namespace {
 
-const std::string kConfigs = MOETRON_SOURCE_DIR "/configs";
-
 CostModel mixtral(int64_t devices_per_node) {
-  const train::Config cfg = train::load_config(kConfigs + "/scale/mixtral-8x7b.toml", {});
-  HardwareProfile hw = load_hardware_profile(kConfigs + "/hardware/h100.toml");
-  hw.devices_per_node = devices_per_node;
-  Workload w = train::planner_workload(cfg);
-  w.global_batch = 64;
-  return CostModel(w, hw);
+  return test::preset_model("mixtral-8x7b", "h100", devices_per_node, 64);
 }
 
 TEST(StepTimeline, EndsAtThePredictedStepWithTheBubbleItPredicts) {

@@ -45,12 +45,7 @@ TEST(AutoLayout, ChoosesTheFastestPlanTheTrainerAccepts) {
         planner::load_hardware_profile(kConfigs + "/hardware/this-machine.toml");
     hw.devices_per_node = world;
     const planner::CostModel model(planner_workload(cfg), hw);
-    planner::SearchSpace space;
-    space.micro_batches = {1, 2, 4, 8, 16};
-    space.vpps = {1, 2};
-    space.zero = {0, 1};
-    space.offload = {false};
-    space.tp_2d = {false};
+    const planner::SearchSpace space = planner::trainer_space();
     const planner::SearchResult r = planner::search_layouts(model, world, 1, space);
     ASSERT_FALSE(r.plans.empty());
     EXPECT_GE(a.chosen.cost.step_s, r.plans.front().cost.step_s);

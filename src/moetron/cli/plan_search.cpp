@@ -112,21 +112,11 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
 
 namespace {
 
-// Why the plan uses 1-D or 2-D tensor parallelism: the best of each
-// (with the same other filters), their tp time and traffic.
-void compare_tp_grids(const planner::CostModel& model, int64_t devices,
-                      const planner::SearchSpace& base, nlohmann::json& j) {
-  planner::RankedPlan best[2];
-  bool found[2] = {false, false};
-  for (const int two : {0, 1}) {
-    planner::SearchSpace space = base;
-    space.tp_2d = {two == 1};
-    const planner::SearchResult r = planner::search_layouts(model, devices, 1, space);
-    if (r.plans.empty()) continue;
-    best[two] = r.plans.front();
-    found[two] = true;
-  }
-  if (!found[0] || !found[1]) return;
+// Why the plan uses 1-D or 2-D tensor parallelism: the best of each in
+// the search, their tp time and traffic.
+void compare_tp_grids(const planner::SearchResult& r, nlohmann::json& j) {
+  if (!r.found_by_tp_grid[0] || !r.found_by_tp_grid[1]) return;
+  const planner::RankedPlan* best = r.best_by_tp_grid;
   const planner::StepCost &a = best[0].cost, &b = best[1].cost;
   std::printf(
       "1-D vs 2-D tp: best 1-D %.3f s (tp %.3f s exposed, %.1f GB a device), best 2-D %.3f s "
@@ -160,7 +150,7 @@ std::vector<planner::RankedPlan> search(const planner::CostModel& model, int64_t
                   gib(r.leanest_bytes), " GiB per device of ", gib(hw.memory_bytes),
                   " (with ZeRO-3, offload and full recompute in the search)");
     j["exhaustive"] = {{"evaluated", r.evaluated}, {"fit", r.fit}, {"seconds", r.seconds}};
-    if (o.fix.find("tp2d") == std::string::npos) compare_tp_grids(model, devices, space, j);
+    compare_tp_grids(r, j);
     if (o.search == "exhaustive") return r.plans;
   }
   planner::RlOptions ro;

@@ -188,8 +188,8 @@ void keep_freed_memory_in_heap() {
 }
 
 Allocator& cpu_allocator() {
-  keep_freed_memory_in_heap();
-  static Allocator allocator(Device::cpu);
+  // glibc is set up once, before the first block is allocated.
+  static Allocator allocator((keep_freed_memory_in_heap(), Device::cpu));
   return allocator;
 }
 

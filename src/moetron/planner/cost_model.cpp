@@ -19,16 +19,6 @@ constexpr double kOptimizerBytesPerParam = 30;
 constexpr double kBucketBytes = 16 << 20;  // gradient buckets: one latency each
 constexpr double kMemoryHeadroom = 0.9;    // of a device's memory a plan may fill
 
-// Ring all-reduce over n ranks of `bytes`: 2 (n - 1) steps.
-double allreduce_s(double bytes, int64_t n, const Link& l) {
-  if (n <= 1) return 0;
-  const double k = static_cast<double>(n - 1);
-  return 2 * k * l.latency + 2 * k / static_cast<double>(n) * bytes / l.bandwidth;
-}
-// Reduce-scatter or all-gather: half an all-reduce.
-double half_allreduce_s(double bytes, int64_t n, const Link& l) {
-  return allreduce_s(bytes, n, l) / 2;
-}
 double alltoall_s(double bytes, int64_t n, const Link& l) {
   if (n <= 1) return 0;
   const double k = static_cast<double>(n - 1);
@@ -39,6 +29,16 @@ double wire_allreduce(double bytes, int64_t n) {
 }
 
 }  // namespace
+
+double allreduce_seconds(double bytes, int64_t n, const Link& l) {
+  if (n <= 1) return 0;
+  const double k = static_cast<double>(n - 1);
+  return 2 * k * l.latency + 2 * k / static_cast<double>(n) * bytes / l.bandwidth;
+}
+
+double allgather_seconds(double bytes, int64_t n, const Link& l) {
+  return allreduce_seconds(bytes, n, l) / 2;
+}
 
 int64_t grid_side(int64_t tp) {
   int64_t q = 1;
@@ -176,6 +176,11 @@ const Link& CostModel::link(int64_t group, int64_t stride) const {
   return (group - 1) * stride + 1 <= hw_.devices_per_node ? hw_.intra : hw_.inter;
 }
 
+double CostModel::gemm_rate(double rows, bool grouped) const {
+  const double large = grouped ? hw_.grouped_gemm_efficiency : hw_.gemm_efficiency;
+  return hw_.peak_flops * large * rows / (rows + hw_.gemm_half_rows);
+}
+
 double CostModel::compute_seconds(const LayoutChoice& l) const {
   const double tokens = static_cast<double>(w_.global_batch * w_.seq_len);
   const double world = static_cast<double>(l.world());
@@ -194,12 +199,8 @@ double CostModel::compute_seconds(const LayoutChoice& l) const {
                                        static_cast<double>(w_.moe.top_k) /
                                        static_cast<double>(w_.moe.num_experts)
                                  : rows;
-  auto efficiency = [&](double large, double m) {
-    return hw_.peak_flops * large * m / (m + hw_.gemm_half_rows);
-  };
-  const double gemm =
-      dense_flops_ * full / efficiency(hw_.gemm_efficiency, rows) +
-      expert_flops_ * full * skew / efficiency(hw_.grouped_gemm_efficiency, expert_rows);
+  const double gemm = dense_flops_ * full / gemm_rate(rows) +
+                      expert_flops_ * full * skew / gemm_rate(expert_rows, /*grouped=*/true);
   const double core = attention_flops_ * attn / (hw_.peak_flops * hw_.attention_efficiency);
   return tokens * (gemm + core) / world;
 }
@@ -217,7 +218,7 @@ void CostModel::add_communication(const LayoutChoice& l, StepCost& c) const {
     add_tp_2d_communication(l, c);
   } else {
     const Link& tp_link = link(l.tp, 1);
-    c.tp_comm_s = microbatches * layers * passes * allreduce_s(act, l.tp, tp_link);
+    c.tp_comm_s = microbatches * layers * passes * allreduce_seconds(act, l.tp, tp_link);
     c.tp_bytes = microbatches * layers * passes * wire_allreduce(act, l.tp);
   }
   // ep: the routed tokens (top_k copies) of this rank's token shard, per MoE layer.
@@ -312,9 +313,9 @@ void CostModel::add_dp_communication(const LayoutChoice& l, StepCost& c) const {
     const double buckets = std::ceil(grads / kBucketBytes);
     const double lat = buckets * 2 * static_cast<double>(std::max<int64_t>(n - 1, 0)) * ln.latency;
     if (l.zero3)
-      return 2 * half_allreduce_s(params * kBf16, n, ln) + half_allreduce_s(grads, n, ln) + lat;
-    if (!l.zero1) return allreduce_s(grads, n, ln) + lat;
-    return half_allreduce_s(grads, n, ln) + half_allreduce_s(params * kBf16, n, ln) + lat;
+      return 2 * allgather_seconds(params * kBf16, n, ln) + allgather_seconds(grads, n, ln) + lat;
+    if (!l.zero1) return allreduce_seconds(grads, n, ln) + lat;
+    return allgather_seconds(grads, n, ln) + allgather_seconds(params * kBf16, n, ln) + lat;
   };
   const double dp_time = reduce(p.dense, p.dense_group, link(p.dense_group, l.tp)) +
                          reduce(p.experts, p.expert_group, link(p.expert_group, l.ep));
@@ -363,6 +364,10 @@ double CostModel::memory_per_device(const LayoutChoice& l) const {
 StepCost CostModel::predict(const LayoutChoice& l) const {
   const std::string why = misfit(l);
   MOETRON_CHECK(why.empty(), "layout ", l.str(), ": ", why);
+  return estimate(l);
+}
+
+StepCost CostModel::estimate(const LayoutChoice& l) const {
   StepCost c;
   c.compute_s = compute_seconds(l);
   add_communication(l, c);

@@ -115,6 +115,11 @@ struct StepCost {
 // q when tp = q x q, else 0.
 int64_t grid_side(int64_t tp);
 
+// Ring collectives over n ranks of `bytes` each on link l: all-reduce
+// (2 (n - 1) steps), and all-gather or reduce-scatter (half of it).
+double allreduce_seconds(double bytes, int64_t n, const Link& l);
+double allgather_seconds(double bytes, int64_t n, const Link& l);
+
 // What a step's forwards and backwards run, split evenly over them (the
 // pipeline's ops): compute, elementwise and the exposed tp, ep, cp and pp
 // communication. The bubble idles this; dp and the optimizer come after.
@@ -132,6 +137,12 @@ class CostModel {
   std::string misfit(const LayoutChoice& l) const;
   // Throws with misfit()'s reason when the layout does not fit.
   StepCost predict(const LayoutChoice& l) const;
+  // predict() without the check, for a search that has just asked misfit()
+  // (its hot loop would otherwise check every layout twice).
+  StepCost estimate(const LayoutChoice& l) const;
+  // FLOP/s of a GEMM of `rows` rows on this device (the experts' grouped
+  // ones at grouped_gemm_efficiency).
+  double gemm_rate(double rows, bool grouped = false) const;
   const Workload& workload() const { return w_; }
   const HardwareProfile& hardware() const { return hw_; }
   double dense_params() const { return dense_params_; }

@@ -166,7 +166,7 @@ class Evaluator {
     if (!added) return it->second;
     ++out_.evaluations;
     if ((space_.allow && !space_.allow(l)) || !model_.misfit(l).empty()) return it->second;
-    const StepCost c = model_.predict(l);
+    const StepCost c = model_.estimate(l);
     if (!fits_memory(c, model_.hardware())) {
       const double over = c.memory_bytes / memory_budget(model_.hardware());
       return it->second = std::log(c.mfu) - 1 - 2 * std::log(over);

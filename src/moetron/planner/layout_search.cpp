@@ -46,50 +46,82 @@ std::function<bool(const LayoutChoice&)> fixed_degrees(const std::string& text) 
   };
 }
 
+namespace {
+
+// Every option of `space` for one split of the cluster (dp, tp, pp, cp, ep
+// given in `base`): evaluated, kept when it fits.
+void search_options(const CostModel& model, const SearchSpace& space, const LayoutChoice& base,
+                    SearchResult& out) {
+  for (const int64_t vpp : space.vpps) {
+    for (const int64_t mb : space.micro_batches) {
+      for (const auto& rc : space.recompute) {
+        for (const int zero : space.zero) {
+          for (const bool off : space.offload) {
+            for (const bool two : space.tp_2d) {
+              LayoutChoice l = base;
+              l.vpp = vpp;
+              l.micro_batch = mb;
+              l.recompute = rc;
+              l.zero1 = zero >= 1;
+              l.zero3 = zero >= 3;
+              l.offload = off;
+              l.tp_2d = two;
+              ++out.evaluated;
+              if ((space.allow && !space.allow(l)) || !model.misfit(l).empty()) continue;
+              const StepCost c = model.estimate(l);
+              if (out.leanest_bytes == 0 || c.memory_bytes < out.leanest_bytes) {
+                out.leanest = l;
+                out.leanest_bytes = c.memory_bytes;
+              }
+              if (!fits_memory(c, model.hardware())) continue;
+              ++out.fit;
+              RankedPlan& best = out.best_by_tp_grid[two ? 1 : 0];
+              if (!out.found_by_tp_grid[two ? 1 : 0] || c.step_s < best.cost.step_s) best = {l, c};
+              out.found_by_tp_grid[two ? 1 : 0] = true;
+              out.plans.push_back({l, c});
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+SearchSpace trainer_space() {
+  SearchSpace space;
+  space.micro_batches = {1, 2, 4, 8, 16};
+  space.vpps = {1, 2};
+  space.zero = {0, 1};
+  space.offload = {false};
+  space.tp_2d = {false};
+  return space;
+}
+
 SearchResult search_layouts(const CostModel& model, int64_t devices, int64_t top,
                             const SearchSpace& space) {
   const auto t0 = std::chrono::steady_clock::now();
   const Workload& w = model.workload();
   const int64_t per_node = model.hardware().devices_per_node;
+  const bool grids = std::find(space.tp_2d.begin(), space.tp_2d.end(), true) != space.tp_2d.end();
   SearchResult out;
   std::vector<int64_t> eps = {1};
   if (w.moe.num_experts > 0) eps = divisors(w.moe.num_experts);
   for (const int64_t tp : divisors(devices)) {
     // 1-D tp stays on the node's links; a 2-D grid keeps its rows there.
-    const bool as_2d =
-        std::find(space.tp_2d.begin(), space.tp_2d.end(), true) != space.tp_2d.end() &&
-        grid_side(tp) >= 2 && grid_side(tp) <= per_node;
-    if (tp > per_node && !as_2d) continue;
+    if (tp > per_node && !(grids && grid_side(tp) >= 2 && grid_side(tp) <= per_node)) continue;
     for (const int64_t cp : divisors(devices / tp)) {
       if (cp > space.max_cp) break;
       for (const int64_t pp : divisors(devices / (tp * cp))) {
-        const int64_t dp = devices / (tp * cp * pp);
         for (const int64_t ep : eps) {
-          for (const int64_t vpp : space.vpps) {
-            for (const int64_t mb : space.micro_batches) {
-              for (const auto& rc : space.recompute) {
-                for (const int z : space.zero) {
-                  for (const bool off : space.offload) {
-                    for (const bool two : space.tp_2d) {
-                      LayoutChoice l{dp, tp,     pp,     ep,  cp,  vpp, mb,
-                                     rc, z >= 1, z >= 3, off, two, true};
-                      ++out.evaluated;
-                      if (space.allow && !space.allow(l)) continue;
-                      if (!model.misfit(l).empty()) continue;
-                      const StepCost c = model.predict(l);
-                      if (out.leanest_bytes == 0 || c.memory_bytes < out.leanest_bytes) {
-                        out.leanest = l;
-                        out.leanest_bytes = c.memory_bytes;
-                      }
-                      if (!fits_memory(c, model.hardware())) continue;
-                      ++out.fit;
-                      out.plans.push_back({l, c});
-                    }
-                  }
-                }
-              }
-            }
-          }
+          LayoutChoice base;
+          base.dp = devices / (tp * cp * pp);
+          base.tp = tp;
+          base.pp = pp;
+          base.ep = ep;
+          base.cp = cp;
+          search_options(model, space, base, out);
         }
       }
     }

@@ -28,6 +28,10 @@ struct SearchResult {
   // the workload (what "nothing fits" is short of).
   LayoutChoice leanest;
   double leanest_bytes = 0;
+  // The fastest fitting layout with 1-D tp ([0]) and with 2-D tp ([1]), so a
+  // plan can say why it chose one (valid when found[i]).
+  RankedPlan best_by_tp_grid[2];
+  bool found_by_tp_grid[2] = {false, false};
 };
 
 struct SearchSpace {
@@ -41,6 +45,10 @@ struct SearchSpace {
   // Layouts outside this are not considered (empty: all are).
   std::function<bool(const LayoutChoice&)> allow;
 };
+
+// What moetron's trainer runs today (no ZeRO-3, offload or 2-D tp), with
+// micro-batches of 1-16 and vpp 1 or 2: parallel.auto's space.
+SearchSpace trainer_space();
 
 // "ep=1,pp=1,cp=1": a filter keeping the layouts with those degrees (keys
 // dp, tp, pp, ep, cp, vpp, mb; tp2d=0|1 for 1-D or 2-D tp); throws naming

@@ -32,11 +32,9 @@ double busiest_owner(std::vector<double> costs, int64_t n) {
 
 MuonUpdate muon_update_seconds(const CostModel& model, const LayoutChoice& l, int steps) {
   const Workload& w = model.workload();
-  const HardwareProfile& hw = model.hardware();
   const auto ns = [&](double r, double c) {
     const double a = std::min(r, c), b = std::max(r, c);
-    const double rate = hw.peak_flops * hw.gemm_efficiency * a / (a + hw.gemm_half_rows);
-    return static_cast<double>(steps) * (4 * a * a * b + 2 * a * a * a) / rate;
+    return static_cast<double>(steps) * (4 * a * a * b + 2 * a * a * a) / model.gemm_rate(a);
   };
   const double d = static_cast<double>(w.model.d_model);
   const double hd = static_cast<double>(w.model.resolved_head_dim());
@@ -74,10 +72,8 @@ MuonUpdate muon_update_seconds(const CostModel& model, const LayoutChoice& l, in
   u.owner_compute_s = busiest_owner(dense, dense_group) + busiest_owner(experts, expert_group);
   // The bf16 working copies (a tp rank's block of the dense ones) gathered
   // from their owners: half an all-reduce over each group.
-  const auto gather = [&](double params, int64_t n, const Link& link) {
-    if (n <= 1 || params <= 0) return 0.0;
-    const double k = static_cast<double>(n - 1);
-    return k * link.latency + k / static_cast<double>(n) * params * 2 / link.bandwidth;
+  const auto gather = [](double params, int64_t n, const Link& link) {
+    return params > 0 ? allgather_seconds(params * 2, n, link) : 0.0;
   };
   u.owner_gather_s =
       gather(dense_params / static_cast<double>(l.tp), dense_group, model.link(dense_group, l.tp)) +

@@ -71,12 +71,7 @@ AutoLayout choose_auto_layout(const Config& cfg, int world_size) {
   planner::HardwareProfile hw = planner::load_hardware_profile(out.profile);
   hw.devices_per_node = world_size;  // one machine: every rank on the intra link
   const planner::CostModel model(planner_workload(cfg), hw);
-  planner::SearchSpace space;
-  space.micro_batches = {1, 2, 4, 8, 16};
-  space.vpps = {1, 2};
-  space.zero = {0, 1};  // what the trainer runs: no ZeRO-3 or offload yet
-  space.offload = {false};
-  space.tp_2d = {false};
+  const planner::SearchSpace space = planner::trainer_space();
   const planner::SearchResult r = planner::search_layouts(model, world_size, 1 << 20, space);
   out.fit = r.fit;
   std::string first_refusal;
