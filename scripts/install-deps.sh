@@ -2,6 +2,8 @@
 # Installs the Debian packages moetron needs to build, test and run.
 # libjs-chart.js is compiled into the binary (the monitor's dashboard);
 # prometheus and chromium (with a font) run in the monitor's tests.
+# FreeType (with the DejaVu fonts), espeak-ng, FFTW and libpng generate and
+# read the multimodal data (rendered text, speech, log-mel features, images).
 # Idempotent: runs `apt-get update` once, and only when something is missing.
 set -euo pipefail
 
@@ -18,6 +20,7 @@ packages=(
   libjs-chart.js
   prometheus chromium fonts-dejavu-core
   fortunes
+  libfreetype-dev libpng-dev libespeak-ng-dev libfftw3-dev
   clang-format python3
 )
 

@@ -79,7 +79,9 @@ void model_of(const Options& o, nn::ModelConfig& m, nn::MoeConfig& e) {
   m.n_layers = o.layers;
   if (o.window > 0) {
     m.attention_window = o.window;
-    m.attention_layer_pattern = "L";
+    // assign(1, 'L'), not = "L": GCC 12 warns (-Wrestrict, a false positive)
+    // on the inlined assignment of a one-character literal here.
+    m.attention_layer_pattern.assign(1, 'L');
   }
 }
 

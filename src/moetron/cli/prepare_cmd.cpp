@@ -35,6 +35,36 @@ int run_retrieval(const data::RetrievalOptions& opts) {
   return 0;
 }
 
+int run_multimodal(PrepareCommand& o) {
+  MOETRON_CHECK(o.task == "text", "--multimodal writes its own tasks; drop --task ", o.task);
+  MOETRON_CHECK(o.retrieval.seq_len == 0, "--seq-len is read only by --task retrieval");
+  MOETRON_CHECK(o.documents == "auto", "--documents is not read by --multimodal");
+  auto& m = o.mm;
+  m.out_dir = o.text.out_dir;
+  if (!o.text.input.empty()) m.input = o.text.input;
+  m.tokenizer_model = o.text.tokenizer_model;
+  m.vocab_size = o.text.vocab_size;
+  m.text_val_fraction = o.text.val_fraction;
+  m.seed = o.retrieval.seed;
+  const data::MultimodalReport r = data::prepare_multimodal(m);
+  std::cout << "prepared " << m.out_dir << ": multimodal, seed " << m.seed << ", vocabulary "
+            << r.vocab_size << "\n"
+            << std::fixed << std::setprecision(1) << "  text    " << r.text_train_tokens
+            << " train + " << r.text_val_tokens << " validation tokens ("
+            << r.seconds[static_cast<size_t>(data::Task::text)] << " s)\n";
+  for (const data::Task t : {data::Task::caption, data::Task::ocr, data::Task::asr}) {
+    const auto& n = r.records[static_cast<size_t>(t)];
+    std::cout << "  " << std::left << std::setw(8) << data::task_name(t) << std::right << n[0]
+              << " train, " << n[1] << " val";
+    if (t == data::Task::caption) std::cout << ", " << n[2] << " heldout";
+    std::cout << " (" << r.seconds[static_cast<size_t>(t)] << " s)\n";
+  }
+  std::cout << "  longest utterance " << r.max_frames << " log-mel frames of " << m.mel.n_mels
+            << " mels\n";
+  if (m.export_samples > 0) std::cout << "  samples in " << m.out_dir << "/samples\n";
+  return 0;
+}
+
 }  // namespace
 
 CLI::App* add_prepare_command(CLI::App& app, PrepareCommand& o) {
@@ -56,16 +86,33 @@ CLI::App* add_prepare_command(CLI::App& app, PrepareCommand& o) {
   auto& r = o.retrieval;
   prep->add_option("--seq-len", r.seq_len, "retrieval: model positions per example");
   prep->add_option("--examples", r.examples, "retrieval: examples, train and validation");
-  prep->add_option("--seed", r.seed, "retrieval: seed of the examples");
+  prep->add_option("--seed", r.seed, "retrieval, multimodal: seed of the examples");
   prep->add_option("--key-len", r.key_len, "retrieval: tokens in a key");
   prep->add_option("--key-within", r.key_within,
                    "retrieval: KEY and the key lie in the first this many positions");
   prep->add_option("--key-vocab", r.key_vocab,
                    "retrieval: distinct key tokens (the rest of the vocabulary is filler)");
+  auto& m = o.mm;
+  prep->add_flag("--multimodal", o.multimodal,
+                 "the multimodal corpus: text plus scene captions, OCR and ASR (--input "
+                 "defaults to /usr/share/games/fortunes; --seed seeds it)");
+  prep->add_option("--per-task", m.per_task,
+                   "multimodal: train records per task (val and heldout get a tenth)");
+  prep->add_option("--n-mels", m.mel.n_mels, "multimodal: mel bands of the ASR features");
+  prep->add_option("--export-samples", m.export_samples,
+                   "multimodal: write the first K images (PNG) and utterances (WAV) of each "
+                   "task under OUT/samples");
+  prep->add_option("--records-per-shard", m.records_per_shard, "multimodal: records per shard");
+  prep->add_option("--max-audio-seconds", m.max_audio_seconds,
+                   "multimodal: longest utterance kept (longer ones are skipped)");
+  prep->add_option("--scene-size", m.scene.size, "multimodal: caption images are N x N RGB");
+  prep->add_option("--ocr-height", m.ocr.height, "multimodal: OCR image height");
+  prep->add_option("--ocr-width", m.ocr.width, "multimodal: OCR image width");
   return prep;
 }
 
 int run_prepare_command(PrepareCommand o) {
+  if (o.multimodal) return run_multimodal(o);
   if (o.task == "retrieval") {
     MOETRON_CHECK(o.text.input.empty(), "--input is not read by --task retrieval (its tokens are ",
                   "synthetic)");

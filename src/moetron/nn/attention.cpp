@@ -92,8 +92,10 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const 
   linear_forward(ctx, x, wk_->value, as_matrix(s.k, hkv_ * hd_));
   linear_forward(ctx, x, wv_->value, as_matrix(s.v, hkv_ * hd_));
   const Tensor q3 = s.q.reshape({t, h_, hd_}), k3 = s.k.reshape({t, hkv_, hd_});
-  kernels::rope_forward(ctx, q3, positions, theta_, q3);
-  kernels::rope_forward(ctx, k3, positions, theta_, k3);
+  if (rope_) {
+    kernels::rope_forward(ctx, q3, positions, theta_, q3);
+    kernels::rope_forward(ctx, k3, positions, theta_, k3);
+  }
   s.out = Tensor::empty({batch, seq, h_, hd_}, prec_.compute);
   s.lse = Tensor::empty({batch, h_, seq}, prec_.accum);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
@@ -167,8 +169,10 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
   }
   d_out = Tensor();
   const Tensor dq3 = dq.reshape({t, h_, hd_}), dk3 = dk.reshape({t, hkv_, hd_});
-  kernels::rope_backward(ctx, dq3, s.positions, theta_, dq3);
-  kernels::rope_backward(ctx, dk3, s.positions, theta_, dk3);
+  if (rope_) {
+    kernels::rope_backward(ctx, dq3, s.positions, theta_, dq3);
+    kernels::rope_backward(ctx, dk3, s.positions, theta_, dk3);
+  }
   // Column-parallel q/k/v: each rank's heads give a partial sum of dx.
   const Tensor dx_partial = tp_->sequence_parallel ? Tensor::empty({t, d_}, prec_.compute) : dx;
   linear_backward(ctx, as_matrix(dq, h_ * hd_), s.x, wq_->value, wq_->grad, dx_partial, 0.0f);

@@ -48,6 +48,12 @@ class SelfAttention {
   void drop_input() { saved_.x = Tensor(); }
   void restore_input(const Tensor& x) { saved_.x = column_parallel_input(*tp_, x); }
   const kernels::AttentionMask& mask() const { return mask_; }
+  // Encoders (nn/vision_encoder.h, nn/audio_encoder.h): every position sees
+  // every other one (causal off) and positions come from the encoder's own
+  // embeddings (RoPE off). Chunked sequences and context parallelism assume
+  // the defaults (causal, RoPE on).
+  void set_causal(bool causal) { mask_.causal = causal; }
+  void set_rope(bool on) { rope_ = on; }
 
   // Chunked sequences (train.seq_chunk, Transformer::set_sequence_chunk):
   // forward and backward see one chunk [offset, offset + len) of every
@@ -73,6 +79,7 @@ class SelfAttention {
   int64_t d_, h_, hkv_, hd_;  // h_, hkv_: this rank's heads
   bool kv_replicated_ = false;
   float theta_;
+  bool rope_ = true;
   kernels::AttentionMask mask_;
   Parameter *wq_, *wk_, *wv_, *wo_;
   Precision prec_;

@@ -8,31 +8,33 @@
 
 namespace moetron::nn {
 
-namespace {
-std::string layer_prefix(int64_t i) {
-  return "model.layers." + std::to_string(i) + ".";
+Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
+             ParameterSet& params, ExpertParallel ep, const TensorParallel* tp,
+             const BlockOptions& options)
+    : Block(model, moe, index, prec, params, ep, tp,
+            options.layers_prefix + std::to_string(index) + ".") {
+  attn_.set_causal(options.causal);
+  attn_.set_rope(options.rope);
 }
-}  // namespace
 
 Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
-             ParameterSet& params, ExpertParallel ep, const TensorParallel* tp)
+             ParameterSet& params, ExpertParallel ep, const TensorParallel* tp,
+             const std::string& prefix)
     : tp_(tp ? tp : &no_tensor_parallel()),
       index_(index),
       d_(model.d_model),
       eps_(static_cast<float>(model.norm_eps)),
       prec_(prec),
-      norm1_(&params.add(layer_prefix(index) + "input_layernorm.weight", {model.d_model},
-                         prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0,
-                         false)),
-      norm2_(&params.add(layer_prefix(index) + "post_attention_layernorm.weight", {model.d_model},
-                         prec.accum, prec.accum, ParallelKind::replicated, InitKind::ones, 0,
-                         false)),
-      attn_(model, index, layer_prefix(index) + "self_attn.", prec, params, tp_) {
+      norm1_(&params.add(prefix + "input_layernorm.weight", {model.d_model}, prec.accum, prec.accum,
+                         ParallelKind::replicated, InitKind::ones, 0, false)),
+      norm2_(&params.add(prefix + "post_attention_layernorm.weight", {model.d_model}, prec.accum,
+                         prec.accum, ParallelKind::replicated, InitKind::ones, 0, false)),
+      attn_(model, index, prefix + "self_attn.", prec, params, tp_) {
   // Under sequence parallelism each rank's norms see its token slice only.
   norm1_->grad_partial_over_tp = norm2_->grad_partial_over_tp = tp_->sequence_parallel;
   if (layer_is_moe(moe, index)) {
     const size_t first = params.all().size();
-    moe_ = std::make_unique<MoeLayer>(model, moe, layer_prefix(index), prec, params, ep);
+    moe_ = std::make_unique<MoeLayer>(model, moe, prefix, prec, params, ep);
     for (size_t i = first; i < params.all().size(); ++i) {
       Parameter& p = *params.all()[i];
       p.grad_partial_over_tp =
@@ -42,9 +44,8 @@ Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Prec
     const auto std = static_cast<float>(model.init_std);
     const auto out_std =
         static_cast<float>(model.init_std / std::sqrt(2.0 * static_cast<double>(model.n_layers)));
-    mlp_ =
-        std::make_unique<SwiGluMlp>(model.d_model, model.ffn_hidden, layer_prefix(index) + "mlp.",
-                                    std, out_std, prec, params, tp_);
+    mlp_ = std::make_unique<SwiGluMlp>(model.d_model, model.ffn_hidden, prefix + "mlp.", std,
+                                       out_std, prec, params, tp_);
   }
 }
 
@@ -72,6 +73,7 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& posi
     if (sliced) tp_->group->allgather(moe_out, out);
     moe_stats.aux_loss += st.aux_loss;
     moe_stats.z_loss += st.z_loss;
+    moe_stats.entropy_loss += st.entropy_loss;
     moe_stats.dropped += st.dropped;
   } else {
     mlp_->forward(ctx, n2, out);

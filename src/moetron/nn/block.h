@@ -23,10 +23,22 @@
 
 namespace moetron::nn {
 
+// Where a block's parameters are named and how it attends. The defaults are
+// the language model's: "model.layers.{i}." names, causal attention with
+// RoPE. An encoder's blocks ("vision.layers.{i}.", "audio.layers.{i}.") see
+// every position of their sequence and take their positions from the
+// encoder's own position embeddings (RoPE off).
+struct BlockOptions {
+  std::string layers_prefix = "model.layers.";
+  bool causal = true;
+  bool rope = true;
+};
+
 class Block {
  public:
   Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
-        ParameterSet& params, ExpertParallel ep = {}, const TensorParallel* tp = nullptr);
+        ParameterSet& params, ExpertParallel ep = {}, const TensorParallel* tp = nullptr,
+        const BlockOptions& options = {});
 
   // x: [B*S, D] (a token slice [B*S/tp, D] under sequence parallelism); returns the block's output
   // [B*S, D] (a new tensor).
@@ -63,6 +75,10 @@ class Block {
   }
 
  private:
+  // `prefix`: the block's own, e.g. "model.layers.3.".
+  Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Precision prec,
+        ParameterSet& params, ExpertParallel ep, const TensorParallel* tp,
+        const std::string& prefix);
   const TensorParallel* tp_;
   int64_t index_;
   int64_t d_;

@@ -73,6 +73,18 @@ struct MoeConfig {
   double z_loss_coef = 1e-3;      // router z-loss; 0 disables
   double bias_update_rate = 0.0;  // aux-loss-free bias step gamma; 0 disables
   double capacity_factor = 0.0;   // 0: dropless
+  // Modality-aware routing (nn/modality_routing.h). Tokens carry a modality
+  // id in [0, num_modalities) (0 text, 1 image, 2 audio); the defaults keep
+  // today's router.
+  std::string modality_routing = "shared";  // shared | prior | partitioned
+  int64_t num_modalities = 3;
+  std::string modality_experts;  // partitioned: "4,2,2" owned per modality; empty: E / M each
+  double modality_local_entropy_coef = 0.0;        // LIMoE local entropy (pushed down); 0: off
+  double modality_global_entropy_coef = 0.0;       // LIMoE global entropy hinge; 0: off
+  double modality_global_entropy_threshold = 0.0;  // nats
+  int64_t modality_realloc_every = 0;              // partitioned adaptive allocation; 0: off
+  double modality_realloc_hysteresis = 0.1;
+  int64_t modality_min_experts = 1;  // a modality never owns fewer
 };
 
 // Expert parallelism: the routed experts are cut into `size` equal

@@ -169,6 +169,7 @@ MoeLayer::MoeLayer(const ModelConfig& model, const MoeConfig& moe, const std::st
     shared_ = std::make_unique<SwiGluMlp>(d_, hidden, prefix + "mlp.shared_experts.", std, out_std,
                                           prec, params);
   }
+  setup_modality_routing(moe, params);
 }
 
 MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor& y,
@@ -179,19 +180,9 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
   Saved& s = saved_;  // filled in place: the expert-parallel exchange reads it
   s.x = x;
   s.loss_weight = loss_weight;
-  if (x.dtype() == prec_.accum) {
-    s.x_router = x;
-  } else {
-    s.x_router = Tensor::empty({t, d_}, prec_.accum);
-    kernels::convert(ctx, x, s.x_router);
-  }
-  s.logits = Tensor::empty({t, e_}, prec_.accum);
-  linear_forward(ctx, s.x_router, router_->value, s.logits);
-  s.scores = Tensor::empty({t, e_}, prec_.accum);
-  s.topk_idx = Tensor::empty({t, k_}, DType::i32);
-  s.topk_weight = Tensor::empty({t, k_}, prec_.accum);
-  kernels::router_topk(ctx, s.logits, use_bias_ ? bias_ : Tensor(), router_args_, s.scores,
-                       s.topk_idx, s.topk_weight);
+  s.modality = modality_;
+  s.x_router = router_input(ctx, x, s.modality);
+  route(ctx);
   record_routing(s.topk_idx);
   const int32_t* idx = s.topk_idx.data<int32_t>();
   std::vector<int64_t> counts(static_cast<size_t>(e_), 0);
@@ -199,6 +190,7 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
   if (!recompute_pass_) {
     for (int64_t j = 0; j < e_; ++j)
       load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
+    count_modality_load();
   }
   if (ep_size_ > 1) {
     plan_expert_parallel(counts, t);
@@ -226,7 +218,9 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
 
   MoeStats stats;
   stats.dropped = s.plan.dropped;
-  if (aux_coef_ > 0 || z_coef_ > 0) {
+  // With modality-aware balancing the Switch loss is the per-modality one.
+  const double global_aux = modality_losses_.aux_coef > 0 ? 0.0 : aux_coef_;
+  if (global_aux > 0 || z_coef_ > 0) {
     // Values now; their gradients are formed again in backward from the
     // saved global sums (cheap, [T, E]) so forward keeps no [T, E] gradients.
     auto sums = std::make_shared<BalanceSums>(
@@ -234,8 +228,17 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
             ? local_balance_sums<double>(s.logits, s.scores, counts, z_coef_ > 0)
             : local_balance_sums<float>(s.logits, s.scores, counts, z_coef_ > 0));
     reduce_balance_sums(balance_group_, *sums);
-    balancing_values(*sums, k_, aux_coef_, z_coef_, stats);
+    balancing_values(*sums, k_, global_aux, z_coef_, stats);
     s.balance = std::move(sums);
+  }
+  if (modality_losses_on_) {
+    auto sums = std::make_shared<ModalitySums>(
+        local_modality_sums(s.scores, s.topk_idx, s.modality, num_modalities_));
+    reduce_modality_sums(balance_group_, *sums);
+    const ModalityLossValues v = modality_loss_values(*sums, owner_, k_, modality_losses_);
+    stats.aux_loss += v.aux;
+    stats.entropy_loss = v.entropy;
+    s.modality_sums = std::move(sums);
   }
   drop_after_forward();
   return stats;
@@ -278,16 +281,25 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
 
   // Router: gradient through the combine weights plus the balancing losses.
   Tensor d_scores, d_logits_z;
-  if (aux_coef_ > 0) d_scores = Tensor::empty({t, e_}, prec_.accum);
+  const double global_aux = modality_losses_.aux_coef > 0 ? 0.0 : aux_coef_;
+  if (s.modality_sums) {
+    d_scores = Tensor::zeros({t, e_}, prec_.accum);
+  } else if (global_aux > 0) {
+    d_scores = Tensor::empty({t, e_}, prec_.accum);
+  }
   if (z_coef_ > 0) d_logits_z = Tensor::empty({t, e_}, prec_.accum);
   if (s.balance) {
     if (prec_.accum == DType::f64) {
-      balancing_gradients<double>(s.logits, *s.balance, k_, aux_coef_, z_coef_, s.loss_weight,
+      balancing_gradients<double>(s.logits, *s.balance, k_, global_aux, z_coef_, s.loss_weight,
                                   d_scores, d_logits_z);
     } else {
-      balancing_gradients<float>(s.logits, *s.balance, k_, aux_coef_, z_coef_, s.loss_weight,
+      balancing_gradients<float>(s.logits, *s.balance, k_, global_aux, z_coef_, s.loss_weight,
                                  d_scores, d_logits_z);
     }
+  }
+  if (s.modality_sums) {
+    add_modality_loss_gradients(s.scores, s.modality, *s.modality_sums, owner_, k_,
+                                modality_losses_, s.loss_weight, d_scores);
   }
   Tensor d_logits = Tensor::empty({t, e_}, prec_.accum);
   kernels::router_topk_backward(ctx, d_topk_weight, d_scores, s.scores, s.topk_idx, s.topk_weight,
@@ -299,9 +311,14 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   } else {
     Tensor dx_router = Tensor::empty({t, d_}, prec_.accum);
     linear_backward(ctx, d_logits, s.x_router, router_->value, router_->grad, dx_router, 0.0f);
-    Tensor dx_router_c = Tensor::empty({t, d_}, prec_.compute);
-    kernels::convert(ctx, dx_router, dx_router_c);
-    kernels::add(ctx, dx, dx_router_c, dx);
+    modality_backward(d_logits, dx_router);
+    if (dx.dtype() == prec_.accum) {
+      kernels::add(ctx, dx, dx_router, dx);
+    } else {
+      Tensor dx_router_c = Tensor::empty({t, d_}, prec_.compute);
+      kernels::convert(ctx, dx_router, dx_router_c);
+      kernels::add(ctx, dx, dx_router_c, dx);
+    }
   }
   release();
 }
@@ -319,6 +336,7 @@ void MoeLayer::set_expert_load(std::vector<int64_t> load) {
 
 void MoeLayer::reset_load() {
   std::fill(load_.begin(), load_.end(), 0);
+  std::fill(modality_load_.begin(), modality_load_.end(), 0);
 }
 
 void MoeLayer::update_bias(double rate) {

@@ -6,6 +6,13 @@
 // 0 = off) and DeepSeek-V3 aux-loss-free selection biases updated once per
 // optimizer step from the step's expert loads.
 //
+// Modality-aware routing (moe.modality_routing, nn/modality_routing.h):
+// set_token_modality gives each token a modality before forward; prior adds
+// learned modality terms to the router, partitioned restricts each token to
+// its modality's experts plus the shared ones, with per-modality balancing,
+// LIMoE entropy terms and an adaptive expert allocation. Without a token
+// modality every token is modality 0 and `shared` is exactly today's layer.
+//
 // Saves for backward: x (and its accum-dtype copy for the router), router
 // scores, top-k indices and weights, the plan, the permuted input, the
 // gate-up product, the SwiGLU output and the expert outputs. Recomputation
@@ -15,6 +22,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +31,7 @@
 #include "moetron/kernels/context.h"
 #include "moetron/kernels/moe.h"
 #include "moetron/nn/mlp.h"
+#include "moetron/nn/modality_routing.h"
 #include "moetron/nn/model_config.h"
 #include "moetron/nn/parameter.h"
 
@@ -33,6 +42,7 @@ struct BalanceSums;
 struct MoeStats {
   double aux_loss = 0;  // unweighted value for this micro-batch (coefficient applied)
   double z_loss = 0;
+  double entropy_loss = 0;  // LIMoE entropy terms (coefficients applied); 0 when off
   int64_t dropped = 0;
 };
 
@@ -67,6 +77,32 @@ class MoeLayer {
   void set_expert_group(comm::Communicator* group);
   int64_t local_experts() const { return e_local_; }
   int64_t first_expert() const { return e_first_; }
+  // Modality-aware routing (nn/modality_routing.h). The modality of each
+  // token of the next forward: i32 [T] in [0, num_modalities()), kept for
+  // its backward and recompute; undefined: every token is modality 0. It
+  // stays set until changed: a checkpointed block's second forward must see
+  // the same modality as its first (set it again per micro-batch).
+  void set_token_modality(Tensor modality) { modality_ = std::move(modality); }
+  ModalityRouting modality_routing() const { return routing_; }
+  int64_t num_modalities() const { return num_modalities_; }
+  // Routed choices per (modality, expert) since the last reset_load(): [M][E].
+  std::vector<std::vector<int64_t>> expert_load_by_modality() const;
+  // The same summed over ranks by the caller (data parallelism), row-major [M * E].
+  const std::vector<int64_t>& expert_load_by_modality_flat() const { return modality_load_; }
+  void set_expert_load_by_modality(std::vector<int64_t> flat);
+  // partitioned: owner of each routed expert (a modality, or -1: shared).
+  // Other modes: all -1.
+  const std::vector<int32_t>& expert_owners() const { return owner_; }
+  void set_expert_owners(std::vector<int32_t> owner);
+  // Once per optimizer step, before update_bias/reset_load, with the step's
+  // loads summed over dp (set_expert_load_by_modality) and the per-modality
+  // mean losses (empty: all 1): adds them to the allocation window and,
+  // every moe.modality_realloc_every calls, applies the rule of
+  // modality_routing.h (partitioned only). Returns the move (for the log).
+  AllocationMove update_allocation(std::span<const double> modality_loss);
+  // Owners, window and call count as doubles for a checkpoint.
+  std::vector<double> allocation_state() const;
+  void set_allocation_state(std::span<const double> state);
   // "model.layers.{i}." of the block holding this layer.
   const std::string& prefix() const { return prefix_; }
 
@@ -94,6 +130,23 @@ class MoeLayer {
   double aux_coef_, z_coef_, capacity_factor_;
   bool use_bias_;
   kernels::RouterArgs router_args_;
+  ModalityRouting routing_ = ModalityRouting::shared;
+  int64_t num_modalities_ = 1;
+  ModalityLossConfig modality_losses_;
+  bool modality_losses_on_ = false;
+  std::vector<int32_t> owner_;                     // [E]
+  std::vector<int64_t> modality_load_;             // [M * E]
+  std::vector<double> window_load_, window_loss_;  // [M * E], [M]
+  int64_t window_steps_ = 0, realloc_every_ = 0;
+  AllocationRule alloc_rule_;
+  Tensor modality_;                      // for the next forward
+  Parameter* modality_embed_ = nullptr;  // prior: [M, D]
+  Parameter* modality_bias_ = nullptr;   // prior: [M, E]
+  void setup_modality_routing(const MoeConfig& moe, ParameterSet& params);
+  Tensor router_input(kernels::Context& ctx, const Tensor& x, const Tensor& modality);
+  void route(kernels::Context& ctx);
+  void count_modality_load();
+  void modality_backward(const Tensor& d_logits, const Tensor& dx_router);
   Precision prec_;
   Parameter* router_;
   Tensor w13_, w13_grad_;  // [local experts, 2F, D]
@@ -122,6 +175,7 @@ class MoeLayer {
   // micro-batches in flight and swaps each one's in and out.
   struct Saved {
     Tensor x, x_router, scores, topk_idx, topk_weight, logits;
+    Tensor modality;  // i32 [T] or undefined (all 0)
     // plan: this rank's slots (over all E experts). Under expert
     // parallelism `exchange` maps the rows received from the ep ranks
     // (source-rank major) to expert-major rows of the local experts, and
@@ -131,7 +185,8 @@ class MoeLayer {
     std::vector<int64_t> send_rows, recv_rows;
     Tensor permuted, gate_up, act, expert_out;
     double loss_weight = 0;
-    std::shared_ptr<const BalanceSums> balance;  // global sums of this forward
+    std::shared_ptr<const BalanceSums> balance;         // global sums of this forward
+    std::shared_ptr<const ModalitySums> modality_sums;  // the same per modality
     SwiGluMlp::Saved shared;  // the shared experts' (kept in shared_ between swaps)
   };
   void swap_saved(Saved& other) {

@@ -73,12 +73,7 @@ void MoeLayer::rebuild_permuted(kernels::Context& ctx) {
 void MoeLayer::rebuild_router_input(kernels::Context& ctx) {
   Saved& s = saved_;
   if (s.x_router.defined()) return;
-  if (s.x.dtype() == prec_.accum) {
-    s.x_router = s.x;
-  } else {
-    s.x_router = Tensor::empty(s.x.shape(), prec_.accum);
-    kernels::convert(ctx, s.x, s.x_router);
-  }
+  s.x_router = router_input(ctx, s.x, s.modality);
 }
 
 }  // namespace moetron::nn

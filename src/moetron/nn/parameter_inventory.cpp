@@ -9,17 +9,13 @@ namespace moetron::nn {
 
 namespace {
 
-std::string layer_name(int64_t i) {
-  return "model.layers." + std::to_string(i) + ".";
-}
-
 // Registers parameters in the order the modules do (nn/transformer.cpp,
 // block.cpp, attention.cpp, mlp.cpp, moe.cpp).
 class InventoryBuilder {
  public:
   InventoryBuilder(const ModelConfig& m, const MoeConfig& e, Precision prec, ExpertParallel ep,
-                   const TensorParallel& tp)
-      : m_(m), e_(e), prec_(prec), ep_(ep), tp_(tp) {}
+                   const TensorParallel& tp, std::string layers_prefix = "model.layers.")
+      : m_(m), e_(e), prec_(prec), ep_(ep), tp_(tp), layers_prefix_(std::move(layers_prefix)) {}
 
   ParamInventory take() { return std::move(inv_); }
 
@@ -55,7 +51,7 @@ class InventoryBuilder {
   }
 
   void block(int64_t i) {
-    const std::string pre = layer_name(i);
+    const std::string pre = layers_prefix_ + std::to_string(i) + ".";
     const DType a = prec_.accum;
     for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
       add(pre + norm, {m_.d_model}, a, a, ParallelKind::replicated, false).grad_partial_over_tp =
@@ -135,6 +131,12 @@ class InventoryBuilder {
           (e_.shared_expert_hidden > 0 ? e_.shared_expert_hidden : f) * e_.shared_experts;
       swiglu(pre + "mlp.shared_experts.", hidden, no_tensor_parallel());
     }
+    if (e_.modality_routing == "prior") {  // nn/modality_routing.h
+      add(pre + "block_sparse_moe.gate.modality_embed", {e_.num_modalities, d}, a, a,
+          ParallelKind::replicated, false);
+      add(pre + "block_sparse_moe.gate.modality_bias", {e_.num_modalities, e_.num_experts}, a, a,
+          ParallelKind::replicated, false);
+    }
   }
 
   const ModelConfig& m_;
@@ -142,14 +144,61 @@ class InventoryBuilder {
   Precision prec_;
   ExpertParallel ep_;
   const TensorParallel& tp_;
+  std::string layers_prefix_;
   ParamInventory inv_;
 };
+
+// An encoder's transformer (nn/encoder_trunk.h): its projector, its
+// non-causal dense blocks named under `root`, its final norm.
+void encoder_trunk(InventoryBuilder& b, const EncoderTransformerConfig& e, const std::string& root,
+                   int64_t d_lm, Precision prec) {
+  const DType c = prec.compute, g = prec.matrix_grad(), a = prec.accum;
+  b.add(root + "projector.0.weight", {d_lm, e.d_model}, c, g, ParallelKind::replicated, true);
+  b.add(root + "projector.2.weight", {d_lm, d_lm}, c, g, ParallelKind::replicated, true);
+  for (int64_t i = 0; i < e.n_layers; ++i) b.block(i);
+  b.add(root + "norm.weight", {e.d_model}, a, a, ParallelKind::replicated, false);
+}
+
+void append(ParamInventory& to, ParamInventory from) {
+  for (auto& p : from.params) to.params.push_back(std::move(p));
+  for (auto& v : from.value_buffers) to.value_buffers.push_back(v);
+  for (auto& v : from.grad_buffers) to.grad_buffers.push_back(v);
+}
+
+// The encoders nn::MediaFusion adds: vision (nn/vision_encoder.h), then audio
+// (nn/audio_encoder.h), each in its constructor's order.
+ParamInventory media_inventory(const MultimodalModelConfig& cfg, int64_t d_lm, Precision prec) {
+  MoeConfig dense;
+  dense.num_experts = 0;
+  const DType c = prec.compute, a = prec.accum;
+  const VisionConfig& v = cfg.vision;
+  const ModelConfig vm = encoder_block_config(v.transformer);
+  InventoryBuilder vb(vm, dense, prec, {}, no_tensor_parallel(), "vision.layers.");
+  const int64_t dv = v.transformer.d_model;
+  vb.add("vision.patch_embed.weight", {dv, v.channels * v.patch * v.patch}, c, a,
+         ParallelKind::replicated, false);
+  vb.add("vision.pos_embed_row.weight", {v.max_rows, dv}, c, a, ParallelKind::replicated, false);
+  vb.add("vision.pos_embed_col.weight", {v.max_cols, dv}, c, a, ParallelKind::replicated, false);
+  encoder_trunk(vb, v.transformer, "vision.", d_lm, prec);
+  ParamInventory inv = vb.take();
+  const AudioConfig& au = cfg.audio;
+  const ModelConfig am = encoder_block_config(au.transformer);
+  InventoryBuilder ab(am, dense, prec, {}, no_tensor_parallel(), "audio.layers.");
+  encoder_trunk(ab, au.transformer, "audio.", d_lm, prec);
+  const int64_t da = au.transformer.d_model, k = au.conv_kernel;
+  ab.add("audio.conv1.weight", {da, au.n_mels, k}, c, a, ParallelKind::replicated, false);
+  ab.add("audio.conv1.bias", {da}, c, a, ParallelKind::replicated, false);
+  ab.add("audio.conv2.weight", {da, da, k}, c, a, ParallelKind::replicated, false);
+  ab.add("audio.conv2.bias", {da}, c, a, ParallelKind::replicated, false);
+  append(inv, ab.take());
+  return inv;
+}
 
 }  // namespace
 
 ParamInventory parameter_inventory(const ModelConfig& model, const MoeConfig& moe, Precision prec,
                                    ExpertParallel ep, const TensorParallel& tp,
-                                   const PipelinePlace& place) {
+                                   const PipelinePlace& place, const MultimodalModelConfig* media) {
   MOETRON_CHECK(tp.size >= 1 && model.vocab_size % tp.size == 0 && model.n_heads % tp.size == 0,
                 "parameter inventory: parallel.tp = ", tp.size,
                 " must divide model.vocab_size and model.n_heads");
@@ -167,7 +216,11 @@ ParamInventory parameter_inventory(const ModelConfig& model, const MoeConfig& mo
         .grad_partial_over_tp = tp.sequence_parallel;
     if (!model.tie_embeddings) b.vocab("lm_head.weight");
   }
-  return b.take();
+  ParamInventory inv = b.take();
+  // The encoders live with the embedding (Transformer::enable_media).
+  if (media && media->enabled && place.embedding)
+    append(inv, media_inventory(*media, model.d_model, prec));
+  return inv;
 }
 
 std::vector<ParamInfo> describe_parameters(const ParameterSet& params) {

@@ -15,6 +15,7 @@
 #include "moetron/core/dtype.h"
 #include "moetron/core/shape.h"
 #include "moetron/nn/model_config.h"
+#include "moetron/nn/multimodal_config.h"
 #include "moetron/nn/parameter.h"
 #include "moetron/nn/tensor_parallel.h"
 
@@ -51,10 +52,12 @@ struct ParamInventory {
   std::vector<std::pair<int64_t, DType>> value_buffers, grad_buffers;
 };
 
-// What Transformer(model, moe, prec, ep, tp, place) registers on this rank.
+// What Transformer(model, moe, prec, ep, tp, place) registers on this rank,
+// and with `media` (enabled) what its enable_media(*media) adds.
 ParamInventory parameter_inventory(const ModelConfig& model, const MoeConfig& moe, Precision prec,
                                    ExpertParallel ep, const TensorParallel& tp,
-                                   const PipelinePlace& place);
+                                   const PipelinePlace& place,
+                                   const MultimodalModelConfig* media = nullptr);
 
 // The description of a built model's parameters.
 std::vector<ParamInfo> describe_parameters(const ParameterSet& params);

@@ -4,12 +4,27 @@
 #include <chrono>
 
 #include "moetron/kernels/cross_entropy.h"
+#include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/embedding.h"
 #include "moetron/kernels/matmul.h"
 #include "moetron/kernels/norm.h"
+#include "moetron/nn/media_fusion.h"
 #include "moetron/nn/vocab_parallel_ce.h"
 
 namespace moetron::nn {
+
+void LossStats::add_tasks(const LossStats& o) {
+  if (task_ce_sum.size() < o.task_ce_sum.size()) {
+    task_ce_sum.resize(o.task_ce_sum.size(), 0.0);
+    task_tokens.resize(o.task_tokens.size(), 0);
+  }
+  for (size_t i = 0; i < o.task_ce_sum.size(); ++i) {
+    task_ce_sum[i] += o.task_ce_sum[i];
+    task_tokens[i] += o.task_tokens[i];
+  }
+  if (task_grad_sq.size() < o.task_grad_sq.size()) task_grad_sq.resize(o.task_grad_sq.size(), 0.0);
+  for (size_t i = 0; i < o.task_grad_sq.size(); ++i) task_grad_sq[i] += o.task_grad_sq[i];
+}
 
 Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precision prec,
                          ExpertParallel ep, TensorParallel tp, PipelinePlace place)
@@ -63,6 +78,52 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
   }
 }
 
+Transformer::~Transformer() = default;
+
+void Transformer::enable_media(const MultimodalModelConfig& cfg) {
+  MOETRON_CHECK(!media_, "the encoders are already built");
+  MOETRON_CHECK(!cp_.on(),
+                "multimodal prefixes with context parallelism (parallel.cp > 1) are "
+                "not supported yet");
+  MOETRON_CHECK(seq_chunk_ == 0, "multimodal prefixes with train.seq_chunk are not supported yet");
+  if (!embed_) return;  // the encoders live with the embedding (the first pipeline stage)
+  media_ = std::make_unique<MediaFusion>(cfg, model_.d_model, prec_, params_, &tp_);
+}
+
+void Transformer::fuse_media(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq,
+                             const Tensor& x) {
+  if (!mm || mm->media.empty()) return;
+  MOETRON_CHECK(media_,
+                "a multimodal batch for a model built without encoders (multimodal.enabled)");
+  for (Parameter* p : media_->parameters()) need(p);
+  media_->forward(ctx, *mm, seq, x);
+}
+
+void Transformer::fuse_media_backward(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq,
+                                      const Tensor& d_x) {
+  if (!mm || mm->media.empty()) return;
+  media_->backward(ctx, *mm, seq, d_x);
+}
+
+void Transformer::route_by_modality(const MultimodalBatch* mm) {
+  Tensor modality;  // undefined: every token is text
+  if (mm && mm->token_modality.defined()) {
+    modality = mm->token_modality;
+    // Under tensor parallelism the MoE layers see this rank's token slice.
+    if (tp_.on()) {
+      const int64_t rows = tp_.slice_rows(modality.numel());
+      modality = modality.slice(tp_.rank * rows, (tp_.rank + 1) * rows);
+    }
+  }
+  for (MoeLayer* l : moe_layers()) l->set_token_modality(modality);
+}
+
+void Transformer::media_grads_ready() {
+  // Every step, media or not: the reducers wait for every parameter.
+  if (!media_) return;
+  for (Parameter* p : media_->parameters()) grad_ready(p);
+}
+
 void Transformer::set_tensor_group(comm::Communicator* group) {
   if (!tp_.on()) return;
   MOETRON_CHECK(group && group->size() == tp_.size && group->rank() == tp_.rank,
@@ -80,6 +141,9 @@ void Transformer::set_tensor_group(comm::Communicator* group) {
 void Transformer::set_context_group(comm::Communicator* group, bool all_to_all) {
   MOETRON_CHECK(group && group->size() >= 1, "context parallelism without its cp group");
   MOETRON_CHECK(seq_chunk_ == 0, "parallel.cp > 1 with train.seq_chunk: pick one");
+  MOETRON_CHECK(!media_,
+                "multimodal prefixes with context parallelism (parallel.cp > 1) are not "
+                "supported yet");
   cp_.group = group;
   cp_.size = group->size();
   cp_.rank = group->rank();
@@ -182,9 +246,11 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
   sv.ids = inputs.reshape({t});
   sv.positions = positions.defined() ? positions : positions_of(sv.ids, b, s);
   Tensor x = embed(ctx, sv.ids);
+  fuse_media(ctx, multimodal_.get(), s, x);
+  route_by_modality(multimodal_.get());
   MoeStats ms;
   x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms);
-  stats.aux_loss += ms.aux_loss;
+  stats.aux_loss += ms.aux_loss + ms.entropy_loss;
   stats.z_loss += ms.z_loss;
   stats.dropped += ms.dropped;
   sv.x_final = x;
@@ -199,28 +265,89 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
 }
 
 Tensor Transformer::head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets,
-                              double grad_scale, bool backward, LossStats& stats) {
+                              double grad_scale, bool backward, LossStats& stats,
+                              const MultimodalBatch* mm) {
   need(head_);
   const Tensor h = column_parallel_input(tp_, h_given);
   const int64_t t = h.dim(0);
   const Tensor tgt = targets.reshape({t});
   Tensor losses = Tensor::empty({t}, prec_.accum);
   Tensor d_h = backward ? Tensor::empty({t, model_.d_model}, prec_.compute) : Tensor();
-  if (tp_.on()) {
-    vocab_parallel_cross_entropy(ctx, tp_, h, head_->value, tgt, static_cast<float>(grad_scale),
-                                 ce_chunk_tokens, losses, d_h, backward ? head_->grad : Tensor());
-    if (backward) d_h = finish_row_parallel(tp_, d_h);
-  } else {
-    kernels::cross_entropy_fused(ctx, h, head_->value, tgt, static_cast<float>(grad_scale),
-                                 ce_chunk_tokens, losses, d_h, backward ? head_->grad : Tensor());
+  // One cross-entropy call per run of rows with one gradient scale (a
+  // multimodal batch's tasks), else one for every row.
+  const std::vector<TaskRun> runs = task_runs(mm, t, grad_scale);
+  for (const TaskRun& r : runs) {
+    const Tensor hr = h.slice(r.begin, r.end), tr = tgt.slice(r.begin, r.end);
+    const Tensor lr = losses.slice(r.begin, r.end);
+    const Tensor dr = backward ? d_h.slice(r.begin, r.end) : Tensor();
+    const auto scale = static_cast<float>(r.grad_scale);
+    if (tp_.on()) {
+      vocab_parallel_cross_entropy(ctx, tp_, hr, head_->value, tr, scale, ce_chunk_tokens, lr, dr,
+                                   backward ? head_->grad : Tensor());
+    } else {
+      kernels::cross_entropy_fused(ctx, hr, head_->value, tr, scale, ce_chunk_tokens, lr, dr,
+                                   backward ? head_->grad : Tensor());
+    }
   }
-  const int32_t* tp = tgt.data<int32_t>();
-  for (int64_t i = 0; i < t; ++i) {
-    if (tp[i] < 0) continue;
-    ++stats.tokens;
-    stats.ce_sum += prec_.accum == DType::f64 ? losses.data<double>()[i] : losses.data<float>()[i];
-  }
+  if (backward && tp_.on()) d_h = finish_row_parallel(tp_, d_h);
+  count_losses(mm, tgt, losses, runs, stats);
+  if (backward && mm && !mm->row_task.empty()) add_task_grad_sq(ctx, d_h, t, runs, stats);
   return d_h;
+}
+
+void Transformer::add_task_grad_sq(kernels::Context& ctx, const Tensor& d_h, int64_t rows,
+                                   const std::vector<TaskRun>& runs, LossStats& stats) const {
+  // d_h holds rows [row0, row0 + held) of the head's `rows`.
+  const int64_t held = d_h.dim(0), row0 = held < rows ? tp_.rank * held : 0;
+  stats.task_grad_sq.resize(stats.task_ce_sum.size(), 0.0);
+  for (const TaskRun& r : runs) {
+    const int64_t begin = std::max(r.begin, row0), end = std::min(r.end, row0 + held);
+    if (begin >= end) continue;
+    stats.task_grad_sq[static_cast<size_t>(r.task)] +=
+        kernels::sum_squares(ctx, d_h.slice(begin - row0, end - row0));
+  }
+}
+
+std::vector<Transformer::TaskRun> Transformer::task_runs(const MultimodalBatch* mm, int64_t rows,
+                                                         double grad_scale) {
+  if (!mm || mm->row_task.empty()) return {TaskRun{0, rows, grad_scale, -1}};
+  const auto b = static_cast<int64_t>(mm->row_task.size());
+  MOETRON_CHECK(rows % b == 0, "a multimodal batch of ", b, " rows but ", rows, " head rows");
+  const int64_t per_row = rows / b;
+  std::vector<TaskRun> runs;
+  for (int64_t i = 0; i < b; ++i) {
+    const int32_t task = mm->row_task[static_cast<size_t>(i)];
+    MOETRON_CHECK(task >= 0 && task < mm->num_tasks(), "row ", i, " has task ", task, " of ",
+                  mm->num_tasks());
+    if (!runs.empty() && runs.back().task == task) {
+      runs.back().end += per_row;
+      continue;
+    }
+    runs.push_back(
+        {i * per_row, (i + 1) * per_row, mm->task_grad_scale[static_cast<size_t>(task)], task});
+  }
+  return runs;
+}
+
+void Transformer::count_losses(const MultimodalBatch* mm, const Tensor& tgt, const Tensor& losses,
+                               const std::vector<TaskRun>& runs, LossStats& stats) const {
+  const int32_t* tp = tgt.data<int32_t>();
+  if (mm && !mm->row_task.empty()) {
+    stats.task_ce_sum.resize(static_cast<size_t>(mm->num_tasks()), 0.0);
+    stats.task_tokens.resize(static_cast<size_t>(mm->num_tasks()), 0);
+  }
+  for (const TaskRun& r : runs) {
+    for (int64_t i = r.begin; i < r.end; ++i) {
+      if (tp[i] < 0) continue;
+      const double ce =
+          prec_.accum == DType::f64 ? losses.data<double>()[i] : losses.data<float>()[i];
+      ++stats.tokens;
+      stats.ce_sum += ce;
+      if (r.task < 0) continue;
+      stats.task_ce_sum[static_cast<size_t>(r.task)] += ce;
+      ++stats.task_tokens[static_cast<size_t>(r.task)];
+    }
+  }
 }
 
 LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inputs,
@@ -235,7 +362,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   ContextSlice local{inputs, targets, Tensor()};
   if (cp_.on()) local = context_slice(inputs, targets);
   const Tensor h = hidden_states(ctx, local.ids, loss_weight, stats, local.positions);
-  Tensor d_h = head_loss(ctx, h, local.targets, grad_scale, backward, stats);
+  Tensor d_h = head_loss(ctx, h, local.targets, grad_scale, backward, stats, multimodal_.get());
   const auto t1 = std::chrono::steady_clock::now();
   stats.forward_s = std::chrono::duration<double>(t1 - t0).count();
   if (!backward) {
@@ -252,8 +379,10 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   grad_ready(final_norm_);
   if (head_ != embed_) grad_ready(head_);
   d_x = column_parallel_input(tp_, backward_blocks(ctx, std::move(d_x)));
+  fuse_media_backward(ctx, multimodal_.get(), inputs.dim(1), d_x);
   kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, embed_->shard.row0);
   grad_ready(embed_);
+  media_grads_ready();
   saved_ = Saved{};
   stats.backward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return stats;

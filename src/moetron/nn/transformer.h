@@ -11,19 +11,36 @@
 
 #include "moetron/nn/block.h"
 #include "moetron/nn/context_parallel.h"
+#include "moetron/nn/multimodal_batch.h"
+#include "moetron/nn/multimodal_config.h"
 #include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
 
+class MediaFusion;
+
 struct LossStats {
-  double ce_sum = 0;    // sum of token cross-entropies (nats)
-  int64_t tokens = 0;   // tokens with a target (>= 0)
-  double aux_loss = 0;  // summed over MoE layers, coefficients applied
+  double ce_sum = 0;   // sum of token cross-entropies (nats)
+  int64_t tokens = 0;  // tokens with a target (>= 0)
+  // Summed over MoE layers, coefficients applied: the balancing losses,
+  // modality routing's entropy terms included.
+  double aux_loss = 0;
   double z_loss = 0;
   int64_t dropped = 0;  // capacity drops over MoE layers
   // Wall time of the passes (forward_backward: forward up to the loss and its
   // gradient, then backward), for monitoring.
   double forward_s = 0, backward_s = 0;
+  // Multimodal batches (nn/multimodal_batch.h): the cross-entropy sum and
+  // target tokens of each task (empty otherwise).
+  std::vector<double> task_ce_sum;
+  std::vector<int64_t> task_tokens;
+  // With backward: each task's sum of squares of the loss gradient wrt the
+  // final norm's output (the last representation every task shares), over
+  // the rows this rank holds (a slice under sequence parallelism). GradNorm
+  // reads it (train/multitask_balance.h).
+  std::vector<double> task_grad_sq;
+  // Adds another micro-batch's (or chunk's) per-task sums to these.
+  void add_tasks(const LossStats& o);
 };
 
 // Pipeline parallelism: the layers this rank holds, as chunks (virtual
@@ -42,6 +59,21 @@ class Transformer {
   // The blocks point at tp_: a Transformer stays where it was built.
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
+  ~Transformer();
+
+  // Multimodal (nn/media_fusion.h): builds the encoders on the rank holding
+  // the embedding (their parameters join params()); call before
+  // initialize() and before anything reads the parameter list. Not with
+  // context parallelism.
+  void enable_media(const MultimodalModelConfig& cfg);
+  bool has_media() const { return media_ != nullptr; }
+  const MediaFusion* media() const { return media_.get(); }
+  // The multimodal batch of the next forwards (forward_backward,
+  // last_logits, and chunk_forward when its ChunkStep names none); nullptr:
+  // plain text.
+  void set_multimodal(std::shared_ptr<const MultimodalBatch> batch) {
+    multimodal_ = std::move(batch);
+  }
 
   ParameterSet& params() { return params_; }
   const ModelConfig& config() const { return model_; }
@@ -79,6 +111,9 @@ class Transformer {
     // the head's input instead of its gradient (the head runs again in
     // backward): what a sequence chunk keeps until its turn comes.
     bool checkpoint_all = false;
+    // The micro-batch's media, tasks and token modalities (nullptr: the one
+    // set_multimodal gave, if any).
+    std::shared_ptr<const MultimodalBatch> multimodal = nullptr;
   };
   Tensor chunk_forward(kernels::Context& ctx, const ChunkStep& at, const Tensor& in,
                        const Tensor& targets, LossStats& stats);
@@ -167,9 +202,36 @@ class Transformer {
                        LossStats& stats, const Tensor& positions = Tensor());
   // Final-norm output h -> losses (counted into stats) and, with backward,
   // the gradient wrt h (this rank's rows).
+  // mm: the micro-batch's tasks (per-task gradient scales and sums), or nullptr.
   Tensor head_loss(kernels::Context& ctx, const Tensor& h_given, const Tensor& targets,
-                   double grad_scale, bool backward, LossStats& stats);
+                   double grad_scale, bool backward, LossStats& stats,
+                   const MultimodalBatch* mm = nullptr);
   Tensor embed(kernels::Context& ctx, const Tensor& ids);
+  // Rows [begin, end) of the head's input whose token losses share one
+  // gradient scale (task -1: no multimodal batch).
+  struct TaskRun {
+    int64_t begin = 0, end = 0;
+    double grad_scale = 0;
+    int32_t task = -1;
+  };
+  static std::vector<TaskRun> task_runs(const MultimodalBatch* mm, int64_t rows, double grad_scale);
+  void count_losses(const MultimodalBatch* mm, const Tensor& tgt, const Tensor& losses,
+                    const std::vector<TaskRun>& runs, LossStats& stats) const;
+  // Adds each run's sum of squares of d_h (this rank's rows of `rows`) to
+  // stats.task_grad_sq.
+  void add_task_grad_sq(kernels::Context& ctx, const Tensor& d_h, int64_t rows,
+                        const std::vector<TaskRun>& runs, LossStats& stats) const;
+  std::shared_ptr<const MultimodalBatch> multimodal_;
+  std::unique_ptr<MediaFusion> media_;
+  // The media's forward into the embeddings x of `seq` positions per row,
+  // and its backward from their gradient (every row's), for batch `mm`.
+  void fuse_media(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq, const Tensor& x);
+  void fuse_media_backward(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq,
+                           const Tensor& d_x);
+  void media_grads_ready();
+  // Gives the MoE layers the batch's token modalities (their token slice
+  // under tensor parallelism; all text without a batch).
+  void route_by_modality(const MultimodalBatch* mm);
   // i32 [B * S] RoPE positions of token ids [B, S]: 0 .. S - 1 per row, or
   // restarting after each document separator.
   Tensor positions_of(const Tensor& ids, int64_t batch, int64_t seq) const;
@@ -205,6 +267,7 @@ class Transformer {
     bool head_deferred = false;
     Tensor targets;
     double grad_scale = 0;
+    std::shared_ptr<const MultimodalBatch> multimodal;
   };
   // The head's forward on the last block's output x: losses into stats,
   // the final norm's 1/rms into st.rstd and, with backward, d_h into st.d_h.

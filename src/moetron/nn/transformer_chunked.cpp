@@ -24,6 +24,8 @@ void Transformer::set_sequence_chunk(int64_t tokens) {
   MOETRON_CHECK(tokens == 0 || (embed_ && head_ && chunks_.size() == 1),
                 "train.seq_chunk needs the whole model on one pipeline stage (parallel.pp = 1)");
   MOETRON_CHECK(tokens == 0 || !cp_.on(), "train.seq_chunk with parallel.cp > 1: pick one");
+  MOETRON_CHECK(tokens == 0 || !media_,
+                "train.seq_chunk with multimodal prefixes is not supported yet");
   seq_chunk_ = tokens;
 }
 
@@ -83,6 +85,7 @@ LossStats Transformer::forward_backward_chunked(kernels::Context& ctx, const Ten
     (void)chunk_forward(ctx, at, columns(inputs, begin, end), columns(targets, begin, end), cs);
     stats.ce_sum += cs.ce_sum;
     stats.tokens += cs.tokens;
+    stats.add_tasks(cs);
     stats.aux_loss += cs.aux_loss * share;
     stats.z_loss += cs.z_loss * share;
     stats.dropped += cs.dropped;

@@ -20,6 +20,7 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
   const bool first = chunk == 0 && embed_, last = chunk == num_chunks() - 1 && head_;
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
   ChunkStash st;
+  st.multimodal = at.multimodal ? at.multimodal : multimodal_;
   Tensor x;
   if (first) {
     MOETRON_CHECK(in.dtype() == DType::i32 && in.numel() == batch * seq,
@@ -27,9 +28,11 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
                   in.str());
     st.ids = in.reshape({batch * seq});
     x = embed(ctx, st.ids);
+    fuse_media(ctx, st.multimodal.get(), seq, x);
   } else {
     x = in;
   }
+  route_by_modality(st.multimodal.get());
   const Tensor positions =
       at.positions.defined() ? at.positions : positions_of(first ? st.ids : at.ids, batch, seq);
   st.positions = positions;
@@ -61,7 +64,7 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
     }
     if (backward) st.blocks.push_back(std::move(s));
   }
-  stats.aux_loss += ms.aux_loss;
+  stats.aux_loss += ms.aux_loss + ms.entropy_loss;
   stats.z_loss += ms.z_loss;
   stats.dropped += ms.dropped;
   if (last) {
@@ -90,7 +93,7 @@ void Transformer::head_forward(kernels::Context& ctx, const Tensor& x, const Ten
   Tensor h = Tensor::empty({rows, model_.d_model}, prec_.compute);
   kernels::rmsnorm_forward(ctx, x, final_norm_->value, static_cast<float>(model_.norm_eps), h,
                            st.rstd);
-  st.d_h = head_loss(ctx, h, targets, grad_scale, backward, stats);
+  st.d_h = head_loss(ctx, h, targets, grad_scale, backward, stats, st.multimodal.get());
 }
 
 std::vector<std::pair<size_t, size_t>> Transformer::backward_segments(size_t begin, size_t end,
@@ -131,6 +134,7 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
                 " without the next stage's gradient");
   const auto [b0, b1] = chunks_[static_cast<size_t>(chunk)];
   const size_t last_segment = st.last_segment;
+  route_by_modality(st.multimodal.get());  // the recomputed forwards route as the first did
   const auto k = static_cast<size_t>(recompute_.segment);
   for (const auto& [start, end] : backward_segments(b0, b1, last_segment)) {
     if (start < last_segment) {
@@ -149,8 +153,12 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
   }
   if (!first) return d_x;
   const Tensor d_full = column_parallel_input(tp_, d_x);
+  fuse_media_backward(ctx, st.multimodal.get(), st.seq, d_full);
   kernels::embedding_backward(ctx, st.ids, d_full, embed_->grad, embed_->shard.row0);
-  if (final_grads) grad_ready(embed_);
+  if (final_grads) {
+    grad_ready(embed_);
+    media_grads_ready();
+  }
   return Tensor();
 }
 

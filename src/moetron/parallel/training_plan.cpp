@@ -256,8 +256,9 @@ RankPlan TrainingPlan::rank_plan(int rank) const {
   tp.size = s_.tp;
   tp.rank = rp.coords.tp;
   tp.sequence_parallel = s_.sequence_parallel;
-  rp.inventory = nn::parameter_inventory(s_.model, s_.moe, s_.precision,
-                                         nn::ExpertParallel{s_.ep, rp.coords.ep}, tp, rp.place);
+  rp.inventory =
+      nn::parameter_inventory(s_.model, s_.moe, s_.precision,
+                              nn::ExpertParallel{s_.ep, rp.coords.ep}, tp, rp.place, &s_.media);
   // A stage of one rank reduces nothing (unless ZeRO-1 shards over it).
   if (stage_size_ == 1 && !s_.zero) return rp;
   if (has_group(Group::expert_dp))

@@ -49,6 +49,7 @@ using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end)
 struct PlanSettings {
   nn::ModelConfig model;
   nn::MoeConfig moe;
+  nn::MultimodalModelConfig media;  // the encoders (multimodal.enabled) on the first stage
   nn::Precision precision = nn::Precision::fp32();
   // Layout: dp = world / (pp tp cp); ep groups cut from each stage's dp x cp x tp ranks.
   int64_t tp = 1, ep = 1, pp = 1, vpp = 1, cp = 1;

@@ -31,6 +31,7 @@ parallel::PlanSettings plan_settings(const MemoryInputs& in) {
   parallel::PlanSettings s;
   s.model = in.model;
   s.moe = in.moe;
+  s.media = in.media;
   s.precision = in.precision;
   s.tp = lay.tp;
   s.ep = lay.ep;

@@ -24,6 +24,7 @@
 #include "moetron/core/allocator.h"
 #include "moetron/core/dtype.h"
 #include "moetron/nn/model_config.h"
+#include "moetron/nn/multimodal_config.h"
 #include "moetron/nn/parameter.h"
 #include "moetron/nn/recompute.h"
 #include "moetron/parallel/grad_compressor.h"
@@ -62,6 +63,9 @@ struct ReducerInputs {
 struct MemoryInputs {
   nn::ModelConfig model;
   nn::MoeConfig moe;
+  // The encoders' parameters (multimodal.enabled); their activations are
+  // not modelled yet (they are recomputed in backward, nn/media_fusion.h).
+  nn::MultimodalModelConfig media;
   nn::Precision precision = nn::Precision::bf16();
   std::string optimizer = "adamw";          // adamw | muon
   std::vector<std::string> adamw_patterns;  // kept on AdamW under muon

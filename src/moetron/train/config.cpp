@@ -14,22 +14,11 @@
 #include "moetron/nn/recompute.h"
 #include "moetron/parallel/training_plan.h"
 #include "moetron/planner/memory_model.h"
+#include "moetron/train/config_fields.h"
 
 namespace moetron::train {
 
 namespace {
-
-using Value = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
-
-struct Field {
-  const char* key;
-  std::function<Value(Config&)> bind;
-};
-
-template <typename Member>
-Field field(const char* key, Member Config::*section, auto member) {
-  return {key, [section, member](Config& c) -> Value { return &((c.*section).*member); }};
-}
 
 // The model's keys: [model], [attention], [moe], [optim], [data].
 std::vector<Field> model_fields() {
@@ -157,6 +146,7 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> table = [] {
     std::vector<Field> all = model_fields();
     for (Field& f : run_fields()) all.push_back(std::move(f));
+    for (Field& f : multimodal_fields()) all.push_back(std::move(f));
     return all;
   }();
   return table;
@@ -618,6 +608,7 @@ void validate(const Config& c) {
   validate_optim(c);
   validate_train(c);
   validate_parallel(c);
+  validate_multimodal(c);
 }
 
 int64_t accumulation_steps(const Config& cfg, int64_t dp) {
@@ -664,17 +655,20 @@ std::string config_value(const Config& cfg, const std::string& key, const std::s
 
 std::string to_toml(const Config& cfg) {
   Config copy = cfg;
-  std::ostringstream os;
-  std::string section;
+  // Keys grouped by section in the order sections first appear: a section
+  // whose fields are listed in two places (moe's modality keys) is written once.
+  std::vector<std::pair<std::string, std::string>> sections;  // name, body
   for (const auto& f : fields()) {
     const std::string key = f.key;
     const std::string sec = key.substr(0, key.find('.'));
-    if (sec != section) {
-      os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
-      section = sec;
-    }
-    os << key.substr(key.find('.') + 1) << " = " << value_text(f.bind(copy)) << "\n";
+    auto it = std::find_if(sections.begin(), sections.end(),
+                           [&](const auto& s) { return s.first == sec; });
+    if (it == sections.end()) it = sections.insert(sections.end(), {sec, ""});
+    it->second += key.substr(key.find('.') + 1) + " = " + value_text(f.bind(copy)) + "\n";
   }
+  std::ostringstream os;
+  for (size_t i = 0; i < sections.size(); ++i)
+    os << (i ? "\n" : "") << "[" << sections[i].first << "]\n" << sections[i].second;
   return os.str();
 }
 

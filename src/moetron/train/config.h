@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moetron/nn/model_config.h"
+#include "moetron/nn/multimodal_config.h"
 #include "moetron/nn/recompute.h"
 
 namespace moetron::train {
@@ -212,6 +213,29 @@ struct MonitorConfig {
   int64_t straggler_intervals = 3;  // ...for this many steps in a row is named a straggler
 };
 
+// Multimodal training (issue 21): [multimodal] with the encoders' shapes in
+// [vision] and [audio] (nn/multimodal_config.h); the batches are
+// train/multimodal_batches.h's.
+struct MultimodalConfig {
+  nn::MultimodalModelConfig model;       // multimodal.enabled, multimodal.fusion, [vision], [audio]
+  std::string data = "data/multimodal";  // `moetron prepare-data --multimodal --out DIR`
+  // Tasks and their shares of the samples: "task:share,..." over text,
+  // caption, ocr, asr.
+  std::string mix = "text:1,caption:1,ocr:1,asr:1";
+  int64_t audio_frames = 200;  // clips cut or padded to this many log-mel frames (10 ms each)
+};
+
+// Multi-task loss balancing (train/multitask_balance.h) over multimodal.mix's tasks.
+struct MultitaskConfig {
+  std::string balance = "fixed";  // fixed | uncertainty | gradnorm | dwa
+  // Fixed weights (gradnorm's start), "task:weight,..."; tasks not named weigh 1.
+  std::string weights = "";
+  double gradnorm_alpha = 1.5;
+  double gradnorm_lr = 0.025;
+  double dwa_temperature = 2.0;
+  double uncertainty_lr = 0.01;
+};
+
 struct Config {
   ModelConfig model;
   MoeConfig moe;
@@ -222,6 +246,8 @@ struct Config {
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
   MonitorConfig monitor;
+  MultimodalConfig multimodal;
+  MultitaskConfig multitask;
 };
 
 // Micro-batches per step on each of `dp` ranks; throws naming train.global_batch

@@ -18,6 +18,7 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingP
   planner::MemoryInputs in;
   in.model = s.model;
   in.moe = s.moe;
+  in.media = s.media;
   in.precision = s.precision;
   in.optimizer = parallel::name_of(s.optimizer);
   in.adamw_patterns = s.adamw_patterns;

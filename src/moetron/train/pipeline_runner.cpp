@@ -86,18 +86,21 @@ PipelineRunner::StepResult PipelineRunner::train_step(
       const Tensor in =
           j == 0 ? mb.ids : receive(rows, static_cast<int>((j - 1) % pp), tag(op.mb, j, true));
       nn::LossStats st;
-      const nn::Transformer::ChunkStep at{.chunk = op.chunk,
-                                          .mb = op.mb,
-                                          .batch = batch,
-                                          .seq = seq,
-                                          .grad_scale = grad_scale,
-                                          .loss_weight = loss_weights[mi],
-                                          .backward = true,
-                                          .ids = mb.ids,
-                                          .positions = mb.positions};
+      const nn::Transformer::ChunkStep at{
+          .chunk = op.chunk,
+          .mb = op.mb,
+          .batch = batch,
+          .seq = seq,
+          .grad_scale = grad_scale,
+          .loss_weight = loss_weights[mi],
+          .backward = true,
+          .ids = mb.ids,
+          .positions = mb.positions,
+          .multimodal = multimodal.empty() ? nullptr : multimodal[mi]};
       const Tensor out = model_.chunk_forward(ctx, at, in, mb.targets, st);
       res.stats.ce_sum += st.ce_sum;
       res.stats.tokens += st.tokens;
+      res.stats.add_tasks(st);
       res.stats.dropped += st.dropped;
       res.stats.aux_loss += st.aux_loss * loss_weights[mi];  // weighted like their gradients
       res.stats.z_loss += st.z_loss * loss_weights[mi];
@@ -129,10 +132,16 @@ nn::LossStats PipelineRunner::forward_only(kernels::Context& ctx, const Tensor& 
     const int64_t j = virtual_stage(c);
     const Tensor in =
         j == 0 ? mb.ids : receive(rows, static_cast<int>((j - 1) % pp), tag(0, j, true));
-    const Tensor out = model_.chunk_forward(
-        ctx,
-        {.chunk = c, .mb = 0, .batch = batch, .seq = seq, .ids = mb.ids, .positions = mb.positions},
-        in, mb.targets, stats);
+    const Tensor out =
+        model_.chunk_forward(ctx,
+                             {.chunk = c,
+                              .mb = 0,
+                              .batch = batch,
+                              .seq = seq,
+                              .ids = mb.ids,
+                              .positions = mb.positions,
+                              .multimodal = multimodal.empty() ? nullptr : multimodal.front()},
+                             in, mb.targets, stats);
     if (j < last) send(out, static_cast<int>((j + 1) % pp), tag(0, j + 1, true));
   }
   finish_sends();

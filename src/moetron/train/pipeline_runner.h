@@ -39,6 +39,9 @@ class PipelineRunner {
                         const std::function<void()>& before_backward);
   // Forward only (evaluation) of one batch through every stage.
   nn::LossStats forward_only(kernels::Context& ctx, const Tensor& inputs, const Tensor& targets);
+  // Multimodal batches (nn/multimodal_batch.h): micro-batch m of the next
+  // train_step is multimodal[m] (forward_only: multimodal[0]); empty: text.
+  std::vector<std::shared_ptr<const nn::MultimodalBatch>> multimodal;
 
  private:
   nn::Transformer& model_;

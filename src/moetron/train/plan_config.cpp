@@ -32,6 +32,7 @@ parallel::PlanSettings plan_settings(const Config& cfg, const nn::Precision& pre
   parallel::PlanSettings s;
   s.model = cfg.model;
   s.moe = cfg.moe;
+  s.media = cfg.multimodal.model;
   s.precision = prec;
   s.tp = p.tp;
   s.ep = p.ep;

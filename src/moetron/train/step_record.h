@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace moetron::train {
 
@@ -31,6 +32,9 @@ struct StepRecord {
   // (gradient reductions, the token exchange, pipeline transfers, losses):
   // step_s - blocked_s is the time it was busy, which names stragglers.
   double blocked_s = 0;
+  // Multimodal: each task's mean target cross-entropy this step (NaN for a
+  // task with no targets) and the weight its loss had.
+  std::vector<double> task_loss, task_weight;
 };
 
 }  // namespace moetron::train

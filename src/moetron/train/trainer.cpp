@@ -112,6 +112,7 @@ void Trainer::prepare_corpus_on_first_use() {
 }
 
 void Trainer::open_corpus() {
+  if (cfg_.multimodal.model.enabled) return open_multimodal_corpus();
   const std::string data_dir = cfg_.data.path;
   if (!cfg_.data.source.empty()) prepare_corpus_on_first_use();
   MOETRON_CHECK(fs::exists(data_dir + "/manifest.json"), "data.path '", data_dir,
@@ -226,6 +227,7 @@ void Trainer::build_model() {
   nn::TensorParallel tpar{s.tp, at().tp, s.sequence_parallel, nullptr, nullptr};
   model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_,
                                              nn::ExpertParallel{s.ep, at().ep}, tpar, rank_.place);
+  if (cfg_.multimodal.model.enabled) model_->enable_media(cfg_.multimodal.model);
   // The plan's buckets and the memory model read the predicted inventory:
   // it must be exactly what was built.
   const std::string diff =
@@ -387,6 +389,7 @@ void Trainer::resume_from_latest(const ResumeOptions& ro) {
   const nlohmann::json st =
       ckpt::load_checkpoint(dir, *model_, opt_.get(), feedback_slices(false, same_layout));
   if (!same_layout) fold_residuals(dir);
+  load_modality_allocation();
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   start_step_ = st.at("step").get<int64_t>();
@@ -401,6 +404,7 @@ void Trainer::resume_from_latest(const ResumeOptions& ro) {
                      {"bytes", bytes}});
   }
   skipped_ = st.value("skipped_steps", int64_t{0});
+  if (balancer_ && st.contains("multitask")) balancer_->from_json(st.at("multitask"));
   if (st.contains("loss_scale")) {
     scaler_.restore(st.at("loss_scale").get<double>(),
                     st.at("loss_scale_clean_steps").get<int64_t>(),
@@ -419,6 +423,7 @@ double Trainer::flops_per_token() const {
 }
 
 double Trainer::evaluate() {
+  if (batcher_) return evaluate_multimodal();
   const int64_t s = cfg_.train.seq_len, b = cfg_.train.micro_batch;
   const int64_t span = val_tokens_->size() - (s + 1);
   MOETRON_CHECK(span >= 0, "validation split has ", val_tokens_->size(),

@@ -29,6 +29,8 @@
 #include "moetron/parallel/training_plan.h"
 #include "moetron/train/config.h"
 #include "moetron/train/divergence_guard.h"
+#include "moetron/train/multimodal_batches.h"
+#include "moetron/train/multitask_balance.h"
 #include "moetron/train/pipeline_runner.h"
 #include "moetron/train/plan_config.h"
 #include "moetron/train/stage_costs.h"
@@ -205,6 +207,22 @@ class Trainer {
   void fill_batches(int64_t step, std::vector<Tensor>& inputs, std::vector<Tensor>& targets,
                     std::vector<int64_t>& mb_tokens);
   void reduce_expert_loads();
+  // Multimodal training (train/trainer_multimodal.cpp): the corpus and its
+  // batches, per-task gradient scales from the balancer's weights, and the
+  // step's per-task losses (all ranks), which update the balancer.
+  void open_multimodal_corpus();
+  void fill_multimodal_batches(int64_t step, std::vector<Tensor>& inputs,
+                               std::vector<Tensor>& targets, std::vector<int64_t>& mb_tokens);
+  void scale_tasks(double loss_scale);
+  void finish_tasks(StepRecord& rec);
+  double evaluate_multimodal();
+  // After a step, before the routers move on: the per-modality expert
+  // loads summed over the stage and each modality's loss (the mean of its
+  // tasks') go to the MoE layers' adaptive allocation; the loads and any
+  // move go into the metrics line.
+  void adapt_modality_routing(const StepRecord& rec, nlohmann::json& line);
+  // The allocation states feedback_slices loaded, into the layers.
+  void load_modality_allocation();
   // The global gradient norm: under expert parallelism the expert
   // gradients' squares are summed over the ep group (each expert counted once).
   double grad_norm(double grad_scale);
@@ -292,6 +310,16 @@ class Trainer {
   int64_t last_snapshot_ = -1;
   bool snapshot_room_checked_ = false;
   bool stop_requested_ = false;  // agreed by every rank with the step's token counts
+  // Multimodal: this step's micro-batches, the target tokens of each task
+  // over the whole step (all ranks), this rank's per-task sums (ce counted
+  // once per tp group), and the balancer of the task weights.
+  std::unique_ptr<MultimodalBatcher> batcher_;
+  std::vector<std::shared_ptr<nn::MultimodalBatch>> mm_batches_;
+  std::vector<int64_t> step_task_tokens_;
+  nn::LossStats task_stats_;
+  std::unique_ptr<MultitaskBalancer> balancer_;
+  std::vector<double> modality_loss_;       // the last known loss of each modality
+  std::vector<Tensor> allocation_buffers_;  // per MoE layer (partitioned routing)
 };
 
 }  // namespace moetron::train

@@ -47,6 +47,21 @@ std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving, bool residu
       const Tensor& b = l->bias();
       out.push_back({"router_bias." + l->prefix(), b.reshape({b.numel()}), 0, b.numel(), false});
     }
+    // Partitioned modality routing's expert owners and allocation window
+    // (nn/modality_routing.h), through buffers: saved from the layers here,
+    // put back into them by load_modality_allocation after a load.
+    if (cfg_.moe.modality_routing == "partitioned") {
+      const auto layers = model_->moe_layers();
+      allocation_buffers_.resize(layers.size());
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const std::vector<double> state = layers[i]->allocation_state();
+        Tensor& buf = allocation_buffers_[i];
+        if (!buf.defined() || buf.numel() != static_cast<int64_t>(state.size()))
+          buf = Tensor::zeros({static_cast<int64_t>(state.size())}, DType::f64, MemTag::comm);
+        if (saving) std::copy(state.begin(), state.end(), buf.data<double>());
+        out.push_back({"modality_allocation." + layers[i]->prefix(), buf, 0, buf.numel(), false});
+      }
+    }
   }
   if (!residuals) return out;
   // Optional on load: a checkpoint saved without compression has none.
@@ -61,6 +76,14 @@ std::vector<optim::StateSlice> Trainer::feedback_slices(bool saving, bool residu
     }
   }
   return out;
+}
+
+void Trainer::load_modality_allocation() {
+  const auto layers = model_->moe_layers();
+  for (size_t i = 0; i < allocation_buffers_.size() && i < layers.size(); ++i) {
+    const Tensor& b = allocation_buffers_[i];
+    layers[i]->set_allocation_state({b.data<double>(), static_cast<size_t>(b.numel())});
+  }
 }
 
 namespace {

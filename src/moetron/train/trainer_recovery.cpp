@@ -149,6 +149,7 @@ ckpt::SaveRequest Trainer::checkpoint_request(int64_t step) {
       {"loss_scale_clean_steps", scaler_.clean_steps()},
       {"overflow_steps", scaler_.overflow_steps()},
       {"seed", cfg_.train.seed}};
+  if (balancer_) req.trainer_state["multitask"] = balancer_->to_json();
   req.run_dir = run_dir_;
   req.step = step;
   req.config_toml = to_toml(cfg_);

@@ -49,6 +49,7 @@ TrainResult Trainer::run() {
       res.first_step_memory = cpu_allocator().stats();  // before any evaluation
     nlohmann::json line = metrics_line(rec, grad_bytes_before);
     record_router_metrics();  // the step's loads, before the routers move on
+    if (batcher_) adapt_modality_routing(rec, line);
     advance_routers(rec.skipped);
     watch_divergence(rec, line);
     if ((cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) ||
@@ -184,7 +185,11 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
   const double blocked_before = blocked_seconds();
   const auto t0 = clock_type::now();
   std::vector<int64_t> mb_tokens(static_cast<size_t>(acc_), 0);
-  fill_batches(step, inputs, targets, mb_tokens);
+  if (batcher_) {
+    fill_multimodal_batches(step, inputs, targets, mb_tokens);
+  } else {
+    fill_batches(step, inputs, targets, mb_tokens);
+  }
   StepRecord rec;
   rec.step = step;
   rec.data_s = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -195,6 +200,7 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
   if (before_update) before_update(step);
   const auto t_update = clock_type::now();
   apply_update(step, rec);
+  if (batcher_) finish_tasks(rec);
   rec.optimizer_s = std::chrono::duration<double>(clock_type::now() - t_update).count();
   monitor_->after_update(step, *ctx_, *model_, 1.0 / rec.loss_scale,
                          [this](const nn::Parameter& p) {
@@ -222,7 +228,19 @@ void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
   // slots), aux and z loss (once per stage: equal on its ranks), over ranks.
   Tensor sums = Tensor::zeros({4}, DType::f64, MemTag::comm);
   double* sm = sums.data<double>();
+  if (batcher_) scale_tasks(loss_scale);
   const auto add_stats = [&](const nn::LossStats& st, double share) {
+    if (batcher_) {
+      // ce once per tp group; the gradient's squares from every tp rank
+      // under sequence parallelism (each holds a slice of the rows).
+      nn::LossStats t = st;
+      if (at().tp != 0) {
+        t.task_ce_sum.clear();
+        t.task_tokens.clear();
+        if (!plan_->settings().sequence_parallel) t.task_grad_sq.clear();
+      }
+      task_stats_.add_tasks(t);
+    }
     if (at().tp == 0) sm[0] += st.ce_sum;
     sm[1] += static_cast<double>(st.dropped);
     if (at().stage_rank == 0) {
@@ -250,6 +268,7 @@ void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
       const auto mi = static_cast<size_t>(m);
       const double share = static_cast<double>(mb_tokens[mi]) / step_tokens;
       if (m == acc_ - 1) arm();
+      if (batcher_) model_->set_multimodal(mm_batches_[mi]);
       const nn::LossStats st = model_->forward_backward(
           *ctx_, inputs[mi], targets[mi], loss_scale / step_tokens, share * loss_scale, true);
       add_stats(st, share);
@@ -322,6 +341,16 @@ nlohmann::json Trainer::metrics_line(const StepRecord& rec, int64_t grad_bytes_b
     loads.push_back(l->expert_load());
   }
   line["expert_load"] = loads;
+  if (batcher_) {
+    nlohmann::json loss = nlohmann::json::object(), weight = nlohmann::json::object();
+    const std::vector<std::string> names = task_names(batcher_->mix());
+    for (size_t i = 0; i < names.size() && i < rec.task_loss.size(); ++i) {
+      if (std::isfinite(rec.task_loss[i])) loss[names[i]] = rec.task_loss[i];
+      weight[names[i]] = rec.task_weight[i];
+    }
+    line["task_loss"] = loss;
+    line["task_weight"] = weight;
+  }
   return line;
 }
 
