@@ -1,7 +1,8 @@
 // Gated cross-attention (Flamingo): finite differences of every parameter,
 // the gates included, and of the text and media inputs (fp64 reference);
 // closed gates return x exactly with non-zero gate gradients; rows without
-// media are unchanged and send no gradient to their media; CPU (f32, bf16)
+// media are unchanged and send no gradient to their media; rows of different
+// media lengths ignore their unused slots; no media at all; CPU (f32, bf16)
 // against the reference; micro-batches in flight.
 #include "moetron/nn/cross_attention.h"
 
@@ -41,7 +42,9 @@ void set_gate(Parameter& g, double v) {
 }
 
 TEST(GatedCrossAttention, ReferenceGradientsMatchFiniteDifferences) {
-  for (const bool all_media : {true, false}) {
+  const std::vector<std::vector<int64_t>> cases = {{}, {kMedia, 0, kMedia}, {2, 0, kMedia}};
+  for (const std::vector<int64_t>& media_len : cases) {
+    const bool all_media = media_len.empty();
     SCOPED_TRACE(all_media ? "every row has media" : "row 1 without media");
     kernels::Context ref(kernels::Backend::reference);
     ParameterSet params;
@@ -49,17 +52,15 @@ TEST(GatedCrossAttention, ReferenceGradientsMatchFiniteDifferences) {
     params.initialize(31);
     set_gate(xattn.attn_gate(), 0.7);
     set_gate(xattn.mlp_gate(), -0.4);
-    const std::vector<bool> has_media =
-        all_media ? std::vector<bool>{} : std::vector<bool>{true, false, true};
     const Tensor x = test::random_tensor({kBatch * kSeq, 8}, DType::f64, "x");
     const Tensor media = test::random_tensor({kBatch * kMedia, 8}, DType::f64, "media");
     const Tensor r = test::random_tensor({kBatch * kSeq, 8}, DType::f64, "r");
     params.zero_grads();
-    xattn.forward(ref, x, media, kBatch, kSeq, has_media);
+    xattn.forward(ref, x, media, kBatch, kSeq, media_len);
     Tensor d_media = Tensor::zeros(media.shape(), DType::f64);
     const Tensor dx = xattn.backward(ref, r, d_media);
     const auto loss = [&] {
-      const double v = functional(xattn.forward(ref, x, media, kBatch, kSeq, has_media), r);
+      const double v = functional(xattn.forward(ref, x, media, kBatch, kSeq, media_len), r);
       xattn.release();
       return v;
     };
@@ -72,6 +73,8 @@ TEST(GatedCrossAttention, ReferenceGradientsMatchFiniteDifferences) {
     if (!all_media) {
       for (int64_t i = kMedia * 8; i < 2 * kMedia * 8; ++i)
         ASSERT_EQ(d_media.data<double>()[i], 0.0) << "media of row 1, element " << i;
+      for (int64_t i = media_len[0] * 8; i < kMedia * 8; ++i)
+        ASSERT_EQ(d_media.data<double>()[i], 0.0) << "unused slot of row 0, element " << i;
     }
   }
 }
@@ -110,14 +113,71 @@ TEST(GatedCrossAttention, RowsWithoutMediaAttendToNothing) {
   set_gate(xattn.attn_gate(), 1.0);
   const Tensor x = test::random_tensor({kBatch * kSeq, 8}, DType::f32, "x");
   const Tensor media = test::random_tensor({kBatch * kMedia, 8}, DType::f32, "media");
-  const Tensor out = xattn.forward(cpu, x, media, kBatch, kSeq, {true, false, true});
+  const Tensor out = xattn.forward(cpu, x, media, kBatch, kSeq, {kMedia, 0, kMedia});
   xattn.release();
   EXPECT_TRUE(test::all_close(out.slice(kSeq, 2 * kSeq), x.slice(kSeq, 2 * kSeq), {0, 0}));
   EXPECT_FALSE(test::all_close(out.slice(0, kSeq), x.slice(0, kSeq), {1e-3, 1e-3}));
   EXPECT_NE(test::error_of([&] {
-              xattn.forward(cpu, x, media, kBatch, kSeq, {true, false});
-            }).find("2 media flags for 3 rows"),
+              xattn.forward(cpu, x, media, kBatch, kSeq, {kMedia, 0});
+            }).find("2 media lengths for 3 rows"),
             std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              xattn.forward(cpu, x, media, kBatch, kSeq, {kMedia, 0, kMedia + 1});
+            }).find("a row of 6 media tokens in 5 slots"),
+            std::string::npos);
+}
+
+TEST(GatedCrossAttention, ARowReadsOnlyItsFirstMediaLenSlots) {
+  // Row 0 has 2 of its 5 slots: its output is that of a batch whose media
+  // are those 2 tokens alone, whatever the unused slots hold.
+  kernels::Context cpu(kernels::Backend::cpu);
+  ParameterSet params;
+  GatedCrossAttention xattn(tiny_lm(), kPrefix, Precision::fp32(), params);
+  params.initialize(36);
+  set_gate(xattn.attn_gate(), 0.9);
+  set_gate(xattn.mlp_gate(), 0.4);
+  const Tensor x = test::random_tensor({kBatch * kSeq, 8}, DType::f32, "x");
+  const Tensor media = test::random_tensor({kBatch * kMedia, 8}, DType::f32, "media");
+  const Tensor out = xattn.forward(cpu, x, media, kBatch, kSeq, {2, 3, 0}).clone();
+  xattn.release();
+  const Tensor alone = xattn.forward(cpu, x.slice(0, kSeq), media.slice(0, 2), 1, kSeq).clone();
+  xattn.release();
+  EXPECT_TRUE(test::all_close(out.slice(0, kSeq), alone, {1e-6, 1e-6}));
+  media.slice(2, kMedia).fill(7.0);  // row 0's unused slots
+  media.slice(kMedia + 3, 2 * kMedia).fill(-3.0);
+  const Tensor again = xattn.forward(cpu, x, media, kBatch, kSeq, {2, 3, 0});
+  xattn.release();
+  EXPECT_TRUE(test::all_close(again, out, {0, 0}));
+}
+
+TEST(GatedCrossAttention, NoMediaAtAllRunsTheGatedMlpOnly) {
+  // media undefined (M = 0): the attention branch adds nothing; with the
+  // attention gate open the result is that of every row without media.
+  kernels::Context ref(kernels::Backend::reference);
+  ParameterSet params;
+  GatedCrossAttention xattn(tiny_lm(), kPrefix, Precision::fp64(), params);
+  params.initialize(37);
+  set_gate(xattn.attn_gate(), 0.8);
+  set_gate(xattn.mlp_gate(), 0.5);
+  const Tensor x = test::random_tensor({kBatch * kSeq, 8}, DType::f64, "x");
+  const Tensor media = test::random_tensor({kBatch * kMedia, 8}, DType::f64, "media");
+  const Tensor r = test::random_tensor({kBatch * kSeq, 8}, DType::f64, "r");
+  const Tensor want = xattn.forward(ref, x, media, kBatch, kSeq, {0, 0, 0}).clone();
+  const Tensor dx_want = xattn.backward(ref, r, Tensor()).clone();
+  params.zero_grads();
+  const Tensor got = xattn.forward(ref, x, Tensor(), kBatch, kSeq);
+  EXPECT_TRUE(test::all_close(got, want, {1e-12, 1e-12}));
+  const Tensor dx = xattn.backward(ref, r, Tensor());
+  EXPECT_TRUE(test::all_close(dx, dx_want, {1e-12, 1e-12}));
+  const auto loss = [&] {
+    const double v = functional(xattn.forward(ref, x, Tensor(), kBatch, kSeq), r);
+    xattn.release();
+    return v;
+  };
+  for (const auto& p : params.all()) {
+    SCOPED_TRACE(p->name);
+    EXPECT_TRUE(test::finite_difference_check(loss, p->value, p->grad, 1e-6, 2e-5));
+  }
 }
 
 ParameterSet gradients(Precision prec, kernels::Context& ctx, const Tensor& x, const Tensor& media,
@@ -132,7 +192,7 @@ ParameterSet gradients(Precision prec, kernels::Context& ctx, const Tensor& x, c
   set_gate(xattn.mlp_gate(), 0.8);
   params.zero_grads();
   xattn.forward(ctx, test::to_dtype(x, prec.compute), test::to_dtype(media, prec.compute), kBatch,
-                kSeq, {true, true, false});
+                kSeq, {kMedia, 2, 0});
   d_media = Tensor::zeros(media.shape(), prec.compute);
   dx = xattn.backward(ctx, test::to_dtype(r, prec.compute), d_media);
   return params;

@@ -1,8 +1,10 @@
-// Multimodal training under mpirun (2 and 4 ranks): dp, tp (with and without
+// Multimodal training under mpirun (2 and 4 ranks): dp, ZeRO-1, tp (with and without
 // sequence parallelism), pp and ep layouts of the tiny multimodal model
 // compute what one rank computes (losses per step, validation loss,
 // first-step gradients of every tensor, encoders included), with shared,
-// prior and partitioned modality routing and GradNorm task weights.
+// prior and partitioned modality routing and GradNorm task weights; with
+// prefix and gated cross-attention fusion together ("both") under dp, ep and
+// tp (pp and sequence parallelism refuse cross-attention).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -79,8 +81,30 @@ void run_layout(const std::string& name, int64_t dp, const std::vector<std::stri
   }
 }
 
+// Prefix and cross-attention fusion, a layer before blocks 1 and 3.
+const std::vector<std::string> kBoth = {"multimodal.fusion=both",
+                                        "multimodal.cross_attention_every=2"};
+
+void run_cross_attention_layout(const std::string& name, int64_t dp,
+                                const std::vector<std::string>& layout) {
+  SCOPED_TRACE(name + " / both");
+  const test::Reference& ref = reference("both", kBoth);
+  std::vector<std::string> sets = kBoth;
+  sets.insert(sets.end(), layout.begin(), layout.end());
+  Trainer t(config(kRows / dp, sets), test::layout_run_dir(job_dir(), name + "-both"), false,
+            test::shared_world());
+  test::expect_run_matches(t, ref, name + " / both", true);
+}
+
+TEST(MultimodalLayouts, CrossAttentionUnderDataExpertAndTensorParallelismEqualsOneRank) {
+  run_cross_attention_layout("dp", world().size(), {});
+  run_cross_attention_layout("ep2", world().size(), {"parallel.ep=2"});
+  run_cross_attention_layout("tp2", world().size() / 2, {"parallel.tp=2"});
+}
+
 TEST(MultimodalLayouts, DataParallelEqualsOneRank) {
   run_layout("dp", world().size(), {});
+  run_layout("zero1", world().size(), {"parallel.zero=true"});
 }
 
 TEST(MultimodalLayouts, TensorParallelEqualsOneRank) {

@@ -11,6 +11,8 @@
 #include <set>
 
 #include "moetron/ckpt/checkpoint.h"
+#include "moetron/ckpt/export.h"
+#include "moetron/ckpt/safetensors.h"
 #include "moetron/core/staged_dir.h"
 #include "moetron/train/trainer.h"
 #include "util/test_util.h"
@@ -59,9 +61,19 @@ TEST(MultimodalTrainer, EveryTaskTrainsAndIsLogged) {
   // Every task drew samples in some step, and metrics.jsonl names them.
   std::set<std::string> seen;
   std::ifstream metrics(dir + "/metrics.jsonl");
+  bool series = false;
   for (std::string line; std::getline(metrics, line);) {
     const auto j = nlohmann::json::parse(line);
     if (!j.contains("task_loss")) continue;
+    // The registry's series carry the task weights and the modality loads.
+    if (j.contains("series")) {
+      const nlohmann::json& s = j.at("series");
+      series = true;
+      EXPECT_TRUE(s.contains(R"(moetron_task_weight{task="ocr"})")) << s.dump();
+      EXPECT_TRUE(s.contains(
+          R"(moetron_modality_expert_load_ratio{layer="1",modality="image",expert="0"})"))
+          << s.dump();
+    }
     for (const auto& [task, loss] : j.at("task_loss").items()) {
       EXPECT_TRUE(std::isfinite(loss.get<double>())) << task;
       seen.insert(task);
@@ -69,6 +81,7 @@ TEST(MultimodalTrainer, EveryTaskTrainsAndIsLogged) {
     EXPECT_EQ(j.at("task_weight").size(), 4u);
   }
   EXPECT_EQ(seen, (std::set<std::string>{"text", "caption", "ocr", "asr"}));
+  EXPECT_TRUE(series);
 }
 
 TEST(MultimodalTrainer, GradNormMovesTheWeightsAndKeepsTheirSum) {
@@ -100,6 +113,38 @@ TEST(MultimodalTrainer, ResumeIsBitExact) {
   }
 }
 
+TEST(MultimodalTrainer, RecomputePoliciesGiveTheSameLossesAndBf16Trains) {
+  const TrainResult none = Trainer(config({"train.steps=3"}), run_dir("rc-none"), false).run();
+  for (const char* policy : {"selective", "full"}) {
+    const TrainResult r =
+        Trainer(config({"train.steps=3", std::string("recompute.policy=") + policy}),
+                run_dir(std::string("rc-") + policy), false)
+            .run();
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(r.history[i].loss, none.history[i].loss, 1e-6 * none.history[i].loss) << policy;
+  }
+  const TrainResult bf16 =
+      Trainer(config({"train.steps=8", "train.precision=bf16"}), run_dir("bf16"), false).run();
+  EXPECT_TRUE(std::isfinite(bf16.history.back().loss));
+  EXPECT_LT(bf16.history.back().loss, bf16.history.front().loss);
+}
+
+TEST(MultimodalTrainer, ExportKeepsTheEncodersUnderTheirNames) {
+  const std::string dir = run_dir("export");
+  Trainer t(config({"train.steps=2", "moe.modality_routing=prior"}), dir, false);
+  t.run();
+  const std::string ckpt = ckpt::checkpoint_dir(dir, 2);
+  const std::string refused = test::error_of([&] { ckpt::export_hf(ckpt, dir + "/hf"); });
+  EXPECT_NE(refused.find("modality encoders"), std::string::npos) << refused;
+  EXPECT_FALSE(fs::exists(dir + "/hf"));
+  ckpt::export_hf(ckpt, dir + "/tensors", {true});
+  const ckpt::SafetensorsReader tensors(dir + "/tensors/model.safetensors");
+  for (const char* name : {"vision.patch_embed.weight", "vision.layers.0.self_attn.q_proj.weight",
+                           "vision.projector.2.weight", "audio.conv1.weight", "audio.norm.weight",
+                           "model.layers.1.block_sparse_moe.gate.modality_bias"})
+    EXPECT_TRUE(tensors.contains(name)) << name;
+}
+
 TEST(MultimodalTrainer, BadSettingsNameTheirKey) {
   EXPECT_NE(
       test::error_of([] { config({"multimodal.mix=text:1,video:2"}); }).find("multimodal.mix"),
@@ -125,6 +170,44 @@ TEST(MultimodalTrainer, BadSettingsNameTheirKey) {
   const std::string missing = test::error_of(
       [] { Trainer t(config({"multimodal.data=/nonexistent/mm"}), run_dir("missing"), false); });
   EXPECT_NE(missing.find("/nonexistent/mm"), std::string::npos) << missing;
+}
+
+TEST(MultimodalTrainer, CrossAttentionFusionTrainsAndOpensItsGates) {
+  // fusion = cross_attention: rows carry no media positions, the layers
+  // before blocks 1 and 3 read the encoders' tokens; the gates start at 0
+  // and training opens them (AdamW, no weight decay on them).
+  Trainer t(config({"train.steps=6", "multimodal.fusion=cross_attention",
+                    "multimodal.cross_attention_every=2", "optim.weight_decay=0.1"}),
+            run_dir("xattn"), false);
+  const TrainResult r = t.run();
+  ASSERT_EQ(r.history.size(), 6u);
+  for (const auto& h : r.history) EXPECT_TRUE(std::isfinite(h.loss));
+  nn::ParameterSet& params = t.model().params();
+  EXPECT_EQ(params.find("model.layers.0.cross_attn.attn_gate"), nullptr);
+  for (const char* gate :
+       {"model.layers.1.cross_attn.attn_gate", "model.layers.3.cross_attn.mlp_gate"}) {
+    const nn::Parameter* p = params.find(gate);
+    ASSERT_NE(p, nullptr) << gate;
+    EXPECT_NE(test::element(p->value, 0), 0.0) << gate;
+  }
+}
+
+TEST(MultimodalTrainer, CrossAttentionSettingsNameTheirKey) {
+  EXPECT_NE(test::error_of([] { config({"multimodal.fusion=late"}); }).find("multimodal.fusion"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([] {
+              config({"multimodal.fusion=both", "multimodal.cross_attention_every=0"});
+            }).find("multimodal.cross_attention_every"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([] {
+              config({"multimodal.fusion=cross_attention", "parallel.pp=2"});
+            }).find("parallel.pp"),
+            std::string::npos);
+  EXPECT_NE(
+      test::error_of([] {
+        config({"multimodal.fusion=both", "parallel.tp=2", "parallel.sequence_parallel=true"});
+      }).find("parallel.sequence_parallel"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -63,6 +63,12 @@ std::string mixtral_mismatch(const std::string& dir) {
   const nlohmann::json state = verify_manifest(dir);
   const PieceIndex pieces(model_paths(dir, state));
   for (const std::string& name : pieces.names()) {
+    if (name.starts_with("vision.") || name.starts_with("audio."))
+      return "it has modality encoders ('" + name + "'; multimodal.enabled)";
+    if (name.find(".gate.modality_") != std::string::npos)
+      return "it routes by modality ('" + name + "'; moe.modality_routing)";
+    if (name.find(".cross_attn.") != std::string::npos)
+      return "it has cross-attention layers ('" + name + "'; multimodal.fusion)";
     if (name.find(".mlp.shared_experts.") != std::string::npos)
       return "it has shared experts ('" + name + "')";
     if (name.find(".mlp.") != std::string::npos)

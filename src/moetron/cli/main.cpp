@@ -13,6 +13,7 @@
 #include "moetron/ckpt/export.h"
 #include "moetron/cli/calibrate_cmd.h"
 #include "moetron/cli/eval_cmd.h"
+#include "moetron/cli/generate_cmd.h"
 #include "moetron/cli/memory_cmd.h"
 #include "moetron/cli/metrics_cmd.h"
 #include "moetron/cli/plan_cmd.h"
@@ -22,8 +23,6 @@
 #include "moetron/cli/train_cmd.h"
 #include "moetron/comm/mpi_communicator.h"
 #include "moetron/core/error.h"
-#include "moetron/data/tokenizer.h"
-#include "moetron/train/generate.h"
 #include "moetron/train/launcher.h"
 
 namespace {
@@ -35,44 +34,6 @@ constexpr bool kDebugBuild = false;
 #else
 constexpr bool kDebugBuild = true;
 #endif
-
-struct GenerateCommand {
-  std::string checkpoint, prompt, tokenizer;
-  train::SampleOptions sample;
-};
-
-CLI::App* add_generate_command(CLI::App& app, GenerateCommand& o) {
-  auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
-  gen->add_option("--checkpoint", o.checkpoint,
-                  "checkpoint (RUN/checkpoints/step-N) or run directory (its newest checkpoint)")
-      ->required();
-  gen->add_option("--prompt", o.prompt, "text to continue")->required();
-  gen->add_option("--tokenizer", o.tokenizer, "tokenizer .model (default: the run's data.path)");
-  gen->add_option("--max-new-tokens", o.sample.max_new_tokens, "tokens to generate")
-      ->check(CLI::NonNegativeNumber);
-  gen->add_option("--temperature", o.sample.temperature, "sampling temperature (0: greedy)")
-      ->check(CLI::NonNegativeNumber);
-  gen->add_option("--top-k", o.sample.top_k, "sample among the k most likely tokens (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  gen->add_option("--seed", o.sample.seed, "sampling seed");
-  return gen;
-}
-
-int run_generate(const GenerateCommand& o) {
-  kernels::Context ctx(kernels::Backend::cpu);
-  train::LoadedModel lm = train::load_model(ckpt::resolve_checkpoint_dir(o.checkpoint));
-  data::Tokenizer tok(o.tokenizer.empty() ? lm.cfg.data.path + "/tokenizer.model" : o.tokenizer);
-  train::SampleOptions so = o.sample;
-  so.stop_id = tok.eos_id();
-  std::vector<int32_t> ids = tok.encode(o.prompt);
-  if (ids.empty()) ids.push_back(tok.eos_id());
-  const auto out = train::sample_tokens(ctx, *lm.model, ids, so);
-  // Decoding prompt and continuation together keeps the spacing between them.
-  std::vector<int32_t> all = ids;
-  all.insert(all.end(), out.begin(), out.end());
-  std::cout << tok.decode(all) << "\n";
-  return 0;
-}
 
 CLI::App* add_launch_command(CLI::App& app, train::LaunchOptions& o) {
   auto* launch = app.add_subcommand(
@@ -139,8 +100,8 @@ int main(int argc, char** argv) {
 
   cli::TrainCommand train_opts;
   auto* train = cli::add_train_command(app, train_opts);
-  GenerateCommand gen_opts;
-  auto* gen = add_generate_command(app, gen_opts);
+  cli::GenerateCommand gen_opts;
+  auto* gen = cli::add_generate_command(app, gen_opts);
   cli::EvalCommand eval_opts;
   auto* ev = cli::add_eval_command(app, eval_opts);
   cli::PrepareCommand prep_opts;
@@ -170,7 +131,7 @@ int main(int argc, char** argv) {
     if (*plan) return cli::run_plan_command(plan_opts);
     if (*simulate) return cli::run_simulate_command(simulate_opts);
     if (*metrics) return cli::run_metrics_command(metrics_opts);
-    if (*gen) return run_generate(gen_opts);
+    if (*gen) return cli::run_generate_command(gen_opts);
     if (*ev) return cli::run_eval_command(eval_opts);
     if (*prep) return cli::run_prepare_command(prep_opts);
     if (*exp) return run_export(export_opts);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "moetron/core/error.h"
 
@@ -107,30 +108,56 @@ int32_t Tokenizer::bos_id() const {
   return sp_->bos_id();
 }
 
+namespace {
+
+// The training lines, from memory: SentencePiece then records no input path
+// in the model, so the same corpus gives the same bytes wherever it is trained.
+class LineIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit LineIterator(const std::vector<std::string>& lines) : lines_(lines) {}
+  bool done() const override { return i_ >= lines_.size(); }
+  void Next() override { ++i_; }
+  const std::string& value() const override { return lines_[i_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& lines_;
+  size_t i_ = 0;
+};
+
+std::vector<std::string> training_lines(const std::vector<std::string>& documents) {
+  std::ostringstream text;
+  for (const auto& d : documents) write_training_lines(text, d);
+  std::vector<std::string> lines;
+  std::istringstream in(text.str());
+  for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
+  return lines;
+}
+
+}  // namespace
+
 void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix,
                      int64_t vocab_size, int num_threads) {
   MOETRON_CHECK(!documents.empty(), "cannot train a tokenizer on an empty corpus");
-  const std::string input = model_prefix + ".train.txt";
-  {
-    std::ofstream f(input, std::ios::trunc);
-    for (const auto& d : documents) write_training_lines(f, d);
-    MOETRON_CHECK(f.good(), "cannot write '", input, "'");
-  }
+  const std::vector<std::string> lines = training_lines(documents);
   // Every character gets a piece when the vocabulary has room; a small one
   // (its 256 byte pieces come first) covers fewer, the rare rest spelled in
   // bytes (byte fallback), instead of failing with "Vocabulary size is
   // smaller than required_chars".
   sentencepiece::util::Status status;
+  std::string model;
   for (const double coverage :
        {1.0, 0.9995, 0.999, 0.995, 0.99, 0.98}) {  // 0.98: SentencePiece's least
     const std::string args =
-        str_cat("--input=", input, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
-                " --model_type=bpe --character_coverage=", coverage, " --byte_fallback=true",
+        str_cat("--vocab_size=", vocab_size, " --model_type=bpe --character_coverage=", coverage,
+                " --byte_fallback=true",
                 " --normalization_rule_name=identity --remove_extra_whitespaces=false",
                 " --split_digits=true --user_defined_symbols=", kNewlinePiece,
                 " --max_sentence_length=", kMaxSentenceBytes, " --num_threads=", num_threads,
                 " --minloglevel=2 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1");
-    status = sentencepiece::SentencePieceTrainer::Train(args);
+    LineIterator it(lines);
+    model.clear();
+    status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
     if (status.ok() || status.ToString().find("required_chars") == std::string::npos) {
       if (status.ok() && coverage < 1.0) {
         std::cerr << "notice: a vocabulary of " << vocab_size
@@ -140,12 +167,15 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
       break;
     }
   }
-  std::filesystem::remove(input);
   MOETRON_CHECK(status.ok(), "tokenizer training failed: ", status.ToString(),
                 status.ToString().find("required_chars") == std::string::npos
                     ? ""
                     : " (even with 2% of the characters spelled in bytes: give a larger "
                       "--vocab-size / model.vocab_size)");
+  const std::string path = model_prefix + ".model";
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(model.data(), static_cast<std::streamsize>(model.size()));
+  MOETRON_CHECK(f.good(), "cannot write '", path, "'");
 }
 
 }  // namespace moetron::data

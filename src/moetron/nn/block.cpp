@@ -21,6 +21,7 @@ Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Prec
              ParameterSet& params, ExpertParallel ep, const TensorParallel* tp,
              const std::string& prefix)
     : tp_(tp ? tp : &no_tensor_parallel()),
+      prefix_(prefix),
       index_(index),
       d_(model.d_model),
       eps_(static_cast<float>(model.norm_eps)),
@@ -49,8 +50,22 @@ Block::Block(const ModelConfig& model, const MoeConfig& moe, int64_t index, Prec
   }
 }
 
-Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
-                      int64_t batch, int64_t seq, double loss_weight, MoeStats& moe_stats) {
+void Block::add_cross_attention(const ModelConfig& model, ParameterSet& params) {
+  MOETRON_CHECK(!xattn_, prefix_, " already has a cross-attention layer");
+  // Without sequence parallelism every tp rank holds the whole activations
+  // and every media token: each runs the (replicated) layer in full.
+  MOETRON_CHECK(!tp_->sequence_parallel,
+                "gated cross-attention layers (multimodal.fusion) with sequence parallelism are "
+                "not supported yet");
+  xattn_ = std::make_unique<GatedCrossAttention>(model, prefix_ + "cross_attn.", prec_, params);
+}
+
+Tensor Block::forward(kernels::Context& ctx, const Tensor& x_in, const Tensor& positions,
+                      int64_t batch, int64_t seq, double loss_weight, MoeStats& moe_stats,
+                      const MediaTokens* media) {
+  const Tensor x = xattn_ ? xattn_->forward(ctx, x_in, media ? media->tokens : Tensor(), batch, seq,
+                                            media ? media->lengths : std::vector<int64_t>{})
+                          : x_in;
   const int64_t t = x.dim(0);
   Saved s;
   s.x = x;
@@ -89,7 +104,7 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x, const Tensor& posi
   return out;
 }
 
-Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out) {
+Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out, const Tensor& d_media) {
   Saved& s = saved_;
   MOETRON_CHECK(s.x.defined(), "block backward without a saved forward");
   const int64_t t = s.x.dim(0);
@@ -118,6 +133,7 @@ Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out) {
   Tensor d_x = Tensor::empty({t, d_}, prec_.compute);
   kernels::rmsnorm_backward(ctx, d_n1, s.x, norm1_->value, s.rstd1, d_x, norm1_->grad);
   kernels::add(ctx, d_x, d_h, d_x);
+  if (xattn_) d_x = xattn_->backward(ctx, d_x, d_media);
   release();
   return d_x;
 }
@@ -144,12 +160,13 @@ void Block::set_checkpointed(bool on) {
 }
 
 Tensor Block::recompute_forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
-                                int64_t batch, int64_t seq, double loss_weight) {
+                                int64_t batch, int64_t seq, double loss_weight,
+                                const MediaTokens* media) {
   MoeStats unused;  // counted by the first forward, as are the activation sums
   if (moe_) moe_->set_recompute_pass(true);
   const bool tracking = std::exchange(track_activations_, false);
   try {
-    Tensor out = forward(ctx, x, positions, batch, seq, loss_weight, unused);
+    Tensor out = forward(ctx, x, positions, batch, seq, loss_weight, unused, media);
     if (moe_) moe_->set_recompute_pass(false);
     track_activations_ = tracking;
     return out;
@@ -165,6 +182,7 @@ void Block::release() {
   attn_.release();
   if (mlp_) mlp_->release();
   if (moe_) moe_->release();
+  if (xattn_) xattn_->release();
 }
 
 }  // namespace moetron::nn

@@ -7,6 +7,11 @@
 // h; a checkpointed block is released after forward and rebuilt by
 // recompute_forward (from the same x) before its backward.
 //
+// A language-model block may open with a gated cross-attention layer
+// (nn/cross_attention.h, add_cross_attention) reading the micro-batch's media
+// tokens: out = block(xattn(x, media)). It saves, swaps, releases and reruns
+// (checkpointed blocks) with the block.
+//
 // Tensor parallelism (nn/tensor_parallel.h): attention and a dense FFN are
 // tp-sharded; a MoE FFN runs on this rank's token slice (taken from the
 // full activations, or already held under sequence parallelism) and, without
@@ -18,6 +23,7 @@
 #include <utility>
 
 #include "moetron/nn/attention.h"
+#include "moetron/nn/cross_attention.h"
 #include "moetron/nn/mlp.h"
 #include "moetron/nn/moe.h"
 
@@ -41,11 +47,19 @@ class Block {
         const BlockOptions& options = {});
 
   // x: [B*S, D] (a token slice [B*S/tp, D] under sequence parallelism); returns the block's output
-  // [B*S, D] (a new tensor).
+  // [B*S, D] (a new tensor). media: what the cross-attention layer reads
+  // (nullptr: no row has media); ignored without one.
   Tensor forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions, int64_t batch,
-                 int64_t seq, double loss_weight, MoeStats& moe_stats);
-  // Returns the gradient wrt x.
-  Tensor backward(kernels::Context& ctx, const Tensor& d_out);
+                 int64_t seq, double loss_weight, MoeStats& moe_stats,
+                 const MediaTokens* media = nullptr);
+  // Returns the gradient wrt x; the cross-attention layer's media gradient
+  // accumulates into d_media (skipped when undefined).
+  Tensor backward(kernels::Context& ctx, const Tensor& d_out, const Tensor& d_media = Tensor());
+  // Adds a gated cross-attention layer before the block, its parameters
+  // named "<block prefix>cross_attn." (after everything registered so far).
+  // Replicated over tp (each rank computes it whole); not with sequence parallelism.
+  void add_cross_attention(const ModelConfig& model, ParameterSet& params);
+  GatedCrossAttention* cross_attention() { return xattn_.get(); }
   void release();
   MoeLayer* moe() { return moe_.get(); }
   SelfAttention& attention() { return attn_; }
@@ -67,7 +81,8 @@ class Block {
   // The second forward of a checkpointed block: saves what backward needs,
   // counts no expert load; returns the output like forward.
   Tensor recompute_forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
-                           int64_t batch, int64_t seq, double loss_weight);
+                           int64_t batch, int64_t seq, double loss_weight,
+                           const MediaTokens* media = nullptr);
   // A checkpointed MoE block's recorded routing (empty for a dense block).
   Tensor take_routing_record() { return moe_ ? moe_->take_routing_record() : Tensor(); }
   void put_routing_record(Tensor record) {
@@ -80,6 +95,7 @@ class Block {
         ParameterSet& params, ExpertParallel ep, const TensorParallel* tp,
         const std::string& prefix);
   const TensorParallel* tp_;
+  std::string prefix_;
   int64_t index_;
   int64_t d_;
   float eps_;
@@ -88,6 +104,7 @@ class Block {
   SelfAttention attn_;
   std::unique_ptr<SwiGluMlp> mlp_;
   std::unique_ptr<MoeLayer> moe_;
+  std::unique_ptr<GatedCrossAttention> xattn_;
   bool drop_norm_ = false;
   bool track_activations_ = false;
   double act_sum_squares_ = 0;
@@ -109,9 +126,11 @@ class Block {
     SelfAttention::Saved attn;
     SwiGluMlp::Saved mlp;
     MoeLayer::Saved moe;
+    GatedCrossAttention::Saved xattn;
   };
   void swap_state(State& s) {
     std::swap(saved_, s.block);
+    if (xattn_) xattn_->swap_saved(s.xattn);
     attn_.swap_saved(s.attn);
     if (mlp_) mlp_->swap_saved(s.mlp);
     if (moe_) moe_->swap_saved(s.moe);

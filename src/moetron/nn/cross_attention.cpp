@@ -142,49 +142,108 @@ GatedCrossAttention::GatedCrossAttention(const ModelConfig& model, const std::st
 }
 
 void GatedCrossAttention::zero_items_without_media(const Activations& s, const Tensor& t) {
-  if (s.has_media.empty()) return;
   for (int64_t b = 0; b < s.batch; ++b) {
-    if (!s.has_media[static_cast<size_t>(b)]) t[b].fill(0.0);
+    if (s.media_len[static_cast<size_t>(b)] == 0) t[b].fill(0.0);
   }
+}
+
+template <typename F>
+void GatedCrossAttention::for_each_attention_run(const Activations& s, F f) {
+  const int64_t m = s.media_tokens;
+  for (int64_t b0 = 0; b0 < s.batch;) {
+    const int64_t len = s.media_len[static_cast<size_t>(b0)];
+    int64_t b1 = b0 + 1;
+    if (len == m) {
+      while (b1 < s.batch && s.media_len[static_cast<size_t>(b1)] == m) ++b1;
+    }
+    if (len > 0) f(b0, b1, len);
+    b0 = b1;
+  }
+}
+
+namespace {
+
+// Rows [b0, b1) of a [B, L, ...] tensor with only their first `len` of L
+// positions (one row, or len == L): a contiguous view [b1 - b0, len, ...].
+Tensor row_prefix(const Tensor& t, int64_t b0, int64_t b1, int64_t len) {
+  Shape shape = t.shape();
+  shape[0] = b1 - b0;
+  shape[1] = len;
+  if (len == t.dim(1)) return t.slice(b0, b1);
+  return t[b0].slice(0, len).reshape(shape);
+}
+
+kernels::AttentionMask non_causal() {
+  kernels::AttentionMask mask;
+  mask.causal = false;
+  return mask;
+}
+
+}  // namespace
+
+void GatedCrossAttention::attend(kernels::Context& ctx, Activations& s) const {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  // Rows that attend to nothing keep an output of 0.
+  s.out = Tensor::zeros({s.batch, s.seq, h_, hd_}, prec_.compute);
+  s.lse = Tensor::zeros({s.batch, h_, s.seq}, prec_.accum);
+  for_each_attention_run(s, [&](int64_t b0, int64_t b1, int64_t len) {
+    kernels::attention_forward(ctx, s.q.slice(b0, b1), row_prefix(s.k, b0, b1, len),
+                               row_prefix(s.v, b0, b1, len), non_causal(), scale,
+                               s.out.slice(b0, b1), s.lse.slice(b0, b1));
+  });
+}
+
+void GatedCrossAttention::attend_backward(kernels::Context& ctx, const Activations& s,
+                                          const Tensor& d_attn, const Tensor& dq, const Tensor& dk,
+                                          const Tensor& dv) const {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  for_each_attention_run(s, [&](int64_t b0, int64_t b1, int64_t len) {
+    kernels::attention_backward(
+        ctx, d_attn.slice(b0, b1), s.q.slice(b0, b1), row_prefix(s.k, b0, b1, len),
+        row_prefix(s.v, b0, b1, len), s.out.slice(b0, b1), s.lse.slice(b0, b1), non_causal(), scale,
+        dq.slice(b0, b1), row_prefix(dk, b0, b1, len), row_prefix(dv, b0, b1, len));
+  });
 }
 
 Tensor GatedCrossAttention::forward(kernels::Context& ctx, const Tensor& x, const Tensor& media,
                                     int64_t batch, int64_t seq,
-                                    const std::vector<bool>& has_media) {
+                                    const std::vector<int64_t>& media_len) {
   const int64_t t = batch * seq;
   check_tensor(x, "cross-attention input", {t, d_}, prec_.compute);
-  MOETRON_CHECK(media.rank() == 2 && media.dim(1) == d_ && batch > 0 && media.dim(0) % batch == 0 &&
-                    media.dim(0) > 0 && media.dtype() == prec_.compute,
+  MOETRON_CHECK(batch > 0, "cross-attention of ", batch, " rows");
+  MOETRON_CHECK(ctx.backend() != kernels::Backend::cuda,
+                "gated cross-attention applies its gates on the host: cpu and reference backends");
+  MOETRON_CHECK(!media.defined() || (media.rank() == 2 && media.dim(1) == d_ &&
+                                     media.dim(0) % batch == 0 && media.dtype() == prec_.compute),
                 "cross-attention media must be ", dtype_name(prec_.compute), " [B * M, ", d_,
                 "] with B = ", batch, ", got ", media.str());
-  MOETRON_CHECK(has_media.empty() || static_cast<int64_t>(has_media.size()) == batch,
-                "cross-attention: ", has_media.size(), " media flags for ", batch, " rows");
   Activations s;
   s.x = x;
   s.media = media;
-  s.has_media = has_media;
   s.batch = batch;
   s.seq = seq;
-  s.media_tokens = media.dim(0) / batch;
+  s.media_tokens = media.defined() ? media.dim(0) / batch : 0;
   const int64_t m = s.media_tokens;
+  MOETRON_CHECK(media_len.empty() || static_cast<int64_t>(media_len.size()) == batch,
+                "cross-attention: ", media_len.size(), " media lengths for ", batch, " rows");
+  s.media_len = media_len.empty() ? std::vector<int64_t>(static_cast<size_t>(batch), m) : media_len;
+  for (int64_t len : s.media_len)
+    MOETRON_CHECK(len >= 0 && len <= m, "cross-attention: a row of ", len, " media tokens in ", m,
+                  " slots");
   s.rstd1 = Tensor::empty({t}, prec_.accum);
   s.n1 = Tensor::empty({t, d_}, prec_.compute);
   kernels::rmsnorm_forward(ctx, x, norm1_->value, eps_, s.n1, s.rstd1);
-  s.q = Tensor::empty({batch, seq, h_, hd_}, prec_.compute);
-  s.k = Tensor::empty({batch, m, hkv_, hd_}, prec_.compute);
-  s.v = Tensor::empty({batch, m, hkv_, hd_}, prec_.compute);
-  linear_forward(ctx, s.n1, wq_->value, as_matrix(s.q, h_ * hd_));
-  linear_forward(ctx, media, wk_->value, as_matrix(s.k, hkv_ * hd_));
-  linear_forward(ctx, media, wv_->value, as_matrix(s.v, hkv_ * hd_));
-  s.out = Tensor::empty({batch, seq, h_, hd_}, prec_.compute);
-  s.lse = Tensor::empty({batch, h_, seq}, prec_.accum);
-  kernels::AttentionMask mask;
-  mask.causal = false;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  kernels::attention_forward(ctx, s.q, s.k, s.v, mask, scale, s.out, s.lse);
-  zero_items_without_media(s, s.out);
-  s.u = Tensor::empty({t, d_}, prec_.compute);
-  linear_forward(ctx, as_matrix(s.out, h_ * hd_), wo_->value, s.u);
+  s.u = Tensor::zeros({t, d_}, prec_.compute);
+  if (m > 0) {  // else no row attends: u stays 0
+    s.q = Tensor::empty({batch, seq, h_, hd_}, prec_.compute);
+    s.k = Tensor::empty({batch, m, hkv_, hd_}, prec_.compute);
+    s.v = Tensor::empty({batch, m, hkv_, hd_}, prec_.compute);
+    linear_forward(ctx, s.n1, wq_->value, as_matrix(s.q, h_ * hd_));
+    linear_forward(ctx, media, wk_->value, as_matrix(s.k, hkv_ * hd_));
+    linear_forward(ctx, media, wv_->value, as_matrix(s.v, hkv_ * hd_));
+    attend(ctx, s);
+    linear_forward(ctx, as_matrix(s.out, h_ * hd_), wo_->value, s.u);
+  }
   s.y = Tensor::empty({t, d_}, prec_.compute);
   add_gated(x, std::tanh(scalar(attn_gate_->value)), s.u, s.y);
   s.rstd2 = Tensor::empty({t}, prec_.accum);
@@ -217,19 +276,21 @@ Tensor GatedCrossAttention::backward(kernels::Context& ctx, const Tensor& d_out,
   // y = x + tanh(a) u.
   const double ga = std::tanh(scalar(attn_gate_->value));
   add_scalar(attn_gate_->grad, dot(d_y, s.u) * (1.0 - ga * ga));
+  if (s.media_tokens == 0) {  // no attention ran: x reached y unchanged
+    release();
+    return d_y;
+  }
   Tensor d_u = std::move(d_n2);
   scaled(d_y, ga, d_u);
   Tensor d_attn = Tensor::empty(s.out.shape(), prec_.compute);
   linear_backward(ctx, d_u, as_matrix(s.out, h_ * hd_), wo_->value, wo_->grad,
                   as_matrix(d_attn, h_ * hd_));
   zero_items_without_media(s, d_attn);  // those rows attended to nothing
-  Tensor dq = Tensor::empty(s.q.shape(), prec_.compute);
-  Tensor dk = Tensor::empty(s.k.shape(), prec_.compute);
-  Tensor dv = Tensor::empty(s.v.shape(), prec_.compute);
-  kernels::AttentionMask mask;
-  mask.causal = false;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  kernels::attention_backward(ctx, d_attn, s.q, s.k, s.v, s.out, s.lse, mask, scale, dq, dk, dv);
+  // Rows and slots no attention call covers keep a gradient of 0.
+  Tensor dq = Tensor::zeros(s.q.shape(), prec_.compute);
+  Tensor dk = Tensor::zeros(s.k.shape(), prec_.compute);
+  Tensor dv = Tensor::zeros(s.v.shape(), prec_.compute);
+  attend_backward(ctx, s, d_attn, dq, dk, dv);
   Tensor d_n1 = std::move(d_u);
   linear_backward(ctx, as_matrix(dq, h_ * hd_), s.n1, wq_->value, wq_->grad, d_n1);
   Tensor dx = Tensor::empty({t, d_}, prec_.compute);

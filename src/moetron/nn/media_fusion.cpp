@@ -1,6 +1,9 @@
 #include "moetron/nn/media_fusion.h"
 
+#include <algorithm>
+
 #include "moetron/core/error.h"
+#include "moetron/kernels/elementwise.h"
 
 namespace moetron::nn {
 
@@ -19,7 +22,13 @@ int64_t audio_tokens(const AudioConfig& cfg, int64_t frames) {
 
 MediaFusion::MediaFusion(const MultimodalModelConfig& cfg, int64_t d_lm, Precision prec,
                          ParameterSet& params, const TensorParallel* tp)
-    : tp_(tp ? tp : &no_tensor_parallel()), d_lm_(d_lm) {
+    : tp_(tp ? tp : &no_tensor_parallel()),
+      d_lm_(d_lm),
+      prefix_(cfg.prefix_fusion()),
+      cross_(cfg.cross_attention()) {
+  MOETRON_CHECK(prefix_ || cross_,
+                "multimodal.fusion must be prefix, cross_attention or both, got '", cfg.fusion,
+                "'");
   const size_t first = params.all().size();
   vision_ = std::make_unique<VisionEncoder>(cfg.vision, d_lm, prec, params);
   audio_ = std::make_unique<AudioEncoder>(cfg.audio, d_lm, prec, params);
@@ -55,7 +64,8 @@ void MediaFusion::check_group(const MediaGroup& g, int64_t batch, int64_t seq) c
                 "a media group of ", g.rows.size(), " rows but input ",
                 g.input.defined() ? g.input.str() : std::string("undefined"));
   const int64_t n = tokens_per_item(g);
-  MOETRON_CHECK(n <= seq, "a media item of ", n, " tokens does not fit a sequence of ", seq);
+  MOETRON_CHECK(!prefix_ || n <= seq, "a media item of ", n, " tokens does not fit a sequence of ",
+                seq);
   for (int64_t r : g.rows)
     MOETRON_CHECK(r >= 0 && r < batch, "media row ", r, " outside the batch's ", batch, " rows");
 }
@@ -83,33 +93,67 @@ Tensor MediaFusion::encode(kernels::Context& ctx, const MediaGroup& g) {
                                        : audio_->forward(ctx, g.input);
 }
 
-void MediaFusion::forward(kernels::Context& ctx, const MultimodalBatch& mm, int64_t seq,
-                          const Tensor& x) {
+int64_t MediaFusion::media_slots(const MultimodalBatch& mm) const {
+  int64_t m = 0;
+  for (const MediaGroup& g : mm.media) m = std::max(m, tokens_per_item(g));
+  return m;
+}
+
+MediaTokens MediaFusion::forward(kernels::Context& ctx, const MultimodalBatch& mm, int64_t seq,
+                                 const Tensor& x) {
   const auto batch = static_cast<int64_t>(mm.row_task.size());
   const auto [row0, rows] = held_rows(batch * seq);
   MOETRON_CHECK(x.dim(0) == rows && x.dim(1) == d_lm_, "embeddings ", x.str(), " for ", rows,
                 " rows of width ", d_lm_);
+  MediaTokens cross;
+  const int64_t m = cross_ ? media_slots(mm) : 0;
+  if (m > 0) {
+    cross.tokens = Tensor::zeros({batch * m, d_lm_}, x.dtype());
+    cross.lengths.assign(static_cast<size_t>(batch), 0);
+  }
   for (const MediaGroup& g : mm.media) {
     check_group(g, batch, seq);
     const Tensor tokens = encode(ctx, g);
     // Released at once: backward encodes again (see the header).
     (g.modality == Modality::image ? vision_->release() : audio_->release());
-    for_each_media_row(g, seq, row0, rows,
-                       [&](int64_t local, int64_t t) { x[local].copy_from(tokens[t]); });
+    if (prefix_) {
+      for_each_media_row(g, seq, row0, rows,
+                         [&](int64_t local, int64_t t) { x[local].copy_from(tokens[t]); });
+    }
+    if (m == 0) continue;
+    const int64_t n = tokens_per_item(g);
+    for (size_t i = 0; i < g.rows.size(); ++i) {
+      const int64_t r = g.rows[i], first = static_cast<int64_t>(i) * n;
+      cross.tokens.slice(r * m, r * m + n).copy_from(tokens.slice(first, first + n));
+      cross.lengths[static_cast<size_t>(r)] = n;
+    }
   }
+  return cross;
 }
 
 void MediaFusion::backward(kernels::Context& ctx, const MultimodalBatch& mm, int64_t seq,
-                           const Tensor& d_x) {
-  const int64_t rows = static_cast<int64_t>(mm.row_task.size()) * seq;
-  MOETRON_CHECK(d_x.dim(0) == rows, "embedding gradient ", d_x.str(), " for ", rows, " rows");
+                           const Tensor& d_x, const Tensor& d_media) {
+  const auto batch = static_cast<int64_t>(mm.row_task.size());
+  const int64_t rows = batch * seq;
+  MOETRON_CHECK(!prefix_ || d_x.dim(0) == rows, "embedding gradient ", d_x.str(), " for ", rows,
+                " rows");
+  const int64_t m = d_media.defined() ? d_media.dim(0) / batch : 0;
   for (const MediaGroup& g : mm.media) {
     const Tensor tokens = encode(ctx, g);  // saves what the encoder's backward needs
-    const Tensor d_tokens = Tensor::empty(tokens.shape(), tokens.dtype());
-    for_each_media_row(g, seq, 0, rows, [&](int64_t local, int64_t t) {
-      d_tokens[t].copy_from(d_x[local]);
-      d_x[local].fill(0.0);
-    });
+    const Tensor d_tokens = prefix_ ? Tensor::empty(tokens.shape(), tokens.dtype())
+                                    : Tensor::zeros(tokens.shape(), tokens.dtype());
+    if (prefix_) {
+      for_each_media_row(g, seq, 0, rows, [&](int64_t local, int64_t t) {
+        d_tokens[t].copy_from(d_x[local]);
+        d_x[local].fill(0.0);
+      });
+    }
+    const int64_t n = tokens_per_item(g);
+    for (size_t i = 0; i < g.rows.size() && m > 0; ++i) {
+      const int64_t r = g.rows[i], first = static_cast<int64_t>(i) * n;
+      const Tensor d_item = d_tokens.slice(first, first + n);
+      kernels::add(ctx, d_item, d_media.slice(r * m, r * m + n), d_item);
+    }
     if (g.modality == Modality::image) {
       vision_->backward(ctx, d_tokens);
       vision_->release();

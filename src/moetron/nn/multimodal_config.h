@@ -15,9 +15,20 @@ struct MultimodalModelConfig {
   VisionConfig vision;
   AudioConfig audio;
   // "prefix": media tokens replace the embeddings of the first positions of
-  // their row (LLaVA). Gated cross-attention (Flamingo) is built but not yet
-  // wired into the language model (nn/cross_attention.h).
+  // their row (LLaVA). "cross_attention": a gated cross-attention layer
+  // (nn/cross_attention.h, Flamingo) before every cross_attention_every-th
+  // language-model block (blocks i with i % k == k - 1) reads the row's
+  // media tokens; rows carry no media positions. "both": the two at once.
   std::string fusion = "prefix";
+  int64_t cross_attention_every = 1;
+
+  bool prefix_fusion() const { return fusion == "prefix" || fusion == "both"; }
+  bool cross_attention() const { return fusion == "cross_attention" || fusion == "both"; }
+  // Whether language-model block `layer` has a cross-attention layer before it.
+  bool cross_attention_at(int64_t layer) const {
+    return enabled && cross_attention() && cross_attention_every > 0 &&
+           layer % cross_attention_every == cross_attention_every - 1;
+  }
 };
 
 }  // namespace moetron::nn

@@ -68,6 +68,25 @@ class InventoryBuilder {
       inv_.params[k].grad_partial_over_tp = tp_.on();
   }
 
+  // GatedCrossAttention (nn/cross_attention.h) before block i: its
+  // constructor's order (the first norm, the MLP, the projections, the
+  // gates around the second norm); nothing tp-sharded.
+  void cross_attention(int64_t i) {
+    const std::string pre = layers_prefix_ + std::to_string(i) + ".cross_attn.";
+    const int64_t d = m_.d_model, hd = m_.resolved_head_dim();
+    const DType a = prec_.accum, c = prec_.compute, g = prec_.matrix_grad();
+    const auto r = ParallelKind::replicated;
+    add(pre + "input_layernorm.weight", {d}, a, a, r, false);
+    swiglu(pre + "mlp.", m_.ffn_hidden, no_tensor_parallel());
+    add(pre + "q_proj.weight", {m_.n_heads * hd, d}, c, g, r, true);
+    add(pre + "k_proj.weight", {m_.n_kv_heads * hd, d}, c, g, r, true);
+    add(pre + "v_proj.weight", {m_.n_kv_heads * hd, d}, c, g, r, true);
+    add(pre + "o_proj.weight", {d, m_.n_heads * hd}, c, g, r, true);
+    add(pre + "attn_gate", {1}, a, a, r, false);
+    add(pre + "post_attention_layernorm.weight", {d}, a, a, r, false);
+    add(pre + "mlp_gate", {1}, a, a, r, false);
+  }
+
  private:
   void attention(const std::string& pre) {
     const int64_t n = tp_.size, r = tp_.rank, d = m_.d_model, hd = m_.resolved_head_dim();
@@ -215,6 +234,15 @@ ParamInventory parameter_inventory(const ModelConfig& model, const MoeConfig& mo
           false)
         .grad_partial_over_tp = tp.sequence_parallel;
     if (!model.tie_embeddings) b.vocab("lm_head.weight");
+  }
+  // Transformer::enable_media: the cross-attention layers of the held
+  // blocks, in block order, before the encoders.
+  if (media) {
+    for (const auto& [first, end] : place.chunks.empty() ? all : place.chunks) {
+      for (int64_t i = first; i < end; ++i) {
+        if (media->cross_attention_at(i)) b.cross_attention(i);
+      }
+    }
   }
   ParamInventory inv = b.take();
   // The encoders live with the embedding (Transformer::enable_media).

@@ -65,6 +65,7 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
       const size_t begin = params_.all().size();
       blocks_.push_back(std::make_unique<Block>(model, moe, i, prec, params_, ep, &tp_));
       block_params_.emplace_back(begin, params_.all().size());
+      cross_params_.emplace_back(0, 0);
     }
     chunks_.emplace_back(chunk_begin, blocks_.size());
   }
@@ -86,23 +87,52 @@ void Transformer::enable_media(const MultimodalModelConfig& cfg) {
                 "multimodal prefixes with context parallelism (parallel.cp > 1) are "
                 "not supported yet");
   MOETRON_CHECK(seq_chunk_ == 0, "multimodal prefixes with train.seq_chunk are not supported yet");
+  if (cfg.cross_attention()) {
+    MOETRON_CHECK(cfg.cross_attention_every >= 1,
+                  "multimodal.cross_attention_every must be >= 1, got ", cfg.cross_attention_every);
+    // The layers read the encoders' tokens, which live with the embedding.
+    MOETRON_CHECK(embed_ && head_ && chunks_.size() == 1,
+                  "gated cross-attention layers (multimodal.fusion = \"", cfg.fusion,
+                  "\") with pipeline parallelism are not supported yet");
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      if (!cfg.cross_attention_at(blocks_[i]->index())) continue;
+      const size_t begin = params_.all().size();
+      blocks_[i]->add_cross_attention(model_, params_);
+      cross_params_[i] = {begin, params_.all().size()};
+    }
+  }
   if (!embed_) return;  // the encoders live with the embedding (the first pipeline stage)
   media_ = std::make_unique<MediaFusion>(cfg, model_.d_model, prec_, params_, &tp_);
 }
 
-void Transformer::fuse_media(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq,
-                             const Tensor& x) {
-  if (!mm || mm->media.empty()) return;
+MediaTokens Transformer::fuse_media(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq,
+                                    const Tensor& x) {
+  if (!mm || mm->media.empty()) return {};
   MOETRON_CHECK(media_,
                 "a multimodal batch for a model built without encoders (multimodal.enabled)");
   for (Parameter* p : media_->parameters()) need(p);
-  media_->forward(ctx, *mm, seq, x);
+  return media_->forward(ctx, *mm, seq, x);
 }
 
 void Transformer::fuse_media_backward(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq,
-                                      const Tensor& d_x) {
+                                      const Tensor& d_x, const Tensor& d_media) {
   if (!mm || mm->media.empty()) return;
-  media_->backward(ctx, *mm, seq, d_x);
+  media_->backward(ctx, *mm, seq, d_x, d_media);
+}
+
+Tensor Transformer::media_grad(const MediaTokens& media) const {
+  return media.tokens.defined() ? Tensor::zeros(media.tokens.shape(), media.tokens.dtype())
+                                : Tensor();
+}
+
+void Transformer::need_block(size_t i) {
+  need(block_params_[i].first, block_params_[i].second);
+  need(cross_params_[i].first, cross_params_[i].second);
+}
+
+void Transformer::block_grads_ready(size_t i) {
+  grads_ready(block_params_[i].first, block_params_[i].second);
+  grads_ready(cross_params_[i].first, cross_params_[i].second);
 }
 
 void Transformer::route_by_modality(const MultimodalBatch* mm) {
@@ -246,10 +276,11 @@ Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, d
   sv.ids = inputs.reshape({t});
   sv.positions = positions.defined() ? positions : positions_of(sv.ids, b, s);
   Tensor x = embed(ctx, sv.ids);
-  fuse_media(ctx, multimodal_.get(), s, x);
+  sv.media = fuse_media(ctx, multimodal_.get(), s, x);
   route_by_modality(multimodal_.get());
   MoeStats ms;
-  x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms);
+  // backward_blocks reads saved_.positions and saved_.media.
+  x = forward_blocks(ctx, x, sv.positions, b, s, loss_weight, ms, &sv.media);
   stats.aux_loss += ms.aux_loss + ms.entropy_loss;
   stats.z_loss += ms.z_loss;
   stats.dropped += ms.dropped;
@@ -378,8 +409,9 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   saved_.x_final = Tensor();
   grad_ready(final_norm_);
   if (head_ != embed_) grad_ready(head_);
-  d_x = column_parallel_input(tp_, backward_blocks(ctx, std::move(d_x)));
-  fuse_media_backward(ctx, multimodal_.get(), inputs.dim(1), d_x);
+  const Tensor d_media = media_grad(saved_.media);
+  d_x = column_parallel_input(tp_, backward_blocks(ctx, std::move(d_x), d_media));
+  fuse_media_backward(ctx, multimodal_.get(), inputs.dim(1), d_x, d_media);
   kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, embed_->shard.row0);
   grad_ready(embed_);
   media_grads_ready();

@@ -62,9 +62,12 @@ class Transformer {
   ~Transformer();
 
   // Multimodal (nn/media_fusion.h): builds the encoders on the rank holding
-  // the embedding (their parameters join params()); call before
+  // the embedding (their parameters join params()) and, for cross-attention
+  // fusion (cfg.cross_attention_at), a gated cross-attention layer in the
+  // blocks it names (their parameters first, in block order); call before
   // initialize() and before anything reads the parameter list. Not with
-  // context parallelism.
+  // context parallelism; cross-attention not with pipeline or sequence
+  // parallelism (tp: replicated, see Block::add_cross_attention).
   void enable_media(const MultimodalModelConfig& cfg);
   bool has_media() const { return media_ != nullptr; }
   const MediaFusion* media() const { return media_.get(); }
@@ -225,9 +228,14 @@ class Transformer {
   std::unique_ptr<MediaFusion> media_;
   // The media's forward into the embeddings x of `seq` positions per row,
   // and its backward from their gradient (every row's), for batch `mm`.
-  void fuse_media(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq, const Tensor& x);
+  // Returns the tokens the cross-attention layers read (kept until backward).
+  MediaTokens fuse_media(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq,
+                         const Tensor& x);
+  // d_media: the cross-attention layers' summed gradient wrt the tokens.
   void fuse_media_backward(kernels::Context& ctx, const MultimodalBatch* mm, int64_t seq,
-                           const Tensor& d_x);
+                           const Tensor& d_x, const Tensor& d_media);
+  // A zero gradient for `media`'s tokens (undefined without tokens).
+  Tensor media_grad(const MediaTokens& media) const;
   void media_grads_ready();
   // Gives the MoE layers the batch's token modalities (their token slice
   // under tensor parallelism; all text without a batch).
@@ -252,7 +260,13 @@ class Transformer {
   Parameter* head_;  // == embed_ when tied
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<std::pair<size_t, size_t>> block_params_;  // [begin, end) in params_.all() per block
-  std::vector<std::pair<size_t, size_t>> chunks_;        // [begin, end) in blocks_ per chunk
+  // Per block: its cross-attention layer's parameters ([begin, end), empty without one).
+  std::vector<std::pair<size_t, size_t>> cross_params_;
+  // Every parameter of block i (its cross-attention layer's included):
+  // before_use / on_grad_ready.
+  void need_block(size_t i);
+  void block_grads_ready(size_t i);
+  std::vector<std::pair<size_t, size_t>> chunks_;  // [begin, end) in blocks_ per chunk
   struct ChunkStash {
     std::vector<Block::State> blocks;  // per block of the chunk (empty for a checkpointed one)
     Tensor ids, x_final, rstd, d_h;
@@ -268,6 +282,7 @@ class Transformer {
     Tensor targets;
     double grad_scale = 0;
     std::shared_ptr<const MultimodalBatch> multimodal;
+    MediaTokens media;  // what the cross-attention layers read
   };
   // The head's forward on the last block's output x: losses into stats,
   // the final norm's 1/rms into st.rstd and, with backward, d_h into st.d_h.
@@ -286,8 +301,10 @@ class Transformer {
   // The blocks' forward and backward under the recompute policy: segment
   // inputs kept as checkpoints, segments recomputed before their backward.
   Tensor forward_blocks(kernels::Context& ctx, Tensor x, const Tensor& positions, int64_t batch,
-                        int64_t seq, double loss_weight, MoeStats& stats);
-  Tensor backward_blocks(kernels::Context& ctx, Tensor d_x);
+                        int64_t seq, double loss_weight, MoeStats& stats,
+                        const MediaTokens* media = nullptr);
+  // d_media: accumulates the cross-attention layers' media gradient (saved_.media's).
+  Tensor backward_blocks(kernels::Context& ctx, Tensor d_x, const Tensor& d_media = Tensor());
   void release_checkpoints();
   int64_t last_segment_start() const;
   // The first block (index into blocks_) of the last segment of the chunk
@@ -301,6 +318,7 @@ class Transformer {
   } ckpt_;
   struct Saved {
     Tensor ids, positions, x_final, rstd;
+    MediaTokens media;
   } saved_;
 };
 

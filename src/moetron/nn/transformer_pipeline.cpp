@@ -28,7 +28,7 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
                   in.str());
     st.ids = in.reshape({batch * seq});
     x = embed(ctx, st.ids);
-    fuse_media(ctx, st.multimodal.get(), seq, x);
+    st.media = fuse_media(ctx, st.multimodal.get(), seq, x);
   } else {
     x = in;
   }
@@ -51,8 +51,8 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
     for (size_t i = b0; i < b1; ++i) blocks_[i]->set_checkpointed(i < last_segment);
   for (size_t i = b0; i < b1; ++i) {
     if (i < last_segment && (i - b0) % k == 0) st.segment_inputs.push_back(x);
-    need(block_params_[i].first, block_params_[i].second);
-    x = blocks_[i]->forward(ctx, x, positions, batch, seq, loss_weight, ms);
+    need_block(i);
+    x = blocks_[i]->forward(ctx, x, positions, batch, seq, loss_weight, ms, &st.media);
     Block::State s;
     if (!backward) {
       blocks_[i]->release();
@@ -136,24 +136,28 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
   const size_t last_segment = st.last_segment;
   route_by_modality(st.multimodal.get());  // the recomputed forwards route as the first did
   const auto k = static_cast<size_t>(recompute_.segment);
+  // The cross-attention layers (all on the chunk with the embedding) sum their media gradients
+  // here.
+  const Tensor d_media = media_grad(st.media);
   for (const auto& [start, end] : backward_segments(b0, b1, last_segment)) {
     if (start < last_segment) {
       Tensor x = std::move(st.segment_inputs[(start - b0) / k]);
       for (size_t i = start; i < end; ++i) {
         blocks_[i]->put_routing_record(std::move(st.routing[i - b0]));
-        x = blocks_[i]->recompute_forward(ctx, x, st.positions, st.batch, st.seq, st.loss_weight);
+        x = blocks_[i]->recompute_forward(ctx, x, st.positions, st.batch, st.seq, st.loss_weight,
+                                          &st.media);
       }
     } else {
       for (size_t i = start; i < end; ++i) blocks_[i]->swap_state(st.blocks[i - b0]);
     }
     for (size_t i = end; i-- > start;) {
-      d_x = blocks_[i]->backward(ctx, d_x);
-      if (final_grads) grads_ready(block_params_[i].first, block_params_[i].second);
+      d_x = blocks_[i]->backward(ctx, d_x, d_media);
+      if (final_grads) block_grads_ready(i);
     }
   }
   if (!first) return d_x;
   const Tensor d_full = column_parallel_input(tp_, d_x);
-  fuse_media_backward(ctx, st.multimodal.get(), st.seq, d_full);
+  fuse_media_backward(ctx, st.multimodal.get(), st.seq, d_full, d_media);
   kernels::embedding_backward(ctx, st.ids, d_full, embed_->grad, embed_->shard.row0);
   if (final_grads) {
     grad_ready(embed_);

@@ -38,8 +38,8 @@ void Transformer::release_checkpoints() {
 }
 
 Tensor Transformer::forward_blocks(kernels::Context& ctx, Tensor x, const Tensor& positions,
-                                   int64_t batch, int64_t seq, double loss_weight,
-                                   MoeStats& stats) {
+                                   int64_t batch, int64_t seq, double loss_weight, MoeStats& stats,
+                                   const MediaTokens* media) {
   release_checkpoints();
   ckpt_.batch = batch;
   ckpt_.seq = seq;
@@ -48,14 +48,14 @@ Tensor Transformer::forward_blocks(kernels::Context& ctx, Tensor x, const Tensor
   for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) {
     Block& blk = *blocks_[static_cast<size_t>(i)];
     if (k > 0 && i < last && i % k == 0) ckpt_.inputs.push_back(x);
-    need(block_params_[static_cast<size_t>(i)].first, block_params_[static_cast<size_t>(i)].second);
-    x = blk.forward(ctx, x, positions, batch, seq, loss_weight, stats);
+    need_block(static_cast<size_t>(i));
+    x = blk.forward(ctx, x, positions, batch, seq, loss_weight, stats, media);
     if (i < last) blk.release();
   }
   return x;
 }
 
-Tensor Transformer::backward_blocks(kernels::Context& ctx, Tensor d_x) {
+Tensor Transformer::backward_blocks(kernels::Context& ctx, Tensor d_x, const Tensor& d_media) {
   const auto n = static_cast<int64_t>(blocks_.size());
   const int64_t k = recompute_.segment, last = last_segment_start();
   for (int64_t start = last, end = n; end > 0;
@@ -67,13 +67,12 @@ Tensor Transformer::backward_blocks(kernels::Context& ctx, Tensor d_x) {
       Tensor x = std::move(ckpt_.inputs[j]);
       for (int64_t i = start; i < end; ++i) {
         x = blocks_[static_cast<size_t>(i)]->recompute_forward(
-            ctx, x, saved_.positions, ckpt_.batch, ckpt_.seq, ckpt_.loss_weight);
+            ctx, x, saved_.positions, ckpt_.batch, ckpt_.seq, ckpt_.loss_weight, &saved_.media);
       }
     }
     for (int64_t i = end - 1; i >= start; --i) {
-      d_x = blocks_[static_cast<size_t>(i)]->backward(ctx, d_x);
-      const auto& range = block_params_[static_cast<size_t>(i)];
-      grads_ready(range.first, range.second);
+      d_x = blocks_[static_cast<size_t>(i)]->backward(ctx, d_x, d_media);
+      block_grads_ready(static_cast<size_t>(i));
     }
   }
   release_checkpoints();

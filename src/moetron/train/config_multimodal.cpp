@@ -35,6 +35,8 @@ std::vector<Field> multimodal_fields() {
   return {
       bound("multimodal.enabled", [](C& c) { return &c.multimodal.model.enabled; }),
       bound("multimodal.fusion", [](C& c) { return &c.multimodal.model.fusion; }),
+      bound("multimodal.cross_attention_every",
+            [](C& c) { return &c.multimodal.model.cross_attention_every; }),
       bound("multimodal.data", [](C& c) { return &c.multimodal.data; }),
       bound("multimodal.mix", [](C& c) { return &c.multimodal.mix; }),
       bound("multimodal.audio_frames", [](C& c) { return &c.multimodal.audio_frames; }),
@@ -113,10 +115,21 @@ void validate_multimodal(const Config& c) {
   for (const std::string& w : task_names(weights))
     check(std::find(names.begin(), names.end(), w) != names.end(), "multitask.weights",
           "names task '" + w + "', which multimodal.mix does not train");
-  check(m.model.fusion == "prefix", "multimodal.fusion",
-        "must be \"prefix\" (gated cross-attention layers are built in nn/cross_attention.h but "
-        "not yet wired into the language model), got '" +
-            m.model.fusion + "'");
+  const std::vector<std::string> fusions = {"prefix", "cross_attention", "both"};
+  check(std::find(fusions.begin(), fusions.end(), m.model.fusion) != fusions.end(),
+        "multimodal.fusion",
+        "must be prefix, cross_attention or both, got '" + m.model.fusion + "'");
+  check(m.model.cross_attention_every >= 1, "multimodal.cross_attention_every",
+        "must be >= 1 (a cross-attention layer before blocks i with i % k == k - 1)");
+  if (m.model.cross_attention()) {
+    check(c.parallel.tp == 1 || !c.parallel.sequence_parallel, "parallel.sequence_parallel",
+          "must be false with multimodal.fusion = \"" + m.model.fusion +
+              "\" (gated cross-attention under sequence parallelism is not supported yet)");
+    check(c.parallel.pp == 1, "parallel.pp",
+          "must be 1 with multimodal.fusion = \"" + m.model.fusion +
+              "\" (the cross-attention layers read the encoders' tokens, which live on the "
+              "first pipeline stage)");
+  }
   check(m.audio_frames > 0, "multimodal.audio_frames", "must be > 0");
   validate_encoder(m.model.vision.transformer, "vision");
   validate_encoder(m.model.audio.transformer, "audio");

@@ -116,6 +116,11 @@ void MultimodalBatcher::fill_media_row(const data::Record& r, Row& row) const {
                          : nn::audio_tokens(model_.audio, row.shape[0]);
 }
 
+int64_t MultimodalBatcher::placeholders(const Row& row) const {
+  // Cross-attention alone reads the media beside the row: no positions.
+  return model_.prefix_fusion() ? row.media_tokens : 0;
+}
+
 MultimodalBatcher::Row MultimodalBatcher::make_row(data::Split split, uint64_t index) const {
   Row row;
   row.task = task_of(index);
@@ -137,11 +142,12 @@ MultimodalBatcher::Row MultimodalBatcher::make_row(data::Split split, uint64_t i
       dataset_->record(task, split, static_cast<int64_t>(draw % static_cast<uint64_t>(n)));
   fill_media_row(rec, row);
   const std::vector<int32_t>& p = prompt(task);
-  const int64_t head = row.media_tokens + static_cast<int64_t>(p.size());
-  MOETRON_CHECK(head < seq_, "a ", data::task_name(task), " row needs ", row.media_tokens,
+  const int64_t slots = placeholders(row);
+  const int64_t head = slots + static_cast<int64_t>(p.size());
+  MOETRON_CHECK(head < seq_, "a ", data::task_name(task), " row needs ", slots,
                 " media tokens and a prompt of ", p.size(), ": more than train.seq_len = ", seq_);
   // The placeholders keep eos (any id would do: their embeddings are replaced).
-  std::copy(p.begin(), p.end(), row.window.begin() + row.media_tokens);
+  std::copy(p.begin(), p.end(), row.window.begin() + slots);
   const auto room = static_cast<size_t>(seq_ + 1 - head - 1);  // the eos needs one slot
   const size_t kept = std::min(room, rec.tokens.size());
   if (kept < rec.tokens.size()) ++truncated_;
@@ -180,7 +186,7 @@ std::shared_ptr<nn::MultimodalBatch> MultimodalBatcher::build(data::Split split,
       tg[p] = predicted ? row.window[static_cast<size_t>(p + 1)] : -1;
     }
     if (row.modality == nn::Modality::text) continue;
-    std::fill_n(mm->token_modality.data<int32_t>() + r * seq_, row.media_tokens,
+    std::fill_n(mm->token_modality.data<int32_t>() + r * seq_, placeholders(row),
                 static_cast<int32_t>(row.modality));
     groups[{row.modality, row.shape}].push_back(r);
   }

@@ -11,6 +11,8 @@
 //   [N media placeholders] [task prompt] [target tokens] [eos] [eos padding]
 // where the N placeholders' embeddings are replaced by the encoder's tokens
 // (nn/media_fusion.h) and only the target tokens and the eos are predicted.
+// With multimodal.fusion = "cross_attention" N is 0: the media reach the
+// language model through its cross-attention layers only.
 // A target too long for the row is cut (counted in truncated()).
 //
 // Media are normalised by train/media_inputs.h (shared with generation):
@@ -83,6 +85,8 @@ class MultimodalBatcher {
   mutable std::atomic<int64_t> truncated_{0};
   Row make_row(data::Split split, uint64_t index) const;
   void fill_media_row(const data::Record& r, Row& row) const;
+  // Media positions the row starts with: its media tokens under prefix fusion, else 0.
+  int64_t placeholders(const Row& row) const;
 };
 
 }  // namespace moetron::train

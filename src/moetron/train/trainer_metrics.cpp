@@ -63,6 +63,7 @@ void Trainer::record_metrics(const StepRecord& rec) {
   if (!is_root()) return;
   TrainingMetrics& m = monitor_->metrics();
   m.record_step(rec);
+  if (batcher_) m.record_tasks(task_names(batcher_->mix()), rec.task_loss, rec.task_weight);
   for (const auto& [axis, c] : named_comms()) m.record_comm(axis, *c);
   m.record_memory(cpu_allocator().stats(), cpu_allocator().reserved());
   m.record_process();

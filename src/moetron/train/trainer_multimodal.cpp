@@ -147,9 +147,12 @@ void Trainer::adapt_modality_routing(const StepRecord& rec, nlohmann::json& line
   for (size_t l = 0; l < layers.size(); ++l) {
     const int64_t* p = loads.data<int64_t>() + static_cast<int64_t>(l) * per_layer;
     layers[l]->set_expert_load_by_modality(std::vector<int64_t>(p, p + per_layer));
-    nlohmann::json rows = nlohmann::json::array();
-    for (int64_t i = 0; i < m; ++i)
-      rows.push_back(std::vector<int64_t>(p + i * e, p + (i + 1) * e));
+    std::vector<std::vector<int64_t>> rows;
+    for (int64_t i = 0; i < m; ++i) rows.emplace_back(p + i * e, p + (i + 1) * e);
+    if (monitor_->enabled() && is_root()) {
+      monitor_->metrics().record_modality_load(layer_group_of(layers[l]->prefix() + "router").first,
+                                               rows);
+    }
     by_layer.push_back(rows);
   }
   line["expert_load_by_modality"] = by_layer;

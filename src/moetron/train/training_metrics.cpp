@@ -68,6 +68,13 @@ std::vector<MetricDef> step_metrics() {
           "a layer's busiest expert's load over the mean load", {"layer"}, kLayerGroupSeries),
       def("moetron_router_bias", G, "", "aux-loss-free expert selection bias", {"layer", "expert"},
           kLayerExpertSeries),
+      def("moetron_task_loss", G, "nats",
+          "multimodal: a task's mean target cross-entropy in the last step that drew it", {"task"}),
+      def("moetron_task_weight", G, "", "multimodal: a task's loss weight (multitask.balance)",
+          {"task"}),
+      def("moetron_modality_expert_load_ratio", G, "ratio",
+          "share of a modality's routed slots per expert in a layer (modality-aware routing)",
+          {"layer", "modality", "expert"}, kLayerExpertSeries),
       def("moetron_comm_bytes_total", C, "bytes", "bytes this rank sent, by plan axis and op",
           {"axis", "op"}, 256),
       def("moetron_comm_seconds_total", C, "seconds",
@@ -179,6 +186,9 @@ TrainingMetrics::TrainingMetrics(monitor::Registry& r)
       router_entropy_(r.get("moetron_router_entropy")),
       load_imbalance_(r.get("moetron_expert_load_imbalance_ratio")),
       router_bias_(r.get("moetron_router_bias")),
+      task_loss_(r.get("moetron_task_loss")),
+      task_weight_(r.get("moetron_task_weight")),
+      modality_load_(r.get("moetron_modality_expert_load_ratio")),
       comm_bytes_(r.get("moetron_comm_bytes_total")),
       comm_seconds_(r.get("moetron_comm_seconds_total")),
       comm_calls_(r.get("moetron_comm_calls_total")),
@@ -249,6 +259,28 @@ void TrainingMetrics::record_layout(const std::vector<std::pair<std::string, int
                                     const std::string& precision, const std::string& optimizer) {
   for (const auto& [axis, d] : degrees) degree_.set({axis}, static_cast<double>(d));
   run_info_.set({precision, optimizer}, 1);
+}
+
+void TrainingMetrics::record_tasks(const std::vector<std::string>& names,
+                                   const std::vector<double>& loss,
+                                   const std::vector<double>& weight) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i < loss.size() && std::isfinite(loss[i])) task_loss_.set({names[i]}, loss[i]);
+    if (i < weight.size()) task_weight_.set({names[i]}, weight[i]);
+  }
+}
+
+void TrainingMetrics::record_modality_load(const std::string& layer,
+                                           const std::vector<std::vector<int64_t>>& load) {
+  static const char* const kModalities[] = {"text", "image", "audio"};
+  for (size_t m = 0; m < load.size(); ++m) {
+    double total = 0;
+    for (int64_t n : load[m]) total += static_cast<double>(n);
+    if (total == 0) continue;
+    const std::string name = m < 3 ? kModalities[m] : std::to_string(m);
+    for (size_t e = 0; e < load[m].size(); ++e)
+      modality_load_.set({layer, name, std::to_string(e)}, static_cast<double>(load[m][e]) / total);
+  }
 }
 
 void TrainingMetrics::record_moe_layer(const std::string& layer, const std::vector<int64_t>& load,

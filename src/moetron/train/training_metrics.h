@@ -36,6 +36,12 @@ class TrainingMetrics {
   // An MoE layer's loads (token counts of the step), selection biases.
   void record_moe_layer(const std::string& layer, const std::vector<int64_t>& load,
                         const std::vector<double>& bias);
+  // Multimodal: each task's mean loss in the step (NaN: not drawn) and weight.
+  void record_tasks(const std::vector<std::string>& names, const std::vector<double>& loss,
+                    const std::vector<double>& weight);
+  // A layer's routed slots per modality and expert ([modality][expert]).
+  void record_modality_load(const std::string& layer,
+                            const std::vector<std::vector<int64_t>>& load);
   // A communicator's counters since the run started, under its plan axis.
   void record_comm(const std::string& axis, const comm::Communicator& c);
   void record_memory(const MemStats& stats, int64_t reserved);
@@ -62,6 +68,7 @@ class TrainingMetrics {
   monitor::Metric &grad_norm_, &aux_loss_, &z_loss_, &loss_scale_, &skipped_total_;
   monitor::Metric &tokens_per_s_, &mfu_, &step_s_, &step_hist_, &phase_s_, &bubble_;
   monitor::Metric &dropped_total_, &expert_load_, &router_entropy_, &load_imbalance_, &router_bias_;
+  monitor::Metric &task_loss_, &task_weight_, &modality_load_;
   monitor::Metric &comm_bytes_, &comm_seconds_, &comm_calls_;
   monitor::Metric &mem_bytes_, &mem_peak_, &mem_reserved_, &rss_, &cpu_seconds_;
   monitor::Metric &energy_total_, &power_, &energy_per_token_;
