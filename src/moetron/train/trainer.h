@@ -316,6 +316,8 @@ class Trainer {
   std::unique_ptr<MultimodalBatcher> batcher_;
   std::vector<std::shared_ptr<nn::MultimodalBatch>> mm_batches_;
   std::vector<int64_t> step_task_tokens_;
+  double step_media_flops_ =
+      0;  // the step's encoders and cross-attention, all ranks (nn/media_flops.h)
   nn::LossStats task_stats_;
   std::unique_ptr<MultitaskBalancer> balancer_;
   std::vector<double> modality_loss_;       // the last known loss of each modality

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "moetron/core/error.h"
+#include "moetron/nn/media_flops.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron::train {
@@ -59,8 +60,9 @@ void Trainer::fill_multimodal_batches(int64_t step, std::vector<Tensor>& inputs,
   // Rows of the global batch in the text path's order (fill_batches).
   const int64_t s = cfg_.train.seq_len, mb = cfg_.train.micro_batch, dp = plan_->dp();
   const int64_t tasks = batcher_->num_tasks();
-  // Per micro-batch, then the stop flag, then per task.
-  Tensor counts = Tensor::zeros({acc_ + 1 + tasks}, DType::i64, MemTag::comm);
+  // Per micro-batch, then the stop flag, then per task, then the media's
+  // model FLOPs (for MFU; whole FLOPs fit an i64 with room to spare).
+  Tensor counts = Tensor::zeros({acc_ + 2 + tasks}, DType::i64, MemTag::comm);
   int64_t* c = counts.data<int64_t>();
   if (is_root()) c[acc_] = launcher_asks_to_stop() ? 1 : 0;
   mm_batches_.assign(static_cast<size_t>(acc_), nullptr);
@@ -74,6 +76,8 @@ void Trainer::fill_multimodal_batches(int64_t step, std::vector<Tensor>& inputs,
     }
     mm_batches_[mi] = batcher_->build(data::Split::train, indices, inputs[mi], targets[mi]);
     if (at().tp != 0 || at().cp != 0 || at().pp != 0) continue;  // they hold the same rows
+    c[acc_ + 1 + tasks] += static_cast<int64_t>(
+        nn::media_flops(cfg_.multimodal.model, cfg_.model, *mm_batches_[mi], s));
     const int32_t* tp = targets[mi].data<int32_t>();
     for (int64_t r = 0; r < mb; ++r) {
       int64_t n = 0;
@@ -86,6 +90,7 @@ void Trainer::fill_multimodal_batches(int64_t step, std::vector<Tensor>& inputs,
   for (int64_t m = 0; m < acc_; ++m) mb_tokens[static_cast<size_t>(m)] = c[m];
   stop_requested_ = c[acc_] > 0;
   step_task_tokens_.assign(c + acc_ + 1, c + acc_ + 1 + tasks);
+  step_media_flops_ = static_cast<double>(c[acc_ + 1 + tasks]);
   task_stats_ = nn::LossStats{};
 }
 

@@ -210,8 +210,11 @@ StepRecord Trainer::train_step(int64_t step, std::vector<Tensor>& inputs,
   rec.step_s = std::chrono::duration<double>(clock_type::now() - t0).count();
   rec.blocked_s = blocked_seconds() - blocked_before;
   rec.tokens_per_s = static_cast<double>(rec.tokens) / rec.step_s;
-  rec.mfu =
-      model_flops_utilization(rec.tokens_per_s, flops_per_token(), peak_flops_, world_->size());
+  // The media's FLOPs (multimodal) spread over the step's target tokens.
+  const double media_per_token =
+      batcher_ && rec.tokens > 0 ? step_media_flops_ / static_cast<double>(rec.tokens) : 0.0;
+  rec.mfu = model_flops_utilization(rec.tokens_per_s, flops_per_token() + media_per_token,
+                                    peak_flops_, world_->size());
   write_heartbeat(world_->rank(), step, HeartbeatPhase::end);
   return rec;
 }
