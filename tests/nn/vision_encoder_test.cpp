@@ -1,7 +1,6 @@
 // The ViT-style vision encoder: fp64 reference gradients of every parameter
 // against finite differences, the CPU fp32 and bf16 encoders against the
-// reference, micro-batches kept in flight (swap_saved), patch layout, names
-// and size checks.
+// reference, patch layout, names and size checks.
 #include "moetron/nn/vision_encoder.h"
 
 #include <gtest/gtest.h>
@@ -138,35 +137,6 @@ TEST(VisionEncoder, CpuMatchesReference) {
       EXPECT_TRUE(test::normalized_close(got.all()[i]->grad, want.all()[i]->grad, tol))
           << want.all()[i]->name << " " << dtype_name(prec.compute);
     }
-  }
-}
-
-TEST(VisionEncoder, MicroBatchesInFlightGiveTheSequentialGradients) {
-  kernels::Context cpu(kernels::Backend::cpu);
-  const Tensor a = test::random_tensor({2, 2, 4, 6}, DType::f32, "a");
-  const Tensor b = test::random_tensor({1, 2, 6, 8}, DType::f32, "b");
-  const Tensor ra = test::random_tensor({12, kLmWidth}, DType::f32, "ra");
-  const Tensor rb = test::random_tensor({12, kLmWidth}, DType::f32, "rb");
-  ParameterSet p1, p2;
-  VisionEncoder e1(tiny_vision(), kLmWidth, Precision::fp32(), p1);
-  VisionEncoder e2(tiny_vision(), kLmWidth, Precision::fp32(), p2);
-  p1.initialize(3);
-  p2.initialize(3);
-  e1.forward(cpu, a);
-  e1.backward(cpu, ra);
-  e1.forward(cpu, b);
-  e1.backward(cpu, rb);
-  // Forward a, park it, forward and backward b, then backward a.
-  VisionEncoder::Saved parked;
-  e2.forward(cpu, a);
-  e2.swap_saved(parked);
-  e2.forward(cpu, b);
-  e2.backward(cpu, rb);
-  e2.swap_saved(parked);
-  e2.backward(cpu, ra);
-  for (size_t i = 0; i < p1.all().size(); ++i) {
-    EXPECT_TRUE(test::all_close(p2.all()[i]->grad, p1.all()[i]->grad, {1e-5, 1e-6}))
-        << p1.all()[i]->name;
   }
 }
 

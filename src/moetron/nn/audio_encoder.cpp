@@ -107,12 +107,4 @@ void AudioEncoder::release() {
   mel_ = pre1_ = act1_ = pre2_ = Tensor();
 }
 
-void AudioEncoder::swap_saved(Saved& other) {
-  trunk_.swap_saved(other.trunk);
-  std::swap(mel_, other.mel);
-  std::swap(pre1_, other.pre1);
-  std::swap(act1_, other.act1);
-  std::swap(pre2_, other.pre2);
-}
-
 }  // namespace moetron::nn

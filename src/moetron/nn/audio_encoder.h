@@ -39,12 +39,6 @@ class AudioEncoder {
   // This encoder's parameters in registration order (for the trainer's hooks).
   const std::vector<Parameter*>& parameters() const { return own_; }
 
-  struct Saved {
-    Tensor mel, pre1, act1, pre2;
-    EncoderTrunk::Saved trunk;
-  };
-  void swap_saved(Saved& other);
-
  private:
   AudioConfig cfg_;
   Precision prec_;

@@ -72,12 +72,4 @@ void EncoderTrunk::release() {
   x_final_ = rstd_ = Tensor();
 }
 
-void EncoderTrunk::swap_saved(Saved& other) {
-  other.blocks.resize(blocks_.size());
-  for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i]->swap_state(other.blocks[i]);
-  projector_.swap_saved(other.projector);
-  std::swap(x_final_, other.x_final);
-  std::swap(rstd_, other.rstd);
-}
-
 }  // namespace moetron::nn

@@ -27,14 +27,6 @@ class EncoderTrunk {
   void release();
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
 
-  // Everything forward saved (pipeline parallelism: several micro-batches in flight).
-  struct Saved {
-    Tensor x_final, rstd;
-    Projector::Saved projector;
-    std::vector<Block::State> blocks;
-  };
-  void swap_saved(Saved& other);
-
  private:
   int64_t d_;
   float eps_;

@@ -190,7 +190,7 @@ MoeStats MoeLayer::forward(kernels::Context& ctx, const Tensor& x, const Tensor&
   if (!recompute_pass_) {
     for (int64_t j = 0; j < e_; ++j)
       load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
-    count_modality_load();
+    count_modality_load(counts);
   }
   if (ep_size_ > 1) {
     plan_expert_parallel(counts, t);

@@ -145,7 +145,9 @@ class MoeLayer {
   void setup_modality_routing(const MoeConfig& moe, ParameterSet& params);
   Tensor router_input(kernels::Context& ctx, const Tensor& x, const Tensor& modality);
   void route(kernels::Context& ctx);
-  void count_modality_load();
+  // Adds this forward's routed slots to the per-modality loads (`counts`:
+  // its slots per expert, all tokens).
+  void count_modality_load(const std::vector<int64_t>& counts);
   void modality_backward(const Tensor& d_logits, const Tensor& dx_router);
   Precision prec_;
   Parameter* router_;

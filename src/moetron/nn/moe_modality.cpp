@@ -135,8 +135,13 @@ void MoeLayer::route(kernels::Context& ctx) {
   }
 }
 
-void MoeLayer::count_modality_load() {
+void MoeLayer::count_modality_load(const std::vector<int64_t>& counts) {
   const Saved& s = saved_;
+  if (!s.modality.defined()) {  // every token is modality 0: the expert counts themselves
+    for (int64_t j = 0; j < e_; ++j)
+      modality_load_[static_cast<size_t>(j)] += counts[static_cast<size_t>(j)];
+    return;
+  }
   const int64_t t = s.topk_idx.dim(0);
   const std::vector<int32_t> ids = modality_ids(s.modality, t, num_modalities_);
   const int32_t* idx = s.topk_idx.data<int32_t>();

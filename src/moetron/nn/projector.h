@@ -28,7 +28,6 @@ class Projector {
   struct Saved {
     Tensor x, pre, act;
   };
-  void swap_saved(Saved& other) { std::swap(saved_, other); }
 
  private:
   int64_t d_in_, d_out_;

@@ -127,11 +127,4 @@ void VisionEncoder::release() {
   patches_ = row_ids_ = col_ids_ = Tensor();
 }
 
-void VisionEncoder::swap_saved(Saved& other) {
-  trunk_.swap_saved(other.trunk);
-  std::swap(patches_, other.patches);
-  std::swap(row_ids_, other.row_ids);
-  std::swap(col_ids_, other.col_ids);
-}
-
 }  // namespace moetron::nn

@@ -47,13 +47,6 @@ class VisionEncoder {
   // gradient-ready and before-use callbacks).
   const std::vector<Parameter*>& parameters() const { return own_; }
 
-  // What forward saved (pipeline parallelism: several micro-batches in flight).
-  struct Saved {
-    Tensor patches, row_ids, col_ids;
-    EncoderTrunk::Saved trunk;
-  };
-  void swap_saved(Saved& other);
-
  private:
   VisionConfig cfg_;
   Precision prec_;
