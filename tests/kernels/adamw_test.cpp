@@ -239,6 +239,84 @@ TEST(AdamW, LateStepsAndLargeScaleMatchReference) {
   EXPECT_TRUE(test::all_close(w, w_ref, kMaster));
 }
 
+// The variance frozen after step 3 (1-bit Adam's compression stage): v is
+// left bit-identical, the update uses v with step 3's bias correction, and
+// the backend matches the reference; f32 and bf16 moments.
+void frozen_variance_matches_reference(Context& ctx) {
+  Context ref(Backend::reference);
+  for (DType md : {DType::f32, DType::bf16}) {
+    for (int64_t n : {5, 130, 70001}) {
+      SCOPED_TRACE(testing::Message() << "moments " << dtype_name(md) << " n=" << n);
+      Tensor w = random_tensor({n}, DType::f32, "w");
+      Tensor m = Tensor::zeros({n}, md), v = Tensor::zeros({n}, md);
+      Tensor w_ref = w.clone(), m_ref = m.clone(), v_ref = v.clone();
+      Tensor wd = test::on_device(ctx, w), mdv = test::on_device(ctx, m),
+             vd = test::on_device(ctx, v);
+      AdamWArgs args = decaying_scaled_args();
+      args.variance_frozen_at = 3;
+      for (int64_t step = 1; step <= 6; ++step) {
+        args.step = step;
+        const Tensor g = random_tensor({n}, DType::f32, str_cat("g", step), -2.0f, 2.0f);
+        const Tensor v_before = test::on_host(vd).clone();
+        adamw_step(ctx, wd, test::on_device(ctx, g), mdv, vd, args, Tensor());
+        adamw_step(ref, w_ref, g, m_ref, v_ref, args, Tensor());
+        const Tensor vh = test::on_host(vd);
+        if (step > 3) {
+          EXPECT_TRUE(test::all_close(vh, v_before, {0, 0})) << "v moved at step " << step;
+        } else {
+          EXPECT_FALSE(test::all_close(vh, v_before, {0, 0})) << "v did not move at step " << step;
+        }
+        const test::Tolerance tol = md == DType::bf16 ? kBf16Copy : kMoment;
+        EXPECT_TRUE(test::all_close(test::on_host(mdv), m_ref, tol)) << "m, step " << step;
+        EXPECT_TRUE(test::all_close(vh, v_ref, tol)) << "v, step " << step;
+        // bf16 moments: each of the 6 steps' roundings may land one ulp from
+        // the reference's, as kMasterBf16MomentsFiveSteps explains.
+        const test::Tolerance master_tol =
+            md == DType::bf16 ? test::Tolerance{1e-5, 6 * 1e-2 / 128} : kMaster;
+        EXPECT_TRUE(test::all_close(test::on_host(wd), w_ref, master_tol))
+            << "master, step " << step;
+      }
+    }
+  }
+}
+
+TEST(AdamW, CpuFrozenVarianceMatchesReference) {
+  Context cpu(Backend::cpu);
+  frozen_variance_matches_reference(cpu);
+}
+
+TEST(AdamW, CudaFrozenVarianceMatchesReference) {
+  MOETRON_SKIP_WITHOUT_GPU();
+  Context gpu(Backend::cuda);
+  frozen_variance_matches_reference(gpu);
+}
+
+TEST(AdamW, FrozenVarianceMakesTheUpdateLinearInTheGradient) {
+  // What error feedback relies on: with v frozen and no weight decay, the
+  // update of g1 + g2 (two steps' worth of momentum terms) equals the sum of
+  // the updates; checked on the reference as the definition.
+  Context ref(Backend::reference);
+  const int64_t n = 64;
+  const Tensor v = random_tensor({n}, DType::f64, "v", 0.01f, 1.0f);
+  const Tensor g1 = random_tensor({n}, DType::f64, "g1"), g2 = random_tensor({n}, DType::f64, "g2");
+  AdamWArgs args;
+  args.step = 10;
+  args.variance_frozen_at = 5;
+  args.eps = 0;
+  const auto update = [&](const Tensor& g) {
+    Tensor w = Tensor::zeros({n}, DType::f64), m = Tensor::zeros({n}, DType::f64);
+    Tensor vv = v.clone();
+    adamw_step(ref, w, g, m, vv, args, Tensor());
+    return w;
+  };
+  Tensor sum = g1.clone();
+  for (int64_t i = 0; i < n; ++i) sum.data<double>()[i] += g2.data<double>()[i];
+  const Tensor u1 = update(g1), u2 = update(g2), u12 = update(sum);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(u12.data<double>()[i], u1.data<double>()[i] + u2.data<double>()[i], 1e-12);
+  }
+}
+
 TEST(AdamW, BadInputsAreErrors) {
   Context cpu(Backend::cpu), ref(Backend::reference);
   Tensor w = Tensor::zeros({8}, DType::f32), m = Tensor::zeros({8}, DType::f32);

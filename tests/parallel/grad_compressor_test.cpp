@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 
 namespace moetron::parallel {
@@ -106,8 +107,51 @@ TEST(GradCompressor, TopKKeepsTheLargestExactlyAndDropsOnlySmallerOnes) {
   }
 }
 
+TEST(GradCompressor, SparseSignSendsTheLargestBlocksAsSignsAndDropsTheRest) {
+  CompressOptions o;
+  o.kind = CompressKind::sparse_sign;
+  o.block = 16;
+  o.keep = 0.5;
+  for (const int64_t n : {1, 15, 16, 100, 517}) {
+    auto x = randn(n, 90 + static_cast<uint64_t>(n));
+    // Blocks 4x larger each, so which are kept is known: the last ones.
+    for (int64_t i = 0; i < n; ++i)
+      x[static_cast<size_t>(i)] *= std::ldexp(1.0f, 2 * static_cast<int>(i / 16));
+    const auto y = round_trip(o, x);
+    const int64_t nb = (n + 15) / 16,
+                  k = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(0.5 * nb)));
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t lo = b * 16, hi = std::min(n, lo + 16);
+      const bool kept = b >= nb - k;
+      double sx = 0, sy = 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        const float xi = x[static_cast<size_t>(i)], yi = y[static_cast<size_t>(i)];
+        sx += std::fabs(xi);
+        sy += std::fabs(yi);
+        if (!kept) {
+          EXPECT_EQ(yi, 0.0f) << "n " << n << " dropped block " << b;
+        } else if (xi != 0) {
+          EXPECT_EQ(std::signbit(xi), std::signbit(yi)) << "n " << n << " i " << i;
+        }
+      }
+      if (kept) {
+        EXPECT_NEAR(sx, sy, 1e-4 * sx + 1e-6) << "n " << n << " block " << b;
+      }
+    }
+    EXPECT_EQ(encoded_bytes(o, n), (nb + 7) / 8 + k * (4 + 2)) << n;
+  }
+  // Under one bit per value at the default keep and block.
+  CompressOptions d;
+  d.kind = CompressKind::sparse_sign;
+  const int64_t big = 1 << 20;
+  EXPECT_LT(8.0 * static_cast<double>(encoded_bytes(d, big)) / big, 0.85);
+  EXPECT_THROW(parse_compress_kind("sparse"), Error);
+  EXPECT_EQ(parse_compress_kind("sparse_sign"), CompressKind::sparse_sign);
+}
+
 TEST(GradCompressor, ErrorFeedbackSentPlusResidualEqualsTheTrueSum) {
-  for (const CompressKind kind : {CompressKind::int4, CompressKind::sign, CompressKind::topk}) {
+  for (const CompressKind kind :
+       {CompressKind::int4, CompressKind::sign, CompressKind::topk, CompressKind::sparse_sign}) {
     CompressOptions o;
     o.kind = kind;
     o.block = 32;

@@ -228,6 +228,29 @@ TEST(Config, DivergenceLimitsAreValidated) {
             std::string::npos);
 }
 
+TEST(Config, CompressionRecipeSettingsAreValidatedByKey) {
+  const auto msg = [](const std::vector<std::string>& sets) {
+    return error_of([&] { parse_config("", "x.toml", sets); });
+  };
+  EXPECT_NE(msg({"parallel.compression=sparse"}).find("'parallel.compression'"), std::string::npos);
+  EXPECT_NE(msg({"parallel.compression_keep=0"}).find("'parallel.compression_keep'"),
+            std::string::npos);
+  EXPECT_NE(msg({"parallel.compression_start=later"}).find("'parallel.compression_start'"),
+            std::string::npos);
+  EXPECT_NE(msg({"parallel.compression_start_tolerance=0"})
+                .find("'parallel.compression_start_tolerance'"),
+            std::string::npos);
+  // Frozen after step 0 the second moment would be zeros: a warm-up is needed.
+  EXPECT_NE(msg({"parallel.compression=sparse_sign", "parallel.freeze_variance=true"})
+                .find("'parallel.freeze_variance'"),
+            std::string::npos);
+  const Config ok =
+      parse_config("", "x.toml",
+                   {"parallel.compression=sparse_sign", "parallel.compression_start=auto",
+                    "parallel.freeze_variance=true"});
+  EXPECT_EQ(ok.parallel.compression_keep, 0.75);
+}
+
 TEST(Config, EveryShippedConfigLoadsAndNamesTheTextToPrepareItsCorpusFrom) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator(MOETRON_SOURCE_DIR "/configs")) {

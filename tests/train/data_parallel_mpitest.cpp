@@ -371,6 +371,57 @@ TEST(DataParallelCompression, ResumeWithCompressionIsBitExact) {
   }
 }
 
+// The 1-bit Adam recipe: sparse_sign started automatically (the rule made
+// to fire at its earliest step: beta2 0.5 gives a 2-step window, so step
+// 5 = max(lr warm-up 5, 2 W)), AdamW's second moment frozen from then on.
+// Resumed from a checkpoint before the start and from one after it, the
+// run continues bit for bit, starting compression at the same step.
+TEST(DataParallelCompression, AutomaticStartFreezesTheVarianceAndResumesBitExact) {
+  const std::vector<std::string> common = {"optim.name=adamw",
+                                           "optim.beta2=0.5",
+                                           "parallel.compression=sparse_sign",
+                                           "parallel.compression_start=auto",
+                                           "parallel.compression_start_tolerance=1e9",
+                                           "parallel.freeze_variance=true",
+                                           "train.steps=9"};
+  TrainResult full;
+  std::vector<int64_t> full_bytes;
+  {
+    Trainer t(dp_config(kGlobalRows / dp(), common), run_dir("auto-full"), false, shared_world());
+    t.before_update = [&](int64_t) {
+      full_bytes.push_back(t.reducer()->comm().total_stats().bytes_sent);
+    };
+    full = t.run();
+    EXPECT_EQ(t.reducer()->compressing_from(), 6);
+    EXPECT_EQ(t.optimizer().options().variance_frozen_at, 5);
+  }
+  // Steps 6.. send sparse signs: under a tenth of an uncompressed step's bytes.
+  ASSERT_EQ(full_bytes.size(), 9u);
+  const int64_t plain = full_bytes[1] - full_bytes[0], packed = full_bytes[7] - full_bytes[6];
+  EXPECT_LT(10 * packed, plain) << plain << " vs " << packed;
+  for (const int64_t saved_at : {3, 7}) {
+    const std::string dir = run_dir("auto-split-" + std::to_string(saved_at));
+    {
+      std::vector<std::string> first = common;
+      first.push_back("checkpoint.every=" + std::to_string(saved_at));
+      Trainer t(dp_config(kGlobalRows / dp(), first), dir, false, shared_world());
+      t.before_update = [saved_at](int64_t step) {
+        if (step == saved_at + 1) throw Error("stop after the checkpoint");
+      };
+      EXPECT_THROW(t.run(), Error);
+    }
+    Trainer t(dp_config(kGlobalRows / dp(), common), dir, true, shared_world());
+    const TrainResult r = t.run();
+    ASSERT_EQ(r.history.size(), static_cast<size_t>(9 - saved_at));
+    for (size_t i = 0; i < r.history.size(); ++i) {
+      EXPECT_EQ(r.history[i].loss, full.history[static_cast<size_t>(saved_at) + i].loss)
+          << "saved at " << saved_at << ", step " << saved_at + 1 + static_cast<int64_t>(i);
+    }
+    EXPECT_EQ(t.reducer()->compressing_from(), 6) << "saved at " << saved_at;
+    EXPECT_EQ(t.optimizer().options().variance_frozen_at, 5) << "saved at " << saved_at;
+  }
+}
+
 TEST(DataParallelCompression, BytesOnTheWireAreTheEncodedSizes) {
   const int64_t n = dp();
   Trainer t(dp_config(kGlobalRows / dp(),

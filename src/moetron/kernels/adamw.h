@@ -17,10 +17,19 @@ struct AdamWArgs {
   float weight_decay = 0.0f;
   int64_t step = 1;         // 1-based, for bias correction
   float grad_scale = 1.0f;  // multiplies the gradient first (loss-scale undo, clipping)
+  // > 0: the second moment was frozen after this step (1-bit Adam's
+  // compression stage): for step > variance_frozen_at, v is left as it is
+  // and its bias correction stays that of step variance_frozen_at, so the
+  // update is linear in the gradients (what error feedback needs).
+  int64_t variance_frozen_at = 0;
+  bool variance_frozen() const { return variance_frozen_at > 0 && step > variance_frozen_at; }
+  // The step whose bias correction v carries.
+  int64_t variance_step() const { return variance_frozen() ? variance_frozen_at : step; }
 };
 
 // g = grad_scale * grad; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // master -= lr * (wd * master + (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)).
+// With the variance frozen at step f < t: v unchanged and 1-b2^f in place of 1-b2^t.
 // master: f32 [n] (reference also f64); m, v: [n], both f32 or both bf16
 // (reference: the master's dtype or bf16) — bf16 moments are loaded into
 // fp32, updated, used for the update, then stored rounded to nearest even;

@@ -106,6 +106,7 @@ StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
     a.eps = static_cast<float>(opts_.eps);
     a.weight_decay = s.decay ? static_cast<float>(opts_.weight_decay) : 0.0f;
     a.step = step;
+    a.variance_frozen_at = opts_.variance_frozen_at;
     a.grad_scale = static_cast<float>(mult);
     const bool separate = s.master.raw() != s.param->value.raw();
     // The fused write of the working copy takes f32/bf16; an f16 copy is

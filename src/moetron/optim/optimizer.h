@@ -38,6 +38,9 @@ struct OptimizerOptions {
   std::vector<std::string> adamw_patterns;
   std::vector<std::string> no_decay_patterns;
   LrSchedule schedule;
+  // > 0: AdamW's second moment stops changing after this step (set when
+  // gradient compression starts with parallel.freeze_variance; kernels/adamw.h).
+  int64_t variance_frozen_at = 0;
 };
 
 // Splits "a, b,c" into {"a", "b", "c"} (empty entries dropped).
@@ -130,6 +133,10 @@ class ParamOptimizer {
   virtual void finish_state_load() {}
   // Whether this optimizer updates the parameter of that name.
   virtual bool holds(const std::string& param_name) const = 0;
+  // AdamW's second moment is left as it is after `after_step` (0: never
+  // frozen): 1-bit Adam's compression stage, where the update must be linear
+  // in the (compressed, error-fed-back) gradients.
+  virtual void freeze_variance(int64_t after_step) = 0;
 };
 
 class Optimizer final : public ParamOptimizer {
@@ -155,6 +162,7 @@ class Optimizer final : public ParamOptimizer {
   // already in the master dtype).
   Tensor master(const std::string& param_name) const;
   const OptimizerOptions& options() const override { return opts_; }
+  void freeze_variance(int64_t after_step) override { opts_.variance_frozen_at = after_step; }
   // Tensor parallelism: tp-sharded matrices are orthogonalised whole (the
   // update gathered over tp, Newton-Schulz run on the full matrix by every
   // tp rank, each keeping its block: exactly one rank's update), and

@@ -35,6 +35,9 @@ class SplitOptimizer final : public ParamOptimizer {
   void load_master(const std::string& param_name, const Tensor& local) override;
   void finish_state_load() override;
   bool holds(const std::string& param_name) const override;
+  void freeze_variance(int64_t after_step) override {
+    for (Part& p : parts_) p.opt->freeze_variance(after_step);
+  }
 
  private:
   std::vector<Part> parts_;

@@ -147,6 +147,7 @@ void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor
   a.eps = static_cast<float>(opts_.eps);
   a.weight_decay = sg.decay ? static_cast<float>(opts_.weight_decay) : 0.0f;
   a.step = step;
+  a.variance_frozen_at = opts_.variance_frozen_at;
   a.grad_scale = static_cast<float>(mult);
   const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
   const Tensor values = sh.values_own.slice(lo, hi);

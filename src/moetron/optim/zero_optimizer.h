@@ -65,6 +65,7 @@ class ZeroOptimizer final : public ParamOptimizer {
   bool holds(const nn::Parameter& p) const { return bucket_of_.count(&p) != 0; }
   StepInfo step(kernels::Context& ctx, int64_t step, double grad_scale, double known_norm) override;
   const OptimizerOptions& options() const override { return opts_; }
+  void freeze_variance(int64_t after_step) override { opts_.variance_frozen_at = after_step; }
   std::vector<StateSlice> state_slices() override;
   bool sharded() const override { return true; }
   std::vector<StateSlice> checkpoint_masters() override;

@@ -16,7 +16,9 @@ CompressKind parse_compress_kind(const std::string& name) {
   if (name == "int4") return CompressKind::int4;
   if (name == "sign") return CompressKind::sign;
   if (name == "topk") return CompressKind::topk;
-  MOETRON_FAIL("unknown gradient compression '", name, "' (none, int8, int4, sign, topk)");
+  if (name == "sparse_sign") return CompressKind::sparse_sign;
+  MOETRON_FAIL("unknown gradient compression '", name,
+               "' (none, int8, int4, sign, topk, sparse_sign)");
 }
 
 std::string compress_kind_name(CompressKind k) {
@@ -31,6 +33,8 @@ std::string compress_kind_name(CompressKind k) {
       return "sign";
     case CompressKind::topk:
       return "topk";
+    case CompressKind::sparse_sign:
+      return "sparse_sign";
   }
   return "?";
 }
@@ -55,6 +59,71 @@ float get_f32(const uint8_t* p) {
   return v;
 }
 
+int64_t kept_blocks(const CompressOptions& o, int64_t n) {
+  const int64_t nb = blocks(o, n);
+  return nb == 0 ? 0
+                 : std::clamp<int64_t>(
+                       static_cast<int64_t>(std::ceil(o.keep * static_cast<double>(nb))), 1, nb);
+}
+// Bytes of one kept block of sparse_sign: its scale and a full block of sign bits.
+int64_t kept_block_bytes(const CompressOptions& o) {
+  return 4 + (o.block + 7) / 8;
+}
+
+// sparse_sign: [bitmap of kept blocks][per kept block, in block order:
+// f32 scale, sign bits]. Ties in mean |x| keep the lower block index, so
+// every rank encodes the same way.
+void encode_sparse_sign(const CompressOptions& o, const float* x, int64_t n, uint8_t* out) {
+  const int64_t nb = blocks(o, n), k = kept_blocks(o, n), map_bytes = (nb + 7) / 8;
+  std::memset(out, 0, static_cast<size_t>(map_bytes + k * kept_block_bytes(o)));
+  if (nb == 0) return;
+  std::vector<float> mean(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+    double sum = 0;
+    for (int64_t i = lo; i < hi; ++i) sum += std::fabs(x[i]);
+    mean[static_cast<size_t>(b)] = static_cast<float>(sum / static_cast<double>(hi - lo));
+  }
+  std::vector<uint32_t> order(static_cast<size_t>(nb));
+  std::iota(order.begin(), order.end(), 0u);
+  auto before = [&mean](uint32_t a, uint32_t b) {
+    return mean[a] > mean[b] || (mean[a] == mean[b] && a < b);
+  };
+  std::nth_element(order.begin(), order.begin() + k - 1, order.end(), before);
+  for (int64_t j = 0; j < k; ++j) {
+    const uint32_t b = order[static_cast<size_t>(j)];
+    out[b / 8] |= static_cast<uint8_t>(1u << (b % 8));
+  }
+  uint8_t* kept = out + map_bytes;
+  for (int64_t b = 0; b < nb; ++b) {
+    if (!((out[b / 8] >> (b % 8)) & 1u)) continue;
+    put_f32(kept, mean[static_cast<size_t>(b)]);
+    uint8_t* bits = kept + 4;
+    const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+    for (int64_t i = lo; i < hi; ++i) {
+      if (x[i] < 0) bits[(i - lo) / 8] |= static_cast<uint8_t>(1u << ((i - lo) % 8));
+    }
+    kept += kept_block_bytes(o);
+  }
+}
+
+void decode_add_sparse_sign(const CompressOptions& o, const uint8_t* in, int64_t n, float* y) {
+  const int64_t nb = blocks(o, n), map_bytes = (nb + 7) / 8;
+  const uint8_t* kept = in + map_bytes;
+  int64_t seen = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    if (!((in[b / 8] >> (b % 8)) & 1u)) continue;
+    MOETRON_CHECK(++seen <= kept_blocks(o, n), "sparse_sign encoding marks more than ",
+                  kept_blocks(o, n), " kept blocks");
+    const float scale = get_f32(kept);
+    const uint8_t* bits = kept + 4;
+    const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+    for (int64_t i = lo; i < hi; ++i)
+      y[i] += (bits[(i - lo) / 8] >> ((i - lo) % 8)) & 1u ? -scale : scale;
+    kept += kept_block_bytes(o);
+  }
+}
+
 }  // namespace
 
 int64_t encoded_bytes(const CompressOptions& o, int64_t n) {
@@ -69,6 +138,8 @@ int64_t encoded_bytes(const CompressOptions& o, int64_t n) {
       return (n + 7) / 8 + 4 * blocks(o, n);
     case CompressKind::topk:
       return 8 * topk_count(o, n);
+    case CompressKind::sparse_sign:
+      return (blocks(o, n) + 7) / 8 + kept_blocks(o, n) * kept_block_bytes(o);
   }
   return 0;
 }
@@ -136,6 +207,9 @@ void encode(const CompressOptions& o, const float* x, int64_t n, uint8_t* out) {
       }
       return;
     }
+    case CompressKind::sparse_sign:
+      encode_sparse_sign(o, x, n, out);
+      return;
   }
 }
 
@@ -184,6 +258,9 @@ void decode_add(const CompressOptions& o, const uint8_t* in, int64_t n, float* y
       }
       return;
     }
+    case CompressKind::sparse_sign:
+      decode_add_sparse_sign(o, in, n, y);
+      return;
   }
 }
 

@@ -10,6 +10,12 @@
 //         (signSGD / 1-bit Adam style; preserves every sign and each block's mean |x|)
 //   topk  the ceil(ratio * n) largest |x| as (u32 index, f32 value); the rest 0
 //         kept values exact, every dropped |x| <= the smallest kept |x|
+//   sparse_sign  sign for the ceil(keep * blocks) blocks of largest mean |x|
+//         only: a bitmap of the kept blocks, then per kept block its fp32
+//         scale (mean |x|) and its sign bits; the other blocks decode to 0
+//         and stay whole in the sender's residual (quantisation plus
+//         sparsification with error compensation: under 1 bit per value,
+//         (1/block + keep * (1 + 32/block)) bits; 0.848 at keep 0.75, block 256)
 //
 // Encodings have a size that depends only on (kind, n), so chunks of equal
 // length exchange with a plain all-to-all.
@@ -20,15 +26,17 @@
 
 namespace moetron::parallel {
 
-enum class CompressKind { none, int8, int4, sign, topk };
+enum class CompressKind { none, int8, int4, sign, topk, sparse_sign };
 
 struct CompressOptions {
   CompressKind kind = CompressKind::none;
   int64_t block = 256;       // int8 / int4 / sign
   double topk_ratio = 0.01;  // topk
+  double keep = 0.75;        // sparse_sign: share of blocks sent each time
 };
 
-CompressKind parse_compress_kind(const std::string& name);  // none|int8|int4|sign|topk
+// none|int8|int4|sign|topk|sparse_sign
+CompressKind parse_compress_kind(const std::string& name);
 std::string compress_kind_name(CompressKind k);
 
 // Bytes of the encoding of n values.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "moetron/core/error.h"
 #include "moetron/kernels/elementwise.h"
@@ -11,7 +12,10 @@ namespace moetron::parallel {
 GradReducer::GradReducer(nn::ParameterSet& params, comm::Communicator& dp, ReducerOptions opts,
                          std::vector<BucketSpec> plan,
                          const std::function<bool(const nn::Parameter&)>& carries)
-    : dp_(dp), opts_(opts) {
+    : dp_(dp),
+      opts_(opts),
+      compress_from_(opts.start_on_request ? std::numeric_limits<int64_t>::max()
+                                           : opts.warmup_steps + 1) {
   if (plan.empty()) plan = flat_bucket_plan(params, dp_.size(), opts_.bucket_bytes, carries);
   const int64_t n = dp_.size();
   size_t registered = 0;

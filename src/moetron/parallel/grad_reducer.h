@@ -51,6 +51,9 @@ struct ReducerOptions {
   ReduceMode mode = ReduceMode::allreduce;
   CompressOptions compress;  // kind none: fp32 reductions
   int64_t warmup_steps = 0;  // first steps reduced uncompressed
+  // Compression starts only at the step given to compress_from() (the
+  // trainer's automatic start, train/compression_start.h), not after warmup_steps.
+  bool start_on_request = false;
 };
 
 struct Bucket {
@@ -81,8 +84,11 @@ class GradReducer {
   // `step` (1-based) decides whether this step is compressed.
   void arm(int64_t step = 0) {
     armed_ = true;
-    compress_now_ = opts_.compress.kind != CompressKind::none && step > opts_.warmup_steps;
+    compress_now_ = opts_.compress.kind != CompressKind::none && step >= compress_from_;
   }
+  // Compression from step `step` on (1-based).
+  void compress_from(int64_t step) { compress_from_ = step; }
+  int64_t compressing_from() const { return compress_from_; }
   // The model's grad-ready callback.
   void grad_ready(kernels::Context& ctx, nn::Parameter& p);
   // Starts what has not started, waits for every bucket, and (allreduce mode)
@@ -122,6 +128,7 @@ class GradReducer {
   std::vector<std::unique_ptr<comm::Work>> work_;
   bool armed_ = false;
   bool compress_now_ = false;
+  int64_t compress_from_;  // first compressed step
   int64_t numel_ = 0;
   double wait_seconds_ = 0;
 };

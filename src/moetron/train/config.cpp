@@ -117,6 +117,11 @@ std::vector<Field> run_fields() {
       field("parallel.compression_block", &Config::parallel, &ParallelConfig::compression_block),
       field("parallel.topk_ratio", &Config::parallel, &ParallelConfig::topk_ratio),
       field("parallel.compression_warmup", &Config::parallel, &ParallelConfig::compression_warmup),
+      field("parallel.compression_keep", &Config::parallel, &ParallelConfig::compression_keep),
+      field("parallel.compression_start", &Config::parallel, &ParallelConfig::compression_start),
+      field("parallel.compression_start_tolerance", &Config::parallel,
+            &ParallelConfig::compression_start_tolerance),
+      field("parallel.freeze_variance", &Config::parallel, &ParallelConfig::freeze_variance),
       field("parallel.ep", &Config::parallel, &ParallelConfig::ep),
       field("parallel.tp", &Config::parallel, &ParallelConfig::tp),
       field("parallel.sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
@@ -523,13 +528,27 @@ void validate_parallel(const Config& c) {
   const auto& t = c.train;
   check_rule(c.parallel.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
   const auto& pc = c.parallel.compression;
-  check_rule(pc == "none" || pc == "int8" || pc == "int4" || pc == "sign" || pc == "topk",
+  check_rule(pc == "none" || pc == "int8" || pc == "int4" || pc == "sign" || pc == "topk" ||
+                 pc == "sparse_sign",
              "parallel.compression",
-             str_cat("must be none, int8, int4, sign or topk, got \"", pc, "\""));
+             str_cat("must be none, int8, int4, sign, topk or sparse_sign, got \"", pc, "\""));
   check_rule(c.parallel.compression_block > 0, "parallel.compression_block", "must be positive");
   check_rule(c.parallel.topk_ratio > 0 && c.parallel.topk_ratio <= 1, "parallel.topk_ratio",
              "must be in (0, 1]");
   check_rule(c.parallel.compression_warmup >= 0, "parallel.compression_warmup", "must be >= 0");
+  check_rule(c.parallel.compression_keep > 0 && c.parallel.compression_keep <= 1,
+             "parallel.compression_keep", "must be in (0, 1]");
+  const auto& start = c.parallel.compression_start;
+  check_rule(start == "steps" || start == "auto", "parallel.compression_start",
+             str_cat("must be steps or auto, got \"", start, "\""));
+  check_rule(c.parallel.compression_start_tolerance > 0, "parallel.compression_start_tolerance",
+             "must be positive");
+  // Frozen at step 0 the second moment would be all zeros.
+  check_rule(!c.parallel.freeze_variance || pc == "none" || start == "auto" ||
+                 c.parallel.compression_warmup >= 1,
+             "parallel.freeze_variance",
+             "needs an uncompressed warm-up to freeze the second moment after: "
+             "parallel.compression_warmup >= 1 or parallel.compression_start = \"auto\"");
   check_rule(c.parallel.ep >= 1, "parallel.ep", "must be >= 1");
   check_rule(!c.parallel.auto_layout || c.train.global_batch > 0, "parallel.auto",
              "needs train.global_batch (sequences per step): the planner chooses the "

@@ -128,10 +128,18 @@ struct ParallelConfig {
   bool overlap_param_gather = true;
   double bucket_mb = 16.0;  // fp32 gradient megabytes (2^20 B) per bucket
   // Gradient compression with error feedback (parallel/grad_compressor.h):
-  std::string compression = "none";  // none | int8 | int4 | sign | topk
-  int64_t compression_block = 256;   // values per scale (int8, int4, sign)
+  std::string compression = "none";  // none | int8 | int4 | sign | topk | sparse_sign
+  int64_t compression_block = 256;   // values per scale (int8, int4, sign, sparse_sign)
   double topk_ratio = 0.01;          // share of values kept (topk)
-  int64_t compression_warmup = 0;    // first steps reduced uncompressed
+  double compression_keep = 0.75;    // share of blocks sent per step (sparse_sign)
+  int64_t compression_warmup = 0;    // first steps reduced uncompressed (at least)
+  // "steps": compression starts after compression_warmup steps; "auto": once
+  // the gradients' second moment has settled (train/compression_start.h).
+  std::string compression_start = "steps";
+  double compression_start_tolerance = 0.1;  // "auto": relative change allowed over its window
+  // AdamW's second moment frozen when compression starts (1-bit Adam), so
+  // the update is linear in the error-fed-back gradients.
+  bool freeze_variance = false;
   // Expert parallelism (nn/moe_dispatch.cpp): the dp ranks are cut into
   // groups of ep consecutive ranks, each group holding every routed expert
   // once; expert gradients are reduced over the dp / ep ranks holding the

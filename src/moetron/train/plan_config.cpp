@@ -57,7 +57,9 @@ parallel::PlanSettings plan_settings(const Config& cfg, const nn::Precision& pre
   s.reducer.compress.kind = parallel::parse_compress_kind(p.compression);
   s.reducer.compress.block = p.compression_block;
   s.reducer.compress.topk_ratio = p.topk_ratio;
+  s.reducer.compress.keep = p.compression_keep;
   s.reducer.warmup_steps = p.compression_warmup;
+  s.reducer.start_on_request = p.compression_start == "auto";
   s.overlap_param_gather = p.overlap_param_gather;
   return s;
 }
@@ -83,6 +85,11 @@ optim::OptimizerOptions optimizer_options(const Config& cfg, const parallel::Pla
   oo.adamw_patterns = s.adamw_patterns;
   oo.no_decay_patterns = optim::split_patterns(o.no_decay_params);
   oo.schedule = {o.lr, o.min_lr_ratio, o.warmup_steps, cfg.train.steps};
+  // A fixed warm-up freezes the variance with it; "auto" freezes it when the
+  // trainer starts compression (and on resume from trainer.json).
+  const ParallelConfig& p = cfg.parallel;
+  if (p.freeze_variance && p.compression != "none" && p.compression_start == "steps")
+    oo.variance_frozen_at = p.compression_warmup;
   return oo;
 }
 

@@ -266,6 +266,12 @@ void Trainer::build_reducers() {
                                                  : reducer_) = std::move(reducer);
   }
   if (rank_.reducers.empty()) return;
+  const ParallelConfig& pc = cfg_.parallel;
+  if (pc.compression != "none" && pc.compression_start == "auto") {
+    compression_start_ = std::make_unique<CompressionStart>(
+        CompressionStartOptions{cfg_.optim.beta2, pc.compression_start_tolerance,
+                                pc.compression_warmup, cfg_.optim.warmup_steps});
+  }
   // Each gradient goes to the reducer its plan names, as soon as backward completes it.
   auto route = std::make_shared<std::unordered_map<const nn::Parameter*, parallel::GradReducer*>>();
   for_each_reducer([&](parallel::GradReducer& r) {
@@ -405,6 +411,7 @@ void Trainer::resume_from_latest(const ResumeOptions& ro) {
   }
   skipped_ = st.value("skipped_steps", int64_t{0});
   if (balancer_ && st.contains("multitask")) balancer_->from_json(st.at("multitask"));
+  restore_compression(st);
   if (st.contains("loss_scale")) {
     scaler_.restore(st.at("loss_scale").get<double>(),
                     st.at("loss_scale_clean_steps").get<int64_t>(),

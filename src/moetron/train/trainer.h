@@ -27,6 +27,7 @@
 #include "moetron/optim/optimizer.h"
 #include "moetron/parallel/grad_reducer.h"
 #include "moetron/parallel/training_plan.h"
+#include "moetron/train/compression_start.h"
 #include "moetron/train/config.h"
 #include "moetron/train/divergence_guard.h"
 #include "moetron/train/multimodal_batches.h"
@@ -241,6 +242,15 @@ class Trainer {
   // onto it, so every reduction group's pending error is kept. After any
   // other change of layout the residuals start from zero (with a notice).
   void fold_residuals(const std::string& dir);
+  // Gradient compression's automatic start (parallel.compression_start =
+  // "auto"): fed each step's gradient norm until it starts compression.
+  void advance_compression(const StepRecord& rec, nlohmann::json& line);
+  // Compression from step `first` on (every reducer; AdamW's second moment
+  // frozen after step first - 1 with parallel.freeze_variance).
+  void start_compression(int64_t first);
+  // trainer.json's "compression" entry, and its restore on resume.
+  nlohmann::json compression_state() const;
+  void restore_compression(const nlohmann::json& trainer_state);
   bool is_root() const { return world_->rank() == 0; }
   double flops_per_token() const;
 
@@ -288,6 +298,8 @@ class Trainer {
       partial_reducer_;  // router, shared experts, norms under sp (tp > 1)
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // routed experts' replicas (ep > 1)
   std::unique_ptr<optim::ParamOptimizer> opt_;
+  std::unique_ptr<CompressionStart> compression_start_;  // "auto" start, until it has fired
+  int64_t compression_started_at_ = 0;                   // first compressed step (0: none yet)
   std::vector<optim::ZeroOptimizer*>
       zero_parts_;  // ZeRO-1's parts of opt_ (dense over dp, tp-partial over the stage)
   int64_t acc_ = 1;

@@ -1,6 +1,9 @@
 // The state a checkpoint keeps beside the optimizer's: router selection
 // biases and gradient compression's error-feedback residuals, and how the
-// residuals follow an elastic resize (ckpt/folded_state.h).
+// residuals follow an elastic resize (ckpt/folded_state.h); and when
+// compression starts (train/compression_start.h), kept in trainer.json.
+#include <unistd.h>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -137,6 +140,46 @@ void Trainer::fold_residuals(const std::string& dir) {
   if (is_root())
     std::cerr << "resize: folded the error-feedback residuals of dp " << st.value("dp", int64_t{0})
               << " onto dp " << plan_->dp() << " (" << parts << " saved parts on rank 0)\n";
+}
+
+void Trainer::advance_compression(const StepRecord& rec, nlohmann::json& line) {
+  if (!compression_start_ || compression_started_at_ > 0 || rec.skipped) return;
+  if (!compression_start_->observe(rec.step, rec.grad_norm)) return;
+  start_compression(rec.step + 1);
+  line["compression_start"] = rec.step + 1;
+  char msg[320];
+  std::snprintf(msg, sizeof msg,
+                "gradient compression (%s) starts at step %lld: the gradients' second moment "
+                "changed by %.1f%% over the last %lld steps (parallel.compression_start_tolerance "
+                "= %g)%s",
+                cfg_.parallel.compression.c_str(), static_cast<long long>(rec.step + 1),
+                100 * compression_start_->last_change(),
+                static_cast<long long>(compression_start_->window()),
+                cfg_.parallel.compression_start_tolerance,
+                cfg_.parallel.freeze_variance ? "; AdamW's second moment is frozen" : "");
+  if (is_root()) {
+    if (::isatty(STDOUT_FILENO)) std::cout << "\n";
+    std::cerr << msg << std::endl;
+  }
+  monitor_->event(rec.step, "compression_start", msg, {{"first_step", rec.step + 1}});
+}
+
+void Trainer::start_compression(int64_t first) {
+  compression_started_at_ = first;
+  for_each_reducer([&](parallel::GradReducer& r) { r.compress_from(first); });
+  if (cfg_.parallel.freeze_variance) opt_->freeze_variance(first - 1);
+}
+
+nlohmann::json Trainer::compression_state() const {
+  return {{"started_at", compression_started_at_}, {"rule", compression_start_->to_json()}};
+}
+
+void Trainer::restore_compression(const nlohmann::json& st) {
+  if (!compression_start_ || !st.contains("compression")) return;
+  const nlohmann::json& c = st.at("compression");
+  compression_start_->from_json(c.at("rule"));
+  const auto first = c.at("started_at").get<int64_t>();
+  if (first > 0) start_compression(first);
 }
 
 }  // namespace moetron::train

@@ -150,6 +150,7 @@ ckpt::SaveRequest Trainer::checkpoint_request(int64_t step) {
       {"overflow_steps", scaler_.overflow_steps()},
       {"seed", cfg_.train.seed}};
   if (balancer_) req.trainer_state["multitask"] = balancer_->to_json();
+  if (compression_start_) req.trainer_state["compression"] = compression_state();
   req.run_dir = run_dir_;
   req.step = step;
   req.config_toml = to_toml(cfg_);

@@ -52,6 +52,7 @@ TrainResult Trainer::run() {
     if (batcher_) adapt_modality_routing(rec, line);
     advance_routers(rec.skipped);
     watch_divergence(rec, line);
+    advance_compression(rec, line);
     if ((cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) ||
         step == cfg_.train.steps) {
       res.val_loss = evaluate();
@@ -337,6 +338,8 @@ nlohmann::json Trainer::metrics_line(const StepRecord& rec, int64_t grad_bytes_b
   if (reducer_) {
     line["comm_wait_s"] = rec.comm_wait_s;
     line["grad_bytes_sent"] = gradient_bytes_sent() - grad_bytes_before;  // this rank, this step
+    if (cfg_.parallel.compression != "none")
+      line["compressed"] = rec.step >= reducer_->compressing_from();
   }
   if (fp16_) line["loss_scale"] = rec.loss_scale;
   nlohmann::json loads = nlohmann::json::array();

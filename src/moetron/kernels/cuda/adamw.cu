@@ -20,12 +20,17 @@ struct Factors {
 
 Factors make_factors(const AdamWArgs& a) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
+  // A frozen variance: v = 1 * v + 0 * g^2 (exact), with the bias
+  // correction of the step it was frozen at.
+  const bool frozen = a.variance_frozen();
+  const double b2 = frozen ? 1.0 : static_cast<double>(a.beta2);
+  const double bc2 =
+      1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.variance_step()));
   const auto f = [](double x) { return static_cast<float>(x); };
   return {a.beta1,
           f(1.0 - static_cast<double>(a.beta1)),
-          a.beta2,
-          f(1.0 - static_cast<double>(a.beta2)),
+          f(b2),
+          f(1.0 - b2),
           f(1.0 / bc1),
           f(1.0 / std::sqrt(bc2)),
           a.eps,

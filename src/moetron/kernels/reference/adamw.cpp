@@ -24,11 +24,12 @@ void adamw_step(Context&, const Tensor& master, const Tensor& grad, const Tensor
   if (param_copy.defined()) check_shape(param_copy, "adamw param_copy", shape);
   const double b1 = args.beta1, b2 = args.beta2, lr = args.lr, wd = args.weight_decay;
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(args.step));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(args.step));
+  const bool frozen = args.variance_frozen();
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(args.variance_step()));
   for (int64_t i = 0; i < master.numel(); ++i) {
     const double g = static_cast<double>(args.grad_scale) * load(grad, i);
     const double mi = b1 * load(m, i) + (1.0 - b1) * g;
-    const double vi = b2 * load(v, i) + (1.0 - b2) * g * g;
+    const double vi = frozen ? load(v, i) : b2 * load(v, i) + (1.0 - b2) * g * g;
     const double w = load(master, i);
     const double update = (mi / bc1) / (std::sqrt(vi / bc2) + static_cast<double>(args.eps));
     const double w_new = w - lr * (wd * w + update);
