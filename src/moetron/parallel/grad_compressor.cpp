@@ -59,6 +59,13 @@ float get_f32(const uint8_t* p) {
   return v;
 }
 
+// The sign encodings' scale: mean |x| over [lo, hi), summed in double.
+float mean_abs(const float* x, int64_t lo, int64_t hi) {
+  double sum = 0;
+  for (int64_t i = lo; i < hi; ++i) sum += std::fabs(x[i]);
+  return static_cast<float>(sum / static_cast<double>(hi - lo));
+}
+
 int64_t kept_blocks(const CompressOptions& o, int64_t n) {
   const int64_t nb = blocks(o, n);
   return nb == 0 ? 0
@@ -80,9 +87,7 @@ void encode_sparse_sign(const CompressOptions& o, const float* x, int64_t n, uin
   std::vector<float> mean(static_cast<size_t>(nb));
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
-    double sum = 0;
-    for (int64_t i = lo; i < hi; ++i) sum += std::fabs(x[i]);
-    mean[static_cast<size_t>(b)] = static_cast<float>(sum / static_cast<double>(hi - lo));
+    mean[static_cast<size_t>(b)] = mean_abs(x, lo, hi);
   }
   std::vector<uint32_t> order(static_cast<size_t>(nb));
   std::iota(order.begin(), order.end(), 0u);
@@ -180,9 +185,7 @@ void encode(const CompressOptions& o, const float* x, int64_t n, uint8_t* out) {
       std::memset(bits, 0, static_cast<size_t>((n + 7) / 8));
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
-        double sum = 0;
-        for (int64_t i = lo; i < hi; ++i) sum += std::fabs(x[i]);
-        put_f32(out + 4 * b, static_cast<float>(sum / static_cast<double>(hi - lo)));
+        put_f32(out + 4 * b, mean_abs(x, lo, hi));
         for (int64_t i = lo; i < hi; ++i) {
           if (x[i] < 0) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
         }
