@@ -249,6 +249,22 @@ TEST(Config, CompressionRecipeSettingsAreValidatedByKey) {
                    {"parallel.compression=sparse_sign", "parallel.compression_start=auto",
                     "parallel.freeze_variance=true"});
   EXPECT_EQ(ok.parallel.compression_keep, 0.75);
+  EXPECT_EQ(ok.parallel.compression_space, "gradient");
+  EXPECT_NE(msg({"parallel.compression_space=update"}).find("'parallel.compression_space'"),
+            std::string::npos);
+  // The preconditioner is built by the automatic start, and a live v must be whole on every rank.
+  EXPECT_NE(msg({"parallel.compression=sparse_sign", "parallel.compression_space=preconditioned"})
+                .find("'parallel.compression_space'"),
+            std::string::npos);
+  EXPECT_NE(msg({"parallel.compression=sparse_sign", "parallel.compression_start=auto",
+                 "parallel.compression_space=preconditioned", "parallel.zero=true"})
+                .find("'parallel.compression_space'"),
+            std::string::npos);
+  EXPECT_NO_THROW(
+      parse_config("", "x.toml",
+                   {"parallel.compression=sparse_sign", "parallel.compression_start=auto",
+                    "parallel.compression_space=preconditioned", "parallel.zero=true",
+                    "parallel.freeze_variance=true"}));
 }
 
 TEST(Config, EveryShippedConfigLoadsAndNamesTheTextToPrepareItsCorpusFrom) {

@@ -5,6 +5,7 @@
 // bit-exactly at the same dp and re-cut at half the dp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -376,31 +377,38 @@ TEST(DataParallelCompression, ResumeWithCompressionIsBitExact) {
 // 5 = max(lr warm-up 5, 2 W)), AdamW's second moment frozen from then on.
 // Resumed from a checkpoint before the start and from one after it, the
 // run continues bit for bit, starting compression at the same step.
-TEST(DataParallelCompression, AutomaticStartFreezesTheVarianceAndResumesBitExact) {
-  const std::vector<std::string> common = {"optim.name=adamw",
-                                           "optim.beta2=0.5",
-                                           "parallel.compression=sparse_sign",
-                                           "parallel.compression_start=auto",
-                                           "parallel.compression_start_tolerance=1e9",
-                                           "parallel.freeze_variance=true",
-                                           "train.steps=9"};
+// max_share: the compressed step's bytes on the dp communicator against an
+// uncompressed step's (ZeRO-1's parameter all-gather stays fp32).
+void check_automatic_start(const std::string& name, const std::vector<std::string>& extra,
+                           double max_share) {
+  std::vector<std::string> common = {"optim.beta2=0.5", "parallel.compression=sparse_sign",
+                                     "parallel.compression_start=auto",
+                                     "parallel.compression_start_tolerance=1e9", "train.steps=9"};
+  common.insert(common.end(), extra.begin(), extra.end());
+  const bool frozen =
+      std::find(extra.begin(), extra.end(), "parallel.freeze_variance=true") != extra.end();
+  const int64_t frozen_at = frozen ? 5 : 0;
   TrainResult full;
   std::vector<int64_t> full_bytes;
   {
-    Trainer t(dp_config(kGlobalRows / dp(), common), run_dir("auto-full"), false, shared_world());
+    Trainer t(dp_config(kGlobalRows / dp(), common), run_dir(name + "-full"), false,
+              shared_world());
     t.before_update = [&](int64_t) {
       full_bytes.push_back(t.reducer()->comm().total_stats().bytes_sent);
     };
     full = t.run();
     EXPECT_EQ(t.reducer()->compressing_from(), 6);
-    EXPECT_EQ(t.optimizer().options().variance_frozen_at, 5);
+    EXPECT_EQ(t.optimizer().options().variance_frozen_at, frozen_at);
   }
-  // Steps 6.. send sparse signs: under a tenth of an uncompressed step's bytes.
+  for (const auto& rec : full.history) EXPECT_TRUE(std::isfinite(rec.loss)) << "step " << rec.step;
+  // Steps 7.. send sparse signs (step 6's count also holds the
+  // preconditioner's one-off exchange).
   ASSERT_EQ(full_bytes.size(), 9u);
   const int64_t plain = full_bytes[1] - full_bytes[0], packed = full_bytes[7] - full_bytes[6];
-  EXPECT_LT(10 * packed, plain) << plain << " vs " << packed;
+  EXPECT_LT(static_cast<double>(packed), max_share * static_cast<double>(plain))
+      << plain << " vs " << packed;
   for (const int64_t saved_at : {3, 7}) {
-    const std::string dir = run_dir("auto-split-" + std::to_string(saved_at));
+    const std::string dir = run_dir(name + "-split-" + std::to_string(saved_at));
     {
       std::vector<std::string> first = common;
       first.push_back("checkpoint.every=" + std::to_string(saved_at));
@@ -418,8 +426,30 @@ TEST(DataParallelCompression, AutomaticStartFreezesTheVarianceAndResumesBitExact
           << "saved at " << saved_at << ", step " << saved_at + 1 + static_cast<int64_t>(i);
     }
     EXPECT_EQ(t.reducer()->compressing_from(), 6) << "saved at " << saved_at;
-    EXPECT_EQ(t.optimizer().options().variance_frozen_at, 5) << "saved at " << saved_at;
+    EXPECT_EQ(t.optimizer().options().variance_frozen_at, frozen_at) << "saved at " << saved_at;
   }
+}
+
+TEST(DataParallelCompression, AutomaticStartFreezesTheVarianceAndResumesBitExact) {
+  check_automatic_start("auto", {"optim.name=adamw", "parallel.freeze_variance=true"}, 0.1);
+}
+
+// The same in AdamW's update space (parallel.compression_space =
+// "preconditioned"), with Muon (its matrices get one scale per tensor,
+// kept in trainer.json) under ZeRO-1 (each rank holds part of the second
+// moment): a resume rebuilds the same preconditioner, so it continues bit for bit.
+TEST(DataParallelCompression, PreconditionedCompressionResumesBitExact) {
+  check_automatic_start("auto-pre",
+                        {"optim.name=muon", "parallel.zero=true", "parallel.freeze_variance=true",
+                         "parallel.compression_space=preconditioned"},
+                        0.55);
+}
+
+// With AdamW's second moment live, the scales follow v at every step
+// (from the resumed v after a resume) with no extra communication.
+TEST(DataParallelCompression, PreconditionedWithALiveVarianceResumesBitExact) {
+  check_automatic_start("auto-live",
+                        {"optim.name=adamw", "parallel.compression_space=preconditioned"}, 0.1);
 }
 
 TEST(DataParallelCompression, BytesOnTheWireAreTheEncodedSizes) {

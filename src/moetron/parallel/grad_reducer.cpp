@@ -73,14 +73,32 @@ int64_t GradReducer::padded_numel() const {
 
 namespace {
 
-// v += residual; out = encode(v); residual = v - decode(out), chunk by chunk.
-void encode_with_feedback(const CompressOptions& o, float* v, float* residual, int64_t n,
-                          uint8_t* out) {
-  for (int64_t i = 0; i < n; ++i) v[i] += residual[i];
-  encode(o, v, n, out);
+// v += residual; out = encode(v clamped to [-clamp, clamp] when clamp > 0);
+// residual = v - decode(out), chunk by chunk: what the clamp holds back is
+// owed like any other error. With a preconditioner d (nullptr: none), v is
+// a gradient divided by d and the residual stays in the gradient's units
+// (v += residual / d; residual = (v - decode(out)) * d), so what is owed
+// keeps its meaning when d follows a live v from step to step. Returns the
+// new residual's sum of squares.
+double encode_with_feedback(const CompressOptions& o, float* v, float* residual, int64_t n,
+                            uint8_t* out, const float* d = nullptr, float clamp = 0) {
+  for (int64_t i = 0; i < n; ++i) v[i] += d ? residual[i] / d[i] : residual[i];
+  if (clamp > 0) {
+    std::vector<float> held(v, v + n);
+    for (float& x : held) x = std::clamp(x, -clamp, clamp);
+    encode(o, held.data(), n, out);
+  } else {
+    encode(o, v, n, out);
+  }
   std::vector<float> sent(static_cast<size_t>(n), 0.0f);
   decode_add(o, out, n, sent.data());
-  for (int64_t i = 0; i < n; ++i) residual[i] = v[i] - sent[static_cast<size_t>(i)];
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float owed = v[i] - sent[static_cast<size_t>(i)];
+    residual[i] = d ? owed * d[i] : owed;
+    sq += double{residual[i]} * residual[i];
+  }
+  return sq;
 }
 
 }  // namespace
@@ -113,25 +131,45 @@ void GradReducer::finish_compressed(Bucket& b) {
   sum.fill(0.0);
   for (int64_t j = 0; j < n; ++j)
     decode_add(opts_.compress, b.recv.data<uint8_t>() + j * enc, b.chunk, sum.data<float>());
-  if (opts_.mode == ReduceMode::reduce_scatter) return;
+  if (opts_.mode == ReduceMode::reduce_scatter) {
+    if (b.scale.defined()) {
+      const float* d = b.scale.data<float>() + dp_.rank() * b.chunk;
+      float* y = sum.data<float>();
+      for (int64_t i = 0; i < b.chunk; ++i) y[i] *= d[i];
+    }
+    return;
+  }
   encode_with_feedback(opts_.compress, sum.data<float>(), b.residual2.data<float>(), b.chunk,
-                       b.send2.data<uint8_t>());
+                       b.send2.data<uint8_t>(),
+                       b.scale.defined() ? b.scale.data<float>() + dp_.rank() * b.chunk : nullptr);
   dp_.allgather(b.send2, b.recv2);
   b.flat.fill(0.0);
   for (int64_t j = 0; j < n; ++j) {
     decode_add(opts_.compress, b.recv2.data<uint8_t>() + j * enc, b.chunk,
                b.flat.data<float>() + j * b.chunk);
   }
+  if (b.scale.defined()) {
+    const float* d = b.scale.data<float>();
+    float* y = b.flat.data<float>();
+    for (int64_t i = 0; i < b.numel; ++i) y[i] *= d[i];
+  }
 }
 
 void GradReducer::start(size_t b) {
   Bucket& bk = buckets_[b];
   if (compress_now_) {
+    if (bk.scale.defined()) {
+      const float* d = bk.scale.data<float>();
+      float* x = bk.flat.data<float>();
+      for (int64_t i = 0; i < bk.numel; ++i) x[i] /= d[i];
+    }
     const int64_t enc = encoded_bytes(opts_.compress, bk.chunk);
     for (int64_t j = 0; j < dp_.size(); ++j) {
-      encode_with_feedback(opts_.compress, bk.flat.data<float>() + j * bk.chunk,
-                           bk.residual.data<float>() + j * bk.chunk, bk.chunk,
-                           bk.send.data<uint8_t>() + j * enc);
+      const float* d = bk.scale.defined() ? bk.scale.data<float>() + j * bk.chunk : nullptr;
+      residual_sq_ += encode_with_feedback(opts_.compress, bk.flat.data<float>() + j * bk.chunk,
+                                           bk.residual.data<float>() + j * bk.chunk, bk.chunk,
+                                           bk.send.data<uint8_t>() + j * enc, d,
+                                           d ? precondition_clamp_ : 0.0f);
     }
     work_[b] = dp_.alltoall_async(bk.send, bk.recv);
     return;

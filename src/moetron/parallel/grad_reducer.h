@@ -28,10 +28,27 @@
 // chunk is encoded once more (with the owner's own residual) and
 // all-gathered, as ZeRO++'s qgZ does. Bytes on the wire are what the
 // communicator counts.
+//
+// Preconditioned compression (parallel.compression_space = "preconditioned",
+// grad_reducer_precondition.cpp): every rank encodes its gradient divided by
+// a scale d, and the reduced sum is multiplied by d after decoding. For
+// AdamW's parameters d is the denominator of its update, sqrt(v / (1 -
+// beta2^t)) + eps, so what is encoded is the update itself: a block's
+// sign-and-mean error moves each coordinate by at most the block's mean
+// update, where in gradient space a coordinate with a small v would take its
+// block's mean gradient divided by its own small sqrt(v). Parameters without
+// a second moment (Muon's matrices) get one d per tensor, the RMS of their
+// last uncompressed reduced gradient, so every tensor enters the encoding
+// (and sparse_sign's choice of blocks) at unit scale. The residuals stay in
+// the gradient's units, so when d follows a live v from step to step what
+// is owed is still the same gradient.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -54,6 +71,10 @@ struct ReducerOptions {
   // Compression starts only at the step given to compress_from() (the
   // trainer's automatic start, train/compression_start.h), not after warmup_steps.
   bool start_on_request = false;
+  // The trainer builds a preconditioner when compression starts
+  // (parallel.compression_space = "preconditioned"): one more f32 per bucket
+  // element, which the memory model counts.
+  bool preconditioned = false;
 };
 
 struct Bucket {
@@ -67,6 +88,10 @@ struct Bucket {
   Tensor residual2;     // f32 [chunk]: the second hop's (allreduce mode)
   Tensor send, recv;    // u8 [dp * encoded(chunk)]
   Tensor send2, recv2;  // u8 [encoded(chunk)], [dp * encoded(chunk)] (allreduce mode)
+  // Preconditioned compression: d per element (1 in the padding), and per
+  // slot the one d of a tensor without a second moment (0: d per element).
+  Tensor scale;  // f32 [numel], undefined until begin_preconditioner()
+  std::vector<float> slot_scale;
 };
 
 class GradReducer {
@@ -84,6 +109,7 @@ class GradReducer {
   // `step` (1-based) decides whether this step is compressed.
   void arm(int64_t step = 0) {
     armed_ = true;
+    residual_sq_ = 0;
     compress_now_ = opts_.compress.kind != CompressKind::none && step >= compress_from_;
   }
   // Compression from step `step` on (1-based).
@@ -104,6 +130,13 @@ class GradReducer {
   // Seconds finish() spent blocked on reductions in the last step: the
   // communication backward did not hide.
   double last_wait_seconds() const { return wait_seconds_; }
+  // RMS of this rank's error-feedback residual (first hop, in the
+  // gradient's units) after the last compressed step; 0 when it was not compressed.
+  // Bounded when the encoding keeps up; growing step after step, it is
+  // error that never gets sent (parallel.compression_space explains one cause).
+  double last_residual_rms() const {
+    return std::sqrt(residual_sq_ / static_cast<double>(std::max<int64_t>(1, padded_numel())));
+  }
   // The error-feedback residuals cut by parameter (views of the live state,
   // for checkpoints that reshard over dp); empty without compression. The
   // first hop covers every parameter whole; the second (allreduce mode) only
@@ -116,9 +149,47 @@ class GradReducer {
   };
   std::vector<ResidualPiece> residual_pieces();
 
+  // Preconditioned compression, built once when compression starts (and
+  // again on resume, from the same frozen state): begin, then the AdamW
+  // denominators this rank holds, then finish (collective over dp).
+  // clamp > 0: each rank sends its g / d (plus residual) clamped to
+  // [-clamp, clamp], the rest kept in its residual: one coordinate whose d
+  // is stale (its v decayed while it had no gradient) is then spread over
+  // later steps instead of over its whole block at once.
+  void begin_preconditioner(float clamp = 0);
+  // Elements [offset, offset + d.numel()) of the parameter `param_name`
+  // (flattened, this rank's tp block) are divided by d (f32, > 0).
+  // False when this reducer does not carry that parameter.
+  bool set_denominator(const std::string& param_name, int64_t offset, const Tensor& d);
+  // Completes every bucket's d over dp (a max: each element set by the ranks
+  // that hold its state). A parameter with no d set gets one per tensor:
+  // `saved[name]` when given (a resume), else the RMS of its last reduced
+  // gradient (1 when that is 0). collective = false: every rank set every
+  // d it needs (a replicated optimizer) and `saved` holds each per-tensor
+  // scale, so no rank communicates (a refresh at every step).
+  void finish_preconditioner(const std::unordered_map<std::string, float>& saved = {},
+                             bool collective = true);
+  // Raises each per-element d below `share` x its tensor's mean d to that
+  // floor (after finish_preconditioner; every rank the same). A coordinate
+  // whose frozen v is near zero (a token unseen for a while) would turn its
+  // next gradient into an update of g / sqrt(v), and the encoding would
+  // spread that over its block.
+  void floor_denominators(double share);
+  // Copies d of elements [offset, offset + out.numel()) of `param_name` into
+  // out (f32); false when this reducer does not carry it.
+  bool get_denominator(const std::string& param_name, int64_t offset, const Tensor& out) const;
+  bool preconditioned() const { return !buckets_.empty() && buckets_.front().scale.defined(); }
+  // The per-tensor scales finish_preconditioner chose, by parameter name (for trainer.json).
+  std::unordered_map<std::string, float> tensor_scales() const;
+
  private:
   void start(size_t bucket);
   void finish_compressed(Bucket& b);
+  // The chunk of the reduced sum this rank holds (reduce_scatter: the shard;
+  // allreduce: its part of the flat buffer), for per-tensor RMS.
+  const float* own_reduced_chunk(const Bucket& b) const;
+  // Per slot, the sum of squares of its last reduced gradient (collective).
+  Tensor reduced_sums_of_squares(const Bucket& b);
 
   comm::Communicator& dp_;
   ReducerOptions opts_;
@@ -131,6 +202,8 @@ class GradReducer {
   int64_t compress_from_;  // first compressed step
   int64_t numel_ = 0;
   double wait_seconds_ = 0;
+  double residual_sq_ = 0;  // sum of squares of the residuals the last step left
+  float precondition_clamp_ = 0;
 };
 
 }  // namespace moetron::parallel

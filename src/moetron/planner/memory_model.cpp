@@ -50,6 +50,7 @@ parallel::PlanSettings plan_settings(const MemoryInputs& in) {
   s.moment_dtype = in.moment_dtype;
   s.reducer.bucket_bytes = in.reducer.bucket_bytes;
   s.reducer.compress = in.reducer.compress;
+  s.reducer.preconditioned = in.reducer.preconditioned;
   return s;
 }
 
@@ -70,6 +71,8 @@ void reducer_buffers(Replay& r, std::vector<Buf>& fixed, const parallel::Reducer
     }
     const int64_t enc = parallel::encoded_bytes(co, chunk);
     fixed.push_back(r.alloc(b.numel, DType::f32, MemTag::optimizer));
+    if (plan.options.preconditioned)
+      fixed.push_back(r.alloc(b.numel, DType::f32, MemTag::optimizer));
     fixed.push_back(r.alloc(n * enc, DType::u8, MemTag::comm));
     fixed.push_back(r.alloc(n * enc, DType::u8, MemTag::comm));
     if (!reduce_scatter) {

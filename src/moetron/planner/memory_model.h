@@ -58,6 +58,7 @@ struct Layout {
 struct ReducerInputs {
   int64_t bucket_bytes = 16 << 20;
   parallel::CompressOptions compress;
+  bool preconditioned = false;  // ReducerOptions::preconditioned
 };
 
 struct MemoryInputs {

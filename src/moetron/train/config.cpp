@@ -122,6 +122,7 @@ std::vector<Field> run_fields() {
       field("parallel.compression_start_tolerance", &Config::parallel,
             &ParallelConfig::compression_start_tolerance),
       field("parallel.freeze_variance", &Config::parallel, &ParallelConfig::freeze_variance),
+      field("parallel.compression_space", &Config::parallel, &ParallelConfig::compression_space),
       field("parallel.ep", &Config::parallel, &ParallelConfig::ep),
       field("parallel.tp", &Config::parallel, &ParallelConfig::tp),
       field("parallel.sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
@@ -521,34 +522,50 @@ void validate_train(const Config& c) {
   check_rule(mon.straggler_intervals >= 1, "monitor.straggler_intervals", "must be >= 1");
 }
 
+// Gradient compression's settings (parallel/grad_compressor.h,
+// train/compression_start.h, parallel/grad_reducer.h).
+void validate_compression(const ParallelConfig& p) {
+  const auto& pc = p.compression;
+  check_rule(pc == "none" || pc == "int8" || pc == "int4" || pc == "sign" || pc == "topk" ||
+                 pc == "sparse_sign",
+             "parallel.compression",
+             str_cat("must be none, int8, int4, sign, topk or sparse_sign, got \"", pc, "\""));
+  check_rule(p.compression_block > 0, "parallel.compression_block", "must be positive");
+  check_rule(p.topk_ratio > 0 && p.topk_ratio <= 1, "parallel.topk_ratio", "must be in (0, 1]");
+  check_rule(p.compression_warmup >= 0, "parallel.compression_warmup", "must be >= 0");
+  check_rule(p.compression_keep > 0 && p.compression_keep <= 1, "parallel.compression_keep",
+             "must be in (0, 1]");
+  const auto& start = p.compression_start;
+  check_rule(start == "steps" || start == "auto", "parallel.compression_start",
+             str_cat("must be steps or auto, got \"", start, "\""));
+  check_rule(p.compression_start_tolerance > 0, "parallel.compression_start_tolerance",
+             "must be positive");
+  // Frozen at step 0 the second moment would be all zeros.
+  check_rule(!p.freeze_variance || pc == "none" || start == "auto" || p.compression_warmup >= 1,
+             "parallel.freeze_variance",
+             "needs an uncompressed warm-up to freeze the second moment after: "
+             "parallel.compression_warmup >= 1 or parallel.compression_start = \"auto\"");
+  const auto& space = p.compression_space;
+  check_rule(space == "gradient" || space == "preconditioned", "parallel.compression_space",
+             str_cat("must be gradient or preconditioned, got \"", space, "\""));
+  // The preconditioner is built from AdamW's second moment when the
+  // automatic start fires (and rebuilt from the saved state on resume).
+  check_rule(space == "gradient" || pc == "none" || start == "auto", "parallel.compression_space",
+             "\"preconditioned\" needs parallel.compression_start = \"auto\"");
+  // A live v is read at every step: every rank must hold all of it.
+  check_rule(space == "gradient" || pc == "none" || p.freeze_variance || !p.zero,
+             "parallel.compression_space",
+             "\"preconditioned\" with a live second moment (parallel.freeze_variance = false) "
+             "needs it whole on every rank: not with parallel.zero = true");
+}
+
 // Rules that hold on any number of ranks (the plan checks the rest against
 // the world size: parallel/training_plan.h).
 void validate_parallel(const Config& c) {
   const auto& m = c.model;
   const auto& t = c.train;
   check_rule(c.parallel.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
-  const auto& pc = c.parallel.compression;
-  check_rule(pc == "none" || pc == "int8" || pc == "int4" || pc == "sign" || pc == "topk" ||
-                 pc == "sparse_sign",
-             "parallel.compression",
-             str_cat("must be none, int8, int4, sign, topk or sparse_sign, got \"", pc, "\""));
-  check_rule(c.parallel.compression_block > 0, "parallel.compression_block", "must be positive");
-  check_rule(c.parallel.topk_ratio > 0 && c.parallel.topk_ratio <= 1, "parallel.topk_ratio",
-             "must be in (0, 1]");
-  check_rule(c.parallel.compression_warmup >= 0, "parallel.compression_warmup", "must be >= 0");
-  check_rule(c.parallel.compression_keep > 0 && c.parallel.compression_keep <= 1,
-             "parallel.compression_keep", "must be in (0, 1]");
-  const auto& start = c.parallel.compression_start;
-  check_rule(start == "steps" || start == "auto", "parallel.compression_start",
-             str_cat("must be steps or auto, got \"", start, "\""));
-  check_rule(c.parallel.compression_start_tolerance > 0, "parallel.compression_start_tolerance",
-             "must be positive");
-  // Frozen at step 0 the second moment would be all zeros.
-  check_rule(!c.parallel.freeze_variance || pc == "none" || start == "auto" ||
-                 c.parallel.compression_warmup >= 1,
-             "parallel.freeze_variance",
-             "needs an uncompressed warm-up to freeze the second moment after: "
-             "parallel.compression_warmup >= 1 or parallel.compression_start = \"auto\"");
+  validate_compression(c.parallel);
   check_rule(c.parallel.ep >= 1, "parallel.ep", "must be >= 1");
   check_rule(!c.parallel.auto_layout || c.train.global_batch > 0, "parallel.auto",
              "needs train.global_batch (sequences per step): the planner chooses the "

@@ -140,6 +140,13 @@ struct ParallelConfig {
   // AdamW's second moment frozen when compression starts (1-bit Adam), so
   // the update is linear in the error-fed-back gradients.
   bool freeze_variance = false;
+  // "gradient": the error-fed-back gradients are encoded as they are;
+  // "preconditioned": divided first by AdamW's denominator (one scale per
+  // tensor without a second moment), so the encoding's error is
+  // bounded in the update's units (parallel/grad_reducer.h). Needs
+  // compression_start = "auto"; with a live v (no freeze_variance) the
+  // scales follow v at every step, so not with ZeRO-1 (v sharded).
+  std::string compression_space = "gradient";
   // Expert parallelism (nn/moe_dispatch.cpp): the dp ranks are cut into
   // groups of ep consecutive ranks, each group holding every routed expert
   // once; expert gradients are reduced over the dp / ep ranks holding the

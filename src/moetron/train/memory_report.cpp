@@ -31,6 +31,7 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingP
   in.layout = layout_of(plan, rank);
   in.reducer.bucket_bytes = s.reducer.bucket_bytes;
   in.reducer.compress = s.reducer.compress;
+  in.reducer.preconditioned = s.reducer.preconditioned;
   in.muon_distribution = parallel::name_of(s.muon_distribution);
   in.matrix_grad = s.precision.matrix_grad();
   in.moment_dtype = s.moment_dtype;

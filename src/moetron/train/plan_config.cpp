@@ -60,6 +60,7 @@ parallel::PlanSettings plan_settings(const Config& cfg, const nn::Precision& pre
   s.reducer.compress.keep = p.compression_keep;
   s.reducer.warmup_steps = p.compression_warmup;
   s.reducer.start_on_request = p.compression_start == "auto";
+  s.reducer.preconditioned = p.compression != "none" && p.compression_space == "preconditioned";
   s.overlap_param_gather = p.overlap_param_gather;
   return s;
 }

@@ -247,9 +247,27 @@ class Trainer {
   void advance_compression(const StepRecord& rec, nlohmann::json& line);
   // Compression from step `first` on (every reducer; AdamW's second moment
   // frozen after step first - 1 with parallel.freeze_variance).
-  void start_compression(int64_t first);
+  // restored_scales: on resume, trainer.json's per-tensor preconditioner
+  // scales; nullptr when compression starts now.
+  void start_compression(int64_t first, const nlohmann::json* restored_scales = nullptr);
+  // parallel.compression_space = "preconditioned": every reducer divides by
+  // AdamW's denominator (parallel/grad_reducer.h). With freeze_variance and
+  // `fresh`, the denominators are floored and stored back as the frozen v;
+  // with a live v they are floored and refreshed at every step.
+  // Collective over dp.
+  void build_preconditioners(const nlohmann::json& saved_scales, bool fresh);
+  // With a live second moment (no freeze_variance), before step `step`'s
+  // reductions: the denominators of the v after step - 1, floored, no
+  // communication (the optimizer is replicated over dp).
+  void refresh_preconditioners(int64_t step);
+  // Every reducer's d from this rank's AdamW second moments (v after step
+  // v_step), completed by finish_preconditioner(saved, collective).
+  void load_denominators(int64_t v_step, const std::unordered_map<std::string, float>& saved,
+                         bool collective);
+  // The reducers' per-tensor preconditioner scales, by parameter name.
+  std::unordered_map<std::string, float> tensor_scales();
   // trainer.json's "compression" entry, and its restore on resume.
-  nlohmann::json compression_state() const;
+  nlohmann::json compression_state();
   void restore_compression(const nlohmann::json& trainer_state);
   bool is_root() const { return world_->rank() == 0; }
   double flops_per_token() const;

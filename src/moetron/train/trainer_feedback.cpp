@@ -3,13 +3,16 @@
 // residuals follow an elastic resize (ckpt/folded_state.h); and when
 // compression starts (train/compression_start.h), kept in trainer.json.
 #include <unistd.h>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "moetron/ckpt/folded_state.h"
 #include "moetron/ckpt/rank_files.h"
+#include "moetron/kernels/elementwise.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron::train {
@@ -164,14 +167,120 @@ void Trainer::advance_compression(const StepRecord& rec, nlohmann::json& line) {
   monitor_->event(rec.step, "compression_start", msg, {{"first_step", rec.step + 1}});
 }
 
-void Trainer::start_compression(int64_t first) {
+void Trainer::start_compression(int64_t first, const nlohmann::json* restored_scales) {
   compression_started_at_ = first;
   for_each_reducer([&](parallel::GradReducer& r) { r.compress_from(first); });
   if (cfg_.parallel.freeze_variance) opt_->freeze_variance(first - 1);
+  if (cfg_.parallel.compression_space == "preconditioned") {
+    build_preconditioners(restored_scales ? *restored_scales : nlohmann::json::object(),
+                          /*fresh=*/restored_scales == nullptr);
+  }
 }
 
-nlohmann::json Trainer::compression_state() const {
-  return {{"started_at", compression_started_at_}, {"rule", compression_start_->to_json()}};
+namespace {
+
+constexpr const char* kSecondMoment = ".exp_avg_sq";
+// The floor of a frozen AdamW denominator, as a share of its tensor's mean
+// (parallel/grad_reducer.h, floor_denominators): a gradient arriving where v
+// had decayed to nearly nothing moves its coordinate by at most about
+// 1 / kDenominatorFloor times a typical update of that tensor.
+constexpr double kDenominatorFloor = 0.1;
+
+// dst = src, converted when their dtypes differ.
+void copy_converted(kernels::Context& ctx, const Tensor& src, const Tensor& dst) {
+  if (src.dtype() == dst.dtype()) {
+    dst.copy_from(src);
+  } else {
+    kernels::convert(ctx, src, dst);
+  }
+}
+
+}  // namespace
+
+void Trainer::load_denominators(int64_t v_step, const std::unordered_map<std::string, float>& saved,
+                                bool collective) {
+  // AdamW's denominator as its kernel computes it from v after step v_step
+  // (kernels/adamw.h), in f32 whatever v is stored in.
+  const double bc2 = 1.0 - std::pow(cfg_.optim.beta2, static_cast<double>(v_step));
+  const auto eps = static_cast<float>(cfg_.optim.eps);
+  // A live AdamW update is at most 1 / sqrt(1 - beta2) per coordinate (v
+  // takes in (1 - beta2) g^2 first); each rank's share is held to that.
+  const auto clamp = static_cast<float>(1.0 / std::sqrt(1.0 - cfg_.optim.beta2));
+  for_each_reducer([clamp](parallel::GradReducer& r) { r.begin_preconditioner(clamp); });
+  for (const optim::StateSlice& sl : opt_->state_slices()) {
+    if (!sl.name.ends_with(kSecondMoment)) continue;
+    const Tensor d = Tensor::empty({sl.values.numel()}, DType::f32, MemTag::workspace);
+    copy_converted(*ctx_, sl.values, d);
+    float* x = d.data<float>();
+    for (int64_t i = 0; i < d.numel(); ++i)
+      x[i] = static_cast<float>(std::sqrt(static_cast<double>(x[i]) / bc2)) + eps;
+    const std::string param = sl.name.substr(0, sl.name.size() - std::strlen(kSecondMoment));
+    for_each_reducer([&](parallel::GradReducer& r) { r.set_denominator(param, sl.offset, d); });
+  }
+  for_each_reducer([&](parallel::GradReducer& r) { r.finish_preconditioner(saved, collective); });
+}
+
+void Trainer::build_preconditioners(const nlohmann::json& saved_scales, bool fresh) {
+  std::unordered_map<std::string, float> saved;
+  for (const auto& [name, value] : saved_scales.items()) saved[name] = value.get<float>();
+  const int64_t v_step = compression_started_at_ - 1;
+  load_denominators(v_step, saved, true);
+  const auto floor = [] {
+    return [](parallel::GradReducer& r) { r.floor_denominators(kDenominatorFloor); };
+  };
+  if (!cfg_.parallel.freeze_variance) {  // refreshed from the live v at every step
+    for_each_reducer(floor());
+    return;
+  }
+  if (!fresh) return;  // the checkpoint holds the floored v
+  // At the start itself: floor the denominators, store them back as the
+  // frozen v (so the optimizer divides by the same), and rebuild from that v
+  // exactly as a resume will.
+  for_each_reducer(floor());
+  const double bc2 = 1.0 - std::pow(cfg_.optim.beta2, static_cast<double>(v_step));
+  const auto eps = static_cast<double>(static_cast<float>(cfg_.optim.eps));
+  for (const optim::StateSlice& sl : opt_->state_slices()) {
+    if (!sl.name.ends_with(kSecondMoment)) continue;
+    const std::string param = sl.name.substr(0, sl.name.size() - std::strlen(kSecondMoment));
+    const Tensor d = Tensor::empty({sl.values.numel()}, DType::f32, MemTag::workspace);
+    bool found = false;
+    for_each_reducer(
+        [&](parallel::GradReducer& r) { found |= r.get_denominator(param, sl.offset, d); });
+    if (!found) continue;  // not reduced over dp (no reducer carries it)
+    float* v = d.data<float>();
+    for (int64_t i = 0; i < d.numel(); ++i) {
+      const double root = std::max(0.0, static_cast<double>(v[i]) - eps);
+      v[i] = static_cast<float>(root * root * bc2);
+    }
+    copy_converted(*ctx_, d, sl.values);
+  }
+  for (const auto& [name, value] : tensor_scales()) saved[name] = value;
+  load_denominators(v_step, saved, true);
+}
+
+void Trainer::refresh_preconditioners(int64_t step) {
+  if (cfg_.parallel.compression_space != "preconditioned" || cfg_.parallel.freeze_variance ||
+      compression_started_at_ == 0 || step <= compression_started_at_)
+    return;
+  load_denominators(step - 1, tensor_scales(), false);
+  for_each_reducer([](parallel::GradReducer& r) { r.floor_denominators(kDenominatorFloor); });
+}
+
+std::unordered_map<std::string, float> Trainer::tensor_scales() {
+  std::unordered_map<std::string, float> out;
+  for_each_reducer([&](parallel::GradReducer& r) { out.merge(r.tensor_scales()); });
+  return out;
+}
+
+nlohmann::json Trainer::compression_state() {
+  nlohmann::json st = {{"started_at", compression_started_at_},
+                       {"rule", compression_start_->to_json()}};
+  if (cfg_.parallel.compression_space == "preconditioned" && compression_started_at_ > 0) {
+    nlohmann::json scales = nlohmann::json::object();
+    for (const auto& [name, value] : tensor_scales()) scales[name] = value;
+    st["tensor_scales"] = std::move(scales);
+  }
+  return st;
 }
 
 void Trainer::restore_compression(const nlohmann::json& st) {
@@ -179,7 +288,8 @@ void Trainer::restore_compression(const nlohmann::json& st) {
   const nlohmann::json& c = st.at("compression");
   compression_start_->from_json(c.at("rule"));
   const auto first = c.at("started_at").get<int64_t>();
-  if (first > 0) start_compression(first);
+  const nlohmann::json scales = c.value("tensor_scales", nlohmann::json::object());
+  if (first > 0) start_compression(first, &scales);
 }
 
 }  // namespace moetron::train

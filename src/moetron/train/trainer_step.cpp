@@ -252,7 +252,10 @@ void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
       sm[3] += st.z_loss * share;
     }
   };
-  const auto arm = [&] { for_each_reducer([&](parallel::GradReducer& r) { r.arm(step); }); };
+  const auto arm = [&] {
+    refresh_preconditioners(step);
+    for_each_reducer([&](parallel::GradReducer& r) { r.arm(step); });
+  };
   if (pipeline_) {
     std::vector<double> weights;
     for (int64_t n : mb_tokens)
@@ -338,8 +341,11 @@ nlohmann::json Trainer::metrics_line(const StepRecord& rec, int64_t grad_bytes_b
   if (reducer_) {
     line["comm_wait_s"] = rec.comm_wait_s;
     line["grad_bytes_sent"] = gradient_bytes_sent() - grad_bytes_before;  // this rank, this step
-    if (cfg_.parallel.compression != "none")
+    if (cfg_.parallel.compression != "none") {
       line["compressed"] = rec.step >= reducer_->compressing_from();
+      if (rec.step >= reducer_->compressing_from())
+        line["ef_residual_rms"] = reducer_->last_residual_rms();
+    }
   }
   if (fp16_) line["loss_scale"] = rec.loss_scale;
   nlohmann::json loads = nlohmann::json::array();
