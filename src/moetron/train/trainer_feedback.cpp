@@ -180,10 +180,11 @@ void Trainer::start_compression(int64_t first, const nlohmann::json* restored_sc
 namespace {
 
 constexpr const char* kSecondMoment = ".exp_avg_sq";
-// The floor of a frozen AdamW denominator, as a share of its tensor's mean
+// The floor of a preconditioner's d, as a share of its tensor's mean
 // (parallel/grad_reducer.h, floor_denominators): a gradient arriving where v
-// had decayed to nearly nothing moves its coordinate by at most about
-// 1 / kDenominatorFloor times a typical update of that tensor.
+// had decayed to nearly nothing enters the encoding at most about
+// 1 / kDenominatorFloor times a typical value of its tensor (and, with the
+// variance frozen, moves its coordinate by at most that many typical updates).
 constexpr double kDenominatorFloor = 0.1;
 
 // dst = src, converted when their dtypes differ.
