@@ -84,9 +84,9 @@ double encode_with_feedback(const CompressOptions& o, float* v, float* residual,
                             uint8_t* out, const float* d = nullptr, float clamp = 0) {
   for (int64_t i = 0; i < n; ++i) v[i] += d ? residual[i] / d[i] : residual[i];
   if (clamp > 0) {
-    std::vector<float> held(v, v + n);
-    for (float& x : held) x = std::clamp(x, -clamp, clamp);
-    encode(o, held.data(), n, out);
+    // The old residual is in v now: its buffer holds the clamped values.
+    for (int64_t i = 0; i < n; ++i) residual[i] = std::clamp(v[i], -clamp, clamp);
+    encode(o, residual, n, out);
   } else {
     encode(o, v, n, out);
   }

@@ -226,18 +226,15 @@ void Trainer::build_preconditioners(const nlohmann::json& saved_scales, bool fre
   for (const auto& [name, value] : saved_scales.items()) saved[name] = value.get<float>();
   const int64_t v_step = compression_started_at_ - 1;
   load_denominators(v_step, saved, true);
-  const auto floor = [] {
-    return [](parallel::GradReducer& r) { r.floor_denominators(kDenominatorFloor); };
-  };
-  if (!cfg_.parallel.freeze_variance) {  // refreshed from the live v at every step
-    for_each_reducer(floor());
-    return;
-  }
-  if (!fresh) return;  // the checkpoint holds the floored v
-  // At the start itself: floor the denominators, store them back as the
-  // frozen v (so the optimizer divides by the same), and rebuild from that v
+  const bool frozen = cfg_.parallel.freeze_variance;
+  // A live v is refreshed at every step; a frozen one comes from the
+  // checkpoint already floored on resume.
+  if (frozen && !fresh) return;
+  for_each_reducer([](parallel::GradReducer& r) { r.floor_denominators(kDenominatorFloor); });
+  if (!frozen) return;
+  // At the start itself: store the floored denominators back as the frozen
+  // v (so the optimizer divides by the same), and rebuild from that v
   // exactly as a resume will.
-  for_each_reducer(floor());
   const double bc2 = 1.0 - std::pow(cfg_.optim.beta2, static_cast<double>(v_step));
   const auto eps = static_cast<double>(static_cast<float>(cfg_.optim.eps));
   for (const optim::StateSlice& sl : opt_->state_slices()) {
