@@ -54,10 +54,11 @@ Setup narrow(int64_t layers) {
 }
 
 planner::MemoryInputs inputs_of(const Setup& s, nn::Precision prec, const nn::RecomputePolicy& p,
-                                DType moments = DType::f32) {
+                                DType moments = DType::f32, DType masters = DType::f32) {
   planner::MemoryInputs in;
   in.matrix_grad = prec.matrix_grad();
   in.moment_dtype = moments;
+  in.master_dtype = masters;
   in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   in.model = s.model;
   in.moe = s.moe;
@@ -73,11 +74,13 @@ planner::MemoryInputs inputs_of(const Setup& s, nn::Precision prec, const nn::Re
 // under the current policy and returns its seconds and measured peaks.
 class Harness {
  public:
-  Harness(const Setup& s, nn::Precision prec, int threads, DType moments = DType::f32)
+  Harness(const Setup& s, nn::Precision prec, int threads, DType moments = DType::f32,
+          DType masters = DType::f32)
       : s_(s), ctx_(kernels::Backend::cpu, threads), model_(s.model, s.moe, prec) {
     model_.initialize(1);
     optim::OptimizerOptions oo;
     oo.moment_dtype = moments;
+    oo.master_dtype = masters;
     oo.schedule = {1e-4, 0.1, 0, 1000};
     opt_ = std::make_unique<optim::Optimizer>(model_.params(), oo);
     in_ = Tensor::empty({s.batch, s.seq}, DType::i32);
@@ -174,7 +177,8 @@ void bench_policies(Runner& runner) {
 
 // fp32 training against bf16 training in its memory modes: the bf16 working
 // copy alone, then bf16 hidden-matrix gradients (train.grad_dtype) and bf16
-// moments (optim.moment_dtype), each alone and together.
+// moments (optim.moment_dtype), each alone and together, and with the bf16
+// copies as their own masters (optim.master_dtype).
 void bench_precision(Runner& runner) {
   Setup s = long_bench_moe();
   if (runner.quick()) {
@@ -185,14 +189,18 @@ void bench_precision(Runner& runner) {
     const char* name;
     nn::Precision prec;
     DType moments;
+    DType masters = DType::f32;
   };
   nn::Precision bf16_grads = nn::Precision::bf16();
   bf16_grads.bf16_matrix_grads = true;
-  const std::vector<Mode> modes = {{"f32", nn::Precision::fp32(), DType::f32},
-                                   {"bf16", nn::Precision::bf16(), DType::f32},
-                                   {"bf16+grads", bf16_grads, DType::f32},
-                                   {"bf16+moments", nn::Precision::bf16(), DType::bf16},
-                                   {"bf16+grads+moments", bf16_grads, DType::bf16}};
+  const std::vector<Mode> modes = {
+      {"f32", nn::Precision::fp32(), DType::f32},
+      {"bf16", nn::Precision::bf16(), DType::f32},
+      {"bf16+grads", bf16_grads, DType::f32},
+      {"bf16+moments", nn::Precision::bf16(), DType::bf16},
+      {"bf16+grads+moments", bf16_grads, DType::bf16},
+      {"bf16+masters", nn::Precision::bf16(), DType::f32, DType::bf16},
+      {"bf16+grads+moments+masters", bf16_grads, DType::bf16, DType::bf16}};
   const nn::RecomputePolicy none;
   double fp32_total = 0;
   for (const Mode& m : modes) {
@@ -201,11 +209,11 @@ void bench_precision(Runner& runner) {
     cpu_allocator().reset_peaks();
     Harness::Step st{};
     {
-      Harness h(s, m.prec, runner.threads(), m.moments);
+      Harness h(s, m.prec, runner.threads(), m.moments, m.masters);
       st = h.step(none);
     }
     const planner::MemoryEstimate est =
-        planner::estimate_memory(inputs_of(s, m.prec, none, m.moments));
+        planner::estimate_memory(inputs_of(s, m.prec, none, m.moments, m.masters));
     // Model construction, optimizer state and the step: the run's whole peak.
     const double total = static_cast<double>(cpu_allocator().total_peak() - before) / 1e6;
     if (fp32_total == 0) fp32_total = total;

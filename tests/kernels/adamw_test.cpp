@@ -330,8 +330,8 @@ TEST(AdamW, BadInputsAreErrors) {
     EXPECT_THROW(adamw_step(*ctx, w, g, Tensor::zeros({9}, DType::f32), v, args, Tensor()), Error);
     EXPECT_THROW(adamw_step(*ctx, w, g, m, v, args, Tensor::zeros({7}, DType::bf16)), Error);
   }
-  // The CPU backend keeps master/m/v in f32 and takes f32/bf16 grads and copies.
-  EXPECT_THROW(adamw_step(cpu, Tensor::zeros({8}, DType::bf16), g, m, v, args, Tensor()), Error);
+  // The CPU backend takes f32/bf16 masters (kernels/stochastic_round.h), grads and copies.
+  EXPECT_THROW(adamw_step(cpu, Tensor::zeros({8}, DType::f16), g, m, v, args, Tensor()), Error);
   EXPECT_THROW(adamw_step(cpu, w, Tensor::zeros({8}, DType::f16), m, v, args, Tensor()), Error);
   EXPECT_THROW(adamw_step(cpu, w, g, m, v, args, Tensor::zeros({8}, DType::f16)), Error);
 }

@@ -29,6 +29,7 @@ struct Case {
   double capacity_factor = 0;
   DType moments = DType::f32;  // optim.moment_dtype
   int64_t seq_chunk = 0;       // train.seq_chunk
+  DType masters = DType::f32;  // optim.master_dtype
 };
 
 // train.grad_dtype = bf16: the hidden matrices' gradients in bf16.
@@ -64,6 +65,7 @@ MemoryInputs inputs_of(const Case& c) {
   in.ce_chunk_tokens = 128;
   in.matrix_grad = c.prec.matrix_grad();
   in.moment_dtype = c.moments;
+  in.master_dtype = c.masters;
   in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   return in;
 }
@@ -89,6 +91,7 @@ MemStats measure(const MemoryInputs& in) {
     optim::OptimizerOptions oo;
     oo.name = in.optimizer;
     oo.moment_dtype = in.moment_dtype;
+    oo.master_dtype = in.master_dtype;
     oo.schedule = {1e-3, 0.1, 0, 10};
     optim::Optimizer opt(model.params(), oo);
     std::vector<Tensor> ins, tgts;
@@ -190,6 +193,29 @@ TEST(MemoryModel, PredictsTheAllocatorsPeakWithinTenPercent) {
        0,
        DType::f32,
        24},
+      // bf16 masters: the bf16 working copies are their own masters.
+      {"none bf16 grads+moments+masters mb2",
+       "none",
+       {},
+       bf16_grads(),
+       2,
+       1,
+       "adamw",
+       0,
+       DType::bf16,
+       0,
+       DType::bf16},
+      {"sqrt bf16 masters mb2 muon",
+       "sqrt",
+       {},
+       nn::Precision::bf16(),
+       2,
+       1,
+       "muon",
+       0,
+       DType::f32,
+       0,
+       DType::bf16},
   };
   std::printf("%-34s %12s %12s %7s %12s %12s %7s %10s %10s\n", "case", "act pred", "act meas",
               "err", "total pred", "total meas", "err", "ws pred", "ws meas");

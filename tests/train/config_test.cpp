@@ -63,6 +63,30 @@ TEST(Config, PrecisionMemoryModesAreValidatedByKey) {
   }
 }
 
+TEST(Config, Bf16MastersNeedBf16ComputeAndNoZero) {
+  const auto msg = [](const std::vector<std::string>& sets) {
+    return error_of([&] { parse_config("", "x.toml", sets); });
+  };
+  EXPECT_EQ(parse_config("", "x.toml").optim.master_dtype, "fp32");
+  EXPECT_EQ(parse_config("", "x.toml", {"optim.master_dtype=bf16", "train.precision=bf16"})
+                .optim.master_dtype,
+            "bf16");
+  EXPECT_NE(msg({"optim.master_dtype=fp16"})
+                .find("'optim.master_dtype': must be fp32 or bf16, got \"fp16\""),
+            std::string::npos);
+  for (const char* p : {"train.precision=fp32", "train.precision=auto"}) {
+    const std::string e = msg({"optim.master_dtype=bf16", p});
+    EXPECT_NE(e.find("'optim.master_dtype': = bf16 needs train.precision = bf16"),
+              std::string::npos)
+        << p << ": " << e;
+  }
+  const std::string z =
+      msg({"optim.master_dtype=bf16", "train.precision=bf16", "parallel.zero=true"});
+  EXPECT_NE(z.find("'optim.master_dtype': = bf16 is not built for parallel.zero"),
+            std::string::npos)
+      << z;
+}
+
 TEST(Config, UnknownKeyNamesTheNearestValidKey) {
   const std::string e1 = error_of([] { parse_config("[model]\nd_modle = 3\n", "a.toml"); });
   EXPECT_NE(e1.find("unknown config key 'model.d_modle'"), std::string::npos) << e1;

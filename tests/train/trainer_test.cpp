@@ -405,6 +405,40 @@ TEST(Trainer, Bf16MomentResumeIsBitExact) {
   EXPECT_EQ(f.dtype("model.embed_tokens.weight.exp_avg_sq"), DType::bf16);
 }
 
+TEST(Trainer, Bf16MastersDropTheFp32CopyAndTrackFp32Masters) {
+  const std::vector<std::string> base = {"train.steps=25", "train.precision=bf16"};
+  std::unique_ptr<Trainer> t32, t16;
+  const TagBytes b32 = bytes_of_building(tiny_config(base), run_dir("masters32"), &t32);
+  const TagBytes b16 = bytes_of_building(tiny_config(test::with(base, {"optim.master_dtype=bf16"})),
+                                         run_dir("masters16"), &t16);
+  // Exactly the fp32 copies of the bf16 parameters are gone; fp32 parameters
+  // (the norms) were always their own masters.
+  int64_t copies = 0, bf16_params = 0;
+  for (const auto& p : t16->model().params().all()) {
+    if (p->value.dtype() != DType::bf16) continue;
+    ++bf16_params;
+    copies += static_cast<int64_t>(Allocator::rounded(static_cast<size_t>(p->value.numel()) * 4));
+  }
+  ASSERT_GT(bf16_params, 0);
+  EXPECT_EQ(b32.optimizer - b16.optimizer, copies);
+  EXPECT_EQ(b16.grads, b32.grads);
+  std::cout << "optimizer tag: fp32 masters " << b32.optimizer << " B, bf16 masters "
+            << b16.optimizer << " B\n";
+  const TrainResult r32 = t32->run(), r16 = t16->run();
+  expect_tracks_fp32(r32, r16, "bf16 masters vs fp32 masters");
+  EXPECT_LT(r16.last_loss, r16.first_loss - 1.0);
+}
+
+TEST(Trainer, Bf16MasterResumeIsBitExact) {
+  // Muon's matrices (master_update) and AdamW's embeddings and head (adamw_step).
+  const std::string a = expect_bit_exact_resume(
+      tiny_config({"train.steps=12", "checkpoint.every=6", "optim.name=muon",
+                   "train.precision=bf16", "optim.master_dtype=bf16"}),
+      "master16");
+  ckpt::SafetensorsReader f(ckpt::checkpoint_dir(a, 6) + "/model.safetensors");
+  EXPECT_EQ(f.dtype("model.layers.0.self_attn.q_proj.weight"), DType::bf16);
+}
+
 TEST(Trainer, CheckpointMomentsConvertToTheOtherMomentDtypeOnLoad) {
   const std::string a = run_dir("mconv_saved");
   Trainer ta(tiny_config({"train.steps=3", "checkpoint.every=3"}), a, false);  // fp32 moments

@@ -83,6 +83,7 @@ int run_memory_command(const MemoryCommand& o) {
       {"precision", std::string(dtype_name(prec.compute))},
       {"grad_dtype", cfg.train.grad_dtype},
       {"moment_dtype", cfg.optim.moment_dtype},
+      {"master_dtype", cfg.optim.master_dtype},
       {"micro_batch", cfg.train.micro_batch},
       {"seq_len", cfg.train.seq_len},
       {"grad_accum", cfg.train.grad_accum},

@@ -7,6 +7,8 @@
 
 #include "moetron/kernels/adamw.h"
 #include "moetron/kernels/elementwise.h"
+#include "moetron/kernels/master_update.h"
+#include "moetron/kernels/stochastic_round.h"
 #include "moetron/optim/newton_schulz.h"
 
 namespace moetron::optim {
@@ -39,7 +41,12 @@ bool rule_decays(const OptimizerOptions& o, const nn::Parameter& p) {
 }
 
 DType moment_storage(const OptimizerOptions& o, DType master) {
-  return master == DType::f32 ? o.moment_dtype : master;
+  return master == DType::f64 ? master : o.moment_dtype;
+}
+
+DType master_storage(const OptimizerOptions& o, DType value) {
+  if (value == DType::f64) return DType::f64;
+  return value == DType::bf16 && o.master_dtype == DType::bf16 ? DType::bf16 : DType::f32;
 }
 
 double muon_rms_scale(int64_t rows, int64_t cols) {
@@ -53,12 +60,15 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
                 "optim.name must be adamw or muon, got '", opts_.name, "'");
   MOETRON_CHECK(opts_.moment_dtype == DType::f32 || opts_.moment_dtype == DType::bf16,
                 "optim.moment_dtype must be fp32 or bf16, got ", dtype_name(opts_.moment_dtype));
+  MOETRON_CHECK(opts_.master_dtype == DType::f32 || opts_.master_dtype == DType::bf16,
+                "optim.master_dtype must be fp32 or bf16, got ", dtype_name(opts_.master_dtype));
   for (auto& p : params.all()) {
     if (include && !include(*p)) continue;
     Slot s;
     s.param = p.get();
-    // f32, or f64 in fp64 mode (the gradient may be bf16: Precision::matrix_grad).
-    const DType master = p->value.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    // f32, f64 in fp64 mode, or the bf16 working copy itself (the gradient
+    // may be bf16: Precision::matrix_grad).
+    const DType master = master_storage(opts_, p->value.dtype());
     const DType moments = moment_storage(opts_, master);
     if (p->value.dtype() == master) {
       s.master = p->value;
@@ -96,7 +106,7 @@ StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
   const double mult = grad_scale * info.clip_coef;
   for (auto& s : slots_) {
     if (s.muon) {
-      muon_update(ctx, s, info.lr, mult);
+      muon_update(ctx, s, info.lr, mult, step);
       continue;
     }
     kernels::AdamWArgs a;
@@ -108,6 +118,8 @@ StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
     a.step = step;
     a.variance_frozen_at = opts_.variance_frozen_at;
     a.grad_scale = static_cast<float>(mult);
+    if (s.master.dtype() == DType::bf16)
+      a.rounding_key = kernels::rounding_key(opts_.rounding_seed, s.param->name, step);
     const bool separate = s.master.raw() != s.param->value.raw();
     // The fused write of the working copy takes f32/bf16; an f16 copy is
     // rounded from the master afterwards.
@@ -120,21 +132,23 @@ StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
   return info;
 }
 
-void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult) {
+void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult,
+                            int64_t step) {
   // m = beta m + (1 - beta) g; u = nesterov ? (1 - beta) g + beta m : m.
   // A bf16 momentum is widened into an fp32 workspace, updated and used
   // there, and rounded back once.
   const auto beta = static_cast<float>(opts_.muon_momentum);
   const Tensor& g = s.param->grad;
-  const bool narrow = s.m.dtype() != s.master.dtype();
+  const DType work = s.master.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const bool narrow = s.m.dtype() != work;
   Tensor m = s.m;
   if (narrow) {
-    m = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
+    m = Tensor::empty(g.shape(), work, MemTag::workspace);
     kernels::convert(ctx, s.m, m);
   }
   kernels::scale(ctx, m, beta, m);
   kernels::axpy(ctx, static_cast<float>((1.0 - beta) * grad_mult), g, m);
-  Tensor u = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
+  Tensor u = Tensor::empty(g.shape(), work, MemTag::workspace);
   if (opts_.muon_nesterov) {
     kernels::scale(ctx, m, beta, u);
     kernels::axpy(ctx, static_cast<float>((1.0 - beta) * grad_mult), g, u);
@@ -142,7 +156,7 @@ void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double gr
     u.copy_from(m);
   }
   if (narrow) kernels::convert(ctx, m, s.m);
-  Tensor o = Tensor::empty(g.shape(), s.master.dtype(), MemTag::workspace);
+  Tensor o = Tensor::empty(g.shape(), work, MemTag::workspace);
   const bool whole = tp_on() && s.param->sharded();
   if (whole) {
     const Tensor u_full = nn::gather_shards(*tp_, *s.param, u);
@@ -156,6 +170,13 @@ void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double gr
   // AdamW's learning rate and weight decay (update RMS ~ 0.2).
   const Shape& full = whole ? s.param->shard.full : g.shape();
   const double rms_scale = muon_rms_scale(full[0], full[1]);
+  if (s.master.dtype() == DType::bf16) {  // one stochastically rounded pass
+    const double decay = s.decay ? 1.0 - lr * opts_.weight_decay : 1.0;
+    kernels::master_update(ctx, s.master, static_cast<float>(decay),
+                           static_cast<float>(-lr * rms_scale), o,
+                           kernels::rounding_key(opts_.rounding_seed, s.param->name, step));
+    return;
+  }
   if (s.decay && opts_.weight_decay > 0) {
     kernels::scale(ctx, s.master, static_cast<float>(1.0 - lr * opts_.weight_decay), s.master);
   }

@@ -32,6 +32,13 @@ struct OptimizerOptions {
   // updated in fp32, stored rounded to nearest even once per step). The
   // fp32 master weights stay fp32; fp64 (gradient-check) runs keep f64.
   DType moment_dtype = DType::f32;
+  // Master weights of the parameters whose working copy is bf16: f32 (a
+  // separate fp32 copy, 4 bytes per parameter), or bf16 (the working copy
+  // is the master: updated in fp32 and stored with stochastic rounding,
+  // kernels/stochastic_round.h, whose bits are keyed by rounding_seed, the
+  // parameter's name and the step). fp32 parameters keep fp32 masters.
+  DType master_dtype = DType::f32;
+  uint64_t rounding_seed = 0;
   // Parameter groups by name (glob patterns, fnmatch syntax): parameters
   // matching `adamw_patterns` stay on AdamW even when Muon would take them;
   // parameters matching `no_decay_patterns` get no weight decay.
@@ -63,8 +70,11 @@ struct StepInfo {
 };
 
 // The dtype the moments of a parameter with `master` dtype are stored in:
-// o.moment_dtype for fp32 masters, the master's own dtype otherwise (f64).
+// o.moment_dtype for fp32 and bf16 masters, f64 for f64 (gradient checks).
 DType moment_storage(const OptimizerOptions& o, DType master);
+// The master dtype of a parameter whose working copy has dtype `value`:
+// f64 for f64, bf16 for bf16 under o.master_dtype = bf16, else f32.
+DType master_storage(const OptimizerOptions& o, DType value);
 
 // A named piece of optimizer state, for checkpoints ("<param>.exp_avg", ...).
 struct StateTensor {
@@ -173,12 +183,12 @@ class Optimizer final : public ParamOptimizer {
  private:
   struct Slot {
     nn::Parameter* param;
-    Tensor master;  // f32 (f64 in fp64 mode); aliases param->value when same dtype
+    Tensor master;  // master_storage(); aliases param->value when of its dtype
     Tensor m, v;    // AdamW moments, or m = Muon momentum (moment_storage dtype)
     bool muon;
     bool decay;
   };
-  void muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult);
+  void muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult, int64_t step);
   Slot& slot(const std::string& param_name);
 
   OptimizerOptions opts_;

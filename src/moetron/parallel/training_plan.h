@@ -65,7 +65,8 @@ struct PlanSettings {
   MuonDistribution muon_distribution = MuonDistribution::owner;
   std::vector<std::string> adamw_patterns;  // kept on AdamW under muon
   DType moment_dtype = DType::f32;
-  ReducerOptions reducer;  // mode is decided by the plan (reduce_scatter under ZeRO-1)
+  DType master_dtype = DType::f32;  // of the bf16 parameters (optim.master_dtype)
+  ReducerOptions reducer;           // mode is decided by the plan (reduce_scatter under ZeRO-1)
   bool overlap_param_gather = true;
 };
 

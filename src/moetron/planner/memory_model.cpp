@@ -48,6 +48,7 @@ parallel::PlanSettings plan_settings(const MemoryInputs& in) {
   s.muon_distribution = parallel::parse_muon_distribution(in.muon_distribution);
   s.adamw_patterns = in.adamw_patterns;
   s.moment_dtype = in.moment_dtype;
+  s.master_dtype = in.master_dtype;
   s.reducer.bucket_bytes = in.reducer.bucket_bytes;
   s.reducer.compress = in.reducer.compress;
   s.reducer.preconditioned = in.reducer.preconditioned;
@@ -84,12 +85,15 @@ void reducer_buffers(Replay& r, std::vector<Buf>& fixed, const parallel::Reducer
 }
 
 // The one-rank optimizer's slots for the parameters it updates: an fp32
-// master where the working copy is not fp32, the first moment (Muon's
-// momentum), the second for AdamW.
+// master where the working copy is not fp32 (none for a bf16 copy under
+// optim.master_dtype = bf16: it is its own master), the first moment
+// (Muon's momentum), the second for AdamW.
 void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in,
                      const parallel::TrainingPlan& plan, const ParamInfo& p) {
   const DType master = in.precision.accum;
-  if (p.value != master) fixed.push_back(r.alloc(p.numel(), master, MemTag::optimizer));
+  const bool own_master = p.value == DType::bf16 && in.master_dtype == DType::bf16;
+  if (p.value != master && !own_master)
+    fixed.push_back(r.alloc(p.numel(), master, MemTag::optimizer));
   const DType mom = in.moment_dtype == DType::f32 ? master : in.moment_dtype;
   fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));
   if (!plan.uses_muon(p)) fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));

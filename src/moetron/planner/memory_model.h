@@ -83,6 +83,8 @@ struct MemoryInputs {
   // (f32, or bf16 where train.grad_dtype / optim.moment_dtype say so).
   DType matrix_grad = DType::f32;
   DType moment_dtype = DType::f32;
+  // optim.master_dtype: bf16 parameters are their own (bf16) masters.
+  DType master_dtype = DType::f32;
   // The CPU backend widens bf16 GEMMs to fp32 here (kernels::cpu_widens_bf16_matmul):
   // its persistent scratch (planner/gemm_scratch.h) is counted as workspace.
   bool widened_bf16_gemm = false;

@@ -67,6 +67,7 @@ std::vector<Field> model_fields() {
       field("optim.adamw_params", &Config::optim, &OptimConfig::adamw_params),
       field("optim.no_decay_params", &Config::optim, &OptimConfig::no_decay_params),
       field("optim.moment_dtype", &Config::optim, &OptimConfig::moment_dtype),
+      field("optim.master_dtype", &Config::optim, &OptimConfig::master_dtype),
       field("data.path", &Config::data, &DataConfig::path),
       field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
       field("data.source", &Config::data, &DataConfig::source),
@@ -444,6 +445,14 @@ void validate_optim(const Config& c) {
   check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
   (void)parallel::parse_muon_distribution(o.muon_distribution);
   (void)parallel::parse_storage_dtype(o.moment_dtype, "optim.moment_dtype");
+  if (parallel::parse_storage_dtype(o.master_dtype, "optim.master_dtype") == DType::bf16) {
+    check_rule(c.train.precision == "bf16", "optim.master_dtype",
+               str_cat("= bf16 needs train.precision = bf16, got \"", c.train.precision,
+                       "\" (\"auto\" may resolve to fp32: set bf16 explicitly)"));
+    check_rule(!c.parallel.zero, "optim.master_dtype",
+               "= bf16 is not built for parallel.zero = true (ZeRO-1 keeps fp32 master chunks; "
+               "it already divides them over dp)");
+  }
   check_rule(c.data.val_fraction > 0 && c.data.val_fraction < 1, "data.val_fraction",
              "must be in (0, 1)");
 }

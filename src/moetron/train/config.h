@@ -42,6 +42,11 @@ struct OptimConfig {
   // Storage of AdamW's moments and Muon's momentum: "fp32" or "bf16" (half
   // their bytes; computed in fp32, stored rounded to nearest even).
   std::string moment_dtype = "fp32";
+  // Master weights of the bf16 parameters: "fp32" (a separate fp32 copy) or
+  // "bf16" (the bf16 working copy is the master, updated in fp32 and stored
+  // with stochastic rounding: 4 bytes per parameter less; needs
+  // train.precision = "bf16", not parallel.zero).
+  std::string master_dtype = "fp32";
 };
 
 struct DataConfig {

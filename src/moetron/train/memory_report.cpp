@@ -35,6 +35,7 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingP
   in.muon_distribution = parallel::name_of(s.muon_distribution);
   in.matrix_grad = s.precision.matrix_grad();
   in.moment_dtype = s.moment_dtype;
+  in.master_dtype = s.master_dtype;
   in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   in.cp_all_to_all = cfg.parallel.cp_comm == "all_to_all";
   in.document_mask = cfg.data.document_mask;
@@ -56,6 +57,8 @@ std::string describe_precision(const planner::MemoryInputs& in) {
   if (in.matrix_grad == DType::bf16) modes = "bf16 grads";
   if (in.moment_dtype == DType::bf16)
     modes += std::string(modes.empty() ? "" : ", ") + "bf16 moments";
+  if (in.master_dtype == DType::bf16)
+    modes += std::string(modes.empty() ? "" : ", ") + "bf16 masters";
   return modes.empty() ? s : s + " (" + modes + ")";
 }
 

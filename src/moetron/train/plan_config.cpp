@@ -52,6 +52,7 @@ parallel::PlanSettings plan_settings(const Config& cfg, const nn::Precision& pre
   s.muon_distribution = parallel::parse_muon_distribution(cfg.optim.muon_distribution);
   s.adamw_patterns = optim::split_patterns(cfg.optim.adamw_params);
   s.moment_dtype = parallel::parse_storage_dtype(cfg.optim.moment_dtype, "optim.moment_dtype");
+  s.master_dtype = parallel::parse_storage_dtype(cfg.optim.master_dtype, "optim.master_dtype");
   s.reducer.bucket_bytes = static_cast<int64_t>(p.bucket_mb * 1048576.0);
   s.reducer.overlap = p.overlap;
   s.reducer.compress.kind = parallel::parse_compress_kind(p.compression);
@@ -83,6 +84,8 @@ optim::OptimizerOptions optimizer_options(const Config& cfg, const parallel::Pla
   oo.muon_nesterov = o.muon_nesterov;
   oo.muon_ns_steps = static_cast<int>(o.muon_ns_steps);
   oo.moment_dtype = s.moment_dtype;
+  oo.master_dtype = s.master_dtype;
+  oo.rounding_seed = cfg.train.seed;
   oo.adamw_patterns = s.adamw_patterns;
   oo.no_decay_patterns = optim::split_patterns(o.no_decay_params);
   oo.schedule = {o.lr, o.min_lr_ratio, o.warmup_steps, cfg.train.steps};

@@ -1,10 +1,14 @@
 // AdamW in double, exactly the formula of adamw.h; state is rounded into
 // its own dtype once per step (m and v: the master's dtype or bf16), after
-// the update has used the unrounded moments.
+// the update has used the unrounded moments. A bf16 master is rounded to
+// fp32 first (as the fp32 backends hold it), then stochastically to bf16
+// with the same bits as every backend.
 #include <cmath>
+#include <cstring>
 
 #include "moetron/kernels/adamw.h"
 #include "moetron/kernels/reference/ref_util.h"
+#include "moetron/kernels/stochastic_round.h"
 
 namespace moetron::kernels::reference {
 
@@ -17,8 +21,12 @@ void adamw_step(Context&, const Tensor& master, const Tensor& grad, const Tensor
   check_shape(grad, "adamw grad", shape);
   check_shape(m, "adamw m", shape);
   check_tensor(v, "adamw v", shape, m.dtype());
-  MOETRON_CHECK(m.dtype() == master.dtype() || m.dtype() == DType::bf16,
+  const bool bf16_master = master.dtype() == DType::bf16;
+  MOETRON_CHECK(m.dtype() == master.dtype() || m.dtype() == DType::bf16 ||
+                    (bf16_master && m.dtype() == DType::f32),
                 "adamw_step: m and v must be in the master's dtype or bf16, got ", m.str());
+  MOETRON_CHECK(!bf16_master || !param_copy.defined(),
+                "adamw_step: a bf16 master is the working copy itself; got a param_copy");
   MOETRON_CHECK(is_floating(grad.dtype()), "adamw_step: grad must be a float tensor, got ",
                 grad.str());
   if (param_copy.defined()) check_shape(param_copy, "adamw param_copy", shape);
@@ -35,7 +43,15 @@ void adamw_step(Context&, const Tensor& master, const Tensor& grad, const Tensor
     const double w_new = w - lr * (wd * w + update);
     store(m, i, mi);
     store(v, i, vi);
-    store(master, i, w_new);
+    if (bf16_master) {
+      const auto w32 = static_cast<float>(w_new);
+      uint32_t u;
+      std::memcpy(&u, &w32, 4);
+      master.data<bf16>()[i].bits =
+          bf16_bits_stochastic(u, rounding_bits(args.rounding_key, static_cast<uint32_t>(i)));
+    } else {
+      store(master, i, w_new);
+    }
     if (param_copy.defined()) store(param_copy, i, w_new);
   }
 }
