@@ -178,7 +178,7 @@ void bench_policies(Runner& runner) {
 // fp32 training against bf16 training in its memory modes: the bf16 working
 // copy alone, then bf16 hidden-matrix gradients (train.grad_dtype) and bf16
 // moments (optim.moment_dtype), each alone and together, and with the bf16
-// copies as their own masters (optim.master_dtype).
+// copies as their own masters (optim.master_dtype), with bf16 or 8-bit moments.
 void bench_precision(Runner& runner) {
   Setup s = long_bench_moe();
   if (runner.quick()) {
@@ -200,7 +200,8 @@ void bench_precision(Runner& runner) {
       {"bf16+moments", nn::Precision::bf16(), DType::bf16},
       {"bf16+grads+moments", bf16_grads, DType::bf16},
       {"bf16+masters", nn::Precision::bf16(), DType::f32, DType::bf16},
-      {"bf16+grads+moments+masters", bf16_grads, DType::bf16, DType::bf16}};
+      {"bf16+grads+moments+masters", bf16_grads, DType::bf16, DType::bf16},
+      {"bf16+grads+int8 moments+masters", bf16_grads, DType::u8, DType::bf16}};
   const nn::RecomputePolicy none;
   double fp32_total = 0;
   for (const Mode& m : modes) {

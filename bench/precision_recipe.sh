@@ -15,6 +15,8 @@
 #   bf16_gm     bf16 + bf16 hidden-matrix gradients + bf16 moments
 #   bf16_all    bf16_gm + bf16 masters (the working copy is the master,
 #               stochastically rounded): no fp32 copy of a bf16 parameter
+#   bf16_q8     bf16_all with 8-bit moments (optim.moment_dtype = int8:
+#               block-wise codes, one fp32 scale per 256 values)
 #
 #   bench/precision_recipe.sh --data DIR [--steps 500] [--seeds "1 2 3"]
 #     [--optimizers "adamw muon"] [--modes "fp32 bf16 bf16_gm bf16_all"]
@@ -51,6 +53,7 @@ mode_sets() {
     bf16) echo "train.precision=bf16" ;;
     bf16_gm) echo "train.precision=bf16 train.grad_dtype=bf16 optim.moment_dtype=bf16" ;;
     bf16_all) echo "train.precision=bf16 train.grad_dtype=bf16 optim.moment_dtype=bf16 optim.master_dtype=bf16" ;;
+    bf16_q8) echo "train.precision=bf16 train.grad_dtype=bf16 optim.moment_dtype=int8 optim.master_dtype=bf16" ;;
     *) echo "precision_recipe.sh: unknown mode '$1'" >&2; exit 2 ;;
   esac
 }

@@ -50,7 +50,7 @@ TEST(Config, PrecisionMemoryModesAreValidatedByKey) {
   EXPECT_EQ(c.optim.moment_dtype, "bf16");
   EXPECT_EQ(c.train.grad_dtype, "bf16");
   EXPECT_NE(msg({"optim.moment_dtype=fp16"})
-                .find("'optim.moment_dtype': must be fp32 or bf16, got \"fp16\""),
+                .find("'optim.moment_dtype': must be fp32, bf16 or int8, got \"fp16\""),
             std::string::npos);
   EXPECT_NE(msg({"train.grad_dtype=f32"}).find("'train.grad_dtype': must be fp32 or bf16"),
             std::string::npos);
@@ -60,6 +60,19 @@ TEST(Config, PrecisionMemoryModesAreValidatedByKey) {
     const std::string e = msg({"train.grad_dtype=bf16", p});
     EXPECT_NE(e.find("'train.grad_dtype': = bf16 needs train.precision = bf16"), std::string::npos)
         << p << ": " << e;
+  }
+}
+
+TEST(Config, Int8MomentsNeedWholeTensorsOnEachRank) {
+  const auto msg = [](const std::vector<std::string>& sets) {
+    return error_of([&] { parse_config("", "x.toml", sets); });
+  };
+  EXPECT_EQ(parse_config("", "x.toml", {"optim.moment_dtype=int8"}).optim.moment_dtype, "int8");
+  for (const char* key : {"parallel.zero=true", "parallel.tp=2"}) {
+    const std::string e = msg({"optim.moment_dtype=int8", key});
+    EXPECT_NE(e.find("'optim.moment_dtype': = int8 keeps one scale per 256 values"),
+              std::string::npos)
+        << key << ": " << e;
   }
 }
 

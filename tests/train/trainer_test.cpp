@@ -439,6 +439,56 @@ TEST(Trainer, Bf16MasterResumeIsBitExact) {
   EXPECT_EQ(f.dtype("model.layers.0.self_attn.q_proj.weight"), DType::bf16);
 }
 
+TEST(Trainer, Int8MomentsQuarterTheMomentBytesAndTrackTheFp32Run) {
+  // fp32 precision (no separate masters): the optimizer tag is exactly AdamW's
+  // two 8-bit states per parameter, codes and one fp32 scale per 256 values.
+  const std::vector<std::string> base = {"train.steps=25"};
+  std::unique_ptr<Trainer> t32, t8;
+  const TagBytes b32 = bytes_of_building(tiny_config(base), run_dir("moments32_q8"), &t32);
+  const TagBytes b8 = bytes_of_building(tiny_config(test::with(base, {"optim.moment_dtype=int8"})),
+                                        run_dir("moments8"), &t8);
+  int64_t want8 = 0;
+  for (const auto& p : t8->model().params().all()) {
+    const auto n = static_cast<size_t>(p->value.numel());
+    want8 +=
+        2 * static_cast<int64_t>(Allocator::rounded(n) + Allocator::rounded(4 * ((n + 255) / 256)));
+  }
+  EXPECT_EQ(b8.optimizer, want8);
+  std::cout << "optimizer tag: fp32 moments " << b32.optimizer << " B, int8 moments "
+            << b8.optimizer << " B\n";
+  const TrainResult r32 = t32->run(), r8 = t8->run();
+  // Each step's state differs from fp32's by up to a code step (1/16), so
+  // the losses part sooner than with bf16 state; the final validation loss
+  // is the judge (expect_tracks_fp32's 1%).
+  expect_close_losses(r32, r8, 2e-2, "int8 moments vs fp32", 10);
+  EXPECT_NEAR(r8.val_loss, r32.val_loss, 0.01 * r32.val_loss) << "final validation loss";
+  EXPECT_LT(r8.last_loss, r8.first_loss - 1.0);
+}
+
+TEST(Trainer, Int8MomentResumeIsBitExact) {
+  // Muon's 8-bit momentum (quantize_state) and AdamW's 8-bit m and sqrt(v)
+  // (adamw_step_q8), with bf16 masters.
+  const std::string a = expect_bit_exact_resume(
+      tiny_config({"train.steps=12", "checkpoint.every=6", "optim.name=muon",
+                   "optim.moment_dtype=int8", "train.precision=bf16", "optim.master_dtype=bf16"}),
+      "m8");
+  ckpt::SafetensorsReader f(ckpt::checkpoint_dir(a, 6) + "/optimizer-rank-0.safetensors");
+  EXPECT_EQ(f.dtype("model.layers.0.self_attn.q_proj.weight.momentum.q8"), DType::u8);
+  EXPECT_EQ(f.dtype("model.embed_tokens.weight.exp_avg_sqrt.q8_scale"), DType::f32);
+  // A checkpoint of 8-bit state does not load with another moment dtype.
+  const std::string b = run_dir("m8_as_fp32");
+  fs::create_directories(b + "/checkpoints");
+  fs::copy(ckpt::checkpoint_dir(a, 6), ckpt::checkpoint_dir(b, 6), fs::copy_options::recursive);
+  const std::string e = test::error_of([&] {
+    Trainer t(tiny_config({"train.steps=12", "checkpoint.every=6", "optim.name=muon",
+                           "train.precision=bf16"}),
+              b, true);
+    t.run();
+  });
+  EXPECT_NE(e.find("holds 0 of the"), std::string::npos) << e;
+  EXPECT_NE(e.find("optim.moment_dtype"), std::string::npos) << e;
+}
+
 TEST(Trainer, CheckpointMomentsConvertToTheOtherMomentDtypeOnLoad) {
   const std::string a = run_dir("mconv_saved");
   Trainer ta(tiny_config({"train.steps=3", "checkpoint.every=3"}), a, false);  // fp32 moments

@@ -277,7 +277,9 @@ void load_optimizer_slices(const std::string& dir, int64_t saved_ranks,
     }
     MOETRON_CHECK(filled[i] == slices[i].values.numel(), "checkpoint '", dir, "' holds ", filled[i],
                   " of the ", slices[i].values.numel(), " elements of optimizer tensor '",
-                  slices[i].name, "' this rank needs (saved with another optimizer?)");
+                  slices[i].name,
+                  "' this rank needs (saved with another optimizer, or another "
+                  "optim.moment_dtype: 8-bit state is stored as '.q8' codes and scales)");
   }
 }
 

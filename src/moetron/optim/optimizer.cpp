@@ -58,8 +58,10 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
     : opts_(std::move(opts)) {
   MOETRON_CHECK(opts_.name == "adamw" || opts_.name == "muon",
                 "optim.name must be adamw or muon, got '", opts_.name, "'");
-  MOETRON_CHECK(opts_.moment_dtype == DType::f32 || opts_.moment_dtype == DType::bf16,
-                "optim.moment_dtype must be fp32 or bf16, got ", dtype_name(opts_.moment_dtype));
+  MOETRON_CHECK(opts_.moment_dtype == DType::f32 || opts_.moment_dtype == DType::bf16 ||
+                    opts_.moment_dtype == DType::u8,
+                "optim.moment_dtype must be fp32, bf16 or int8 (u8 codes), got ",
+                dtype_name(opts_.moment_dtype));
   MOETRON_CHECK(opts_.master_dtype == DType::f32 || opts_.master_dtype == DType::bf16,
                 "optim.master_dtype must be fp32 or bf16, got ", dtype_name(opts_.master_dtype));
   for (auto& p : params.all()) {
@@ -79,8 +81,18 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
     }
     s.muon = uses_muon(*p);
     s.decay = rule_decays(opts_, *p);
-    s.m = Tensor::zeros(p->value.shape(), moments, MemTag::optimizer);
-    if (!s.muon) s.v = Tensor::zeros(p->value.shape(), moments, MemTag::optimizer);
+    if (moments == DType::u8) {
+      using kernels::StateCode;
+      s.qm = kernels::zero_quantized_state(p->value.numel(), StateCode::signed_e4m3,
+                                           MemTag::optimizer);
+      if (!s.muon) {
+        s.qv = kernels::zero_quantized_state(p->value.numel(), StateCode::unsigned_e4m4,
+                                             MemTag::optimizer);
+      }
+    } else {
+      s.m = Tensor::zeros(p->value.shape(), moments, MemTag::optimizer);
+      if (!s.muon) s.v = Tensor::zeros(p->value.shape(), moments, MemTag::optimizer);
+    }
     slots_.push_back(std::move(s));
   }
 }
@@ -109,42 +121,61 @@ StepInfo Optimizer::step(kernels::Context& ctx, int64_t step, double grad_scale,
       muon_update(ctx, s, info.lr, mult, step);
       continue;
     }
-    kernels::AdamWArgs a;
-    a.lr = static_cast<float>(info.lr);
-    a.beta1 = static_cast<float>(opts_.beta1);
-    a.beta2 = static_cast<float>(opts_.beta2);
-    a.eps = static_cast<float>(opts_.eps);
-    a.weight_decay = s.decay ? static_cast<float>(opts_.weight_decay) : 0.0f;
-    a.step = step;
-    a.variance_frozen_at = opts_.variance_frozen_at;
-    a.grad_scale = static_cast<float>(mult);
-    if (s.master.dtype() == DType::bf16)
-      a.rounding_key = kernels::rounding_key(opts_.rounding_seed, s.param->name, step);
-    const bool separate = s.master.raw() != s.param->value.raw();
-    // The fused write of the working copy takes f32/bf16; an f16 copy is
-    // rounded from the master afterwards.
-    const bool fused_copy = separate && s.param->value.dtype() != DType::f16;
-    const Shape flat{s.master.numel()};
-    kernels::adamw_step(ctx, s.master.reshape(flat), s.param->grad.reshape(flat), s.m.reshape(flat),
-                        s.v.reshape(flat), a, fused_copy ? s.param->value.reshape(flat) : Tensor());
-    if (separate && !fused_copy) kernels::convert(ctx, s.master, s.param->value);
+    adamw_update(ctx, s, step, info.lr, mult);
   }
   return info;
+}
+
+uint32_t Optimizer::state_key(const Slot& s, const char* part, int64_t step) const {
+  return kernels::rounding_key(opts_.rounding_seed, s.param->name + part, step);
+}
+
+void Optimizer::adamw_update(kernels::Context& ctx, Slot& s, int64_t step, double lr,
+                             double grad_mult) {
+  kernels::AdamWArgs a;
+  a.lr = static_cast<float>(lr);
+  a.beta1 = static_cast<float>(opts_.beta1);
+  a.beta2 = static_cast<float>(opts_.beta2);
+  a.eps = static_cast<float>(opts_.eps);
+  a.weight_decay = s.decay ? static_cast<float>(opts_.weight_decay) : 0.0f;
+  a.step = step;
+  a.variance_frozen_at = opts_.variance_frozen_at;
+  a.grad_scale = static_cast<float>(grad_mult);
+  if (s.master.dtype() == DType::bf16) a.rounding_key = state_key(s, "", step);
+  const bool separate = s.master.raw() != s.param->value.raw();
+  // The fused write of the working copy takes f32/bf16; an f16 copy is
+  // rounded from the master afterwards.
+  const bool fused_copy = separate && s.param->value.dtype() != DType::f16;
+  const Shape flat{s.master.numel()};
+  const Tensor copy = fused_copy ? s.param->value.reshape(flat) : Tensor();
+  if (s.qm.codes.defined()) {
+    kernels::adamw_step_q8(ctx, s.master.reshape(flat), s.param->grad.reshape(flat), s.qm, s.qv, a,
+                           state_key(s, ".exp_avg", step), state_key(s, ".exp_avg_sq", step), copy);
+  } else {
+    kernels::adamw_step(ctx, s.master.reshape(flat), s.param->grad.reshape(flat), s.m.reshape(flat),
+                        s.v.reshape(flat), a, copy);
+  }
+  if (separate && !fused_copy) kernels::convert(ctx, s.master, s.param->value);
 }
 
 void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult,
                             int64_t step) {
   // m = beta m + (1 - beta) g; u = nesterov ? (1 - beta) g + beta m : m.
-  // A bf16 momentum is widened into an fp32 workspace, updated and used
-  // there, and rounded back once.
+  // A bf16 or 8-bit momentum is widened into an fp32 workspace, updated and
+  // used there, and rounded back once.
   const auto beta = static_cast<float>(opts_.muon_momentum);
   const Tensor& g = s.param->grad;
   const DType work = s.master.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const bool narrow = s.m.dtype() != work;
+  const bool quantized = s.qm.codes.defined();
+  const bool narrow = quantized || s.m.dtype() != work;
   Tensor m = s.m;
   if (narrow) {
     m = Tensor::empty(g.shape(), work, MemTag::workspace);
-    kernels::convert(ctx, s.m, m);
+    if (quantized) {
+      kernels::dequantize_state(ctx, s.qm, m);
+    } else {
+      kernels::convert(ctx, s.m, m);
+    }
   }
   kernels::scale(ctx, m, beta, m);
   kernels::axpy(ctx, static_cast<float>((1.0 - beta) * grad_mult), g, m);
@@ -155,7 +186,11 @@ void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double gr
   } else {
     u.copy_from(m);
   }
-  if (narrow) kernels::convert(ctx, m, s.m);
+  if (quantized) {
+    kernels::quantize_state(ctx, m, s.qm, state_key(s, ".momentum", step));
+  } else if (narrow) {
+    kernels::convert(ctx, m, s.m);
+  }
   Tensor o = Tensor::empty(g.shape(), work, MemTag::workspace);
   const bool whole = tp_on() && s.param->sharded();
   if (whole) {
@@ -173,8 +208,7 @@ void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double gr
   if (s.master.dtype() == DType::bf16) {  // one stochastically rounded pass
     const double decay = s.decay ? 1.0 - lr * opts_.weight_decay : 1.0;
     kernels::master_update(ctx, s.master, static_cast<float>(decay),
-                           static_cast<float>(-lr * rms_scale), o,
-                           kernels::rounding_key(opts_.rounding_seed, s.param->name, step));
+                           static_cast<float>(-lr * rms_scale), o, state_key(s, "", step));
     return;
   }
   if (s.decay && opts_.weight_decay > 0) {
@@ -184,12 +218,28 @@ void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double gr
   if (s.master.raw() != s.param->value.raw()) kernels::convert(ctx, s.master, s.param->value);
 }
 
+// 8-bit state is stored as it lives: "<moment>.q8" codes and "<moment>.q8_scale"
+// block scales (AdamW's second moment as "exp_avg_sqrt": the codes hold sqrt(v)).
+std::vector<StateTensor> Optimizer::state_of(Slot& s) {
+  const std::string first = s.param->name + (s.muon ? ".momentum" : ".exp_avg");
+  if (!s.qm.codes.defined()) {
+    std::vector<StateTensor> out = {{first, s.m}};
+    if (s.v.defined()) out.push_back({s.param->name + ".exp_avg_sq", s.v});
+    return out;
+  }
+  std::vector<StateTensor> out = {{first + ".q8", s.qm.codes}, {first + ".q8_scale", s.qm.scales}};
+  if (s.qv.codes.defined()) {
+    const std::string second = s.param->name + ".exp_avg_sqrt";
+    out.push_back({second + ".q8", s.qv.codes});
+    out.push_back({second + ".q8_scale", s.qv.scales});
+  }
+  return out;
+}
+
 std::vector<StateTensor> Optimizer::state() {
   std::vector<StateTensor> out;
   for (auto& s : slots_) {
-    const std::string& n = s.param->name;
-    out.push_back({n + (s.muon ? ".momentum" : ".exp_avg"), s.m});
-    if (s.v.defined()) out.push_back({n + ".exp_avg_sq", s.v});
+    for (auto& t : state_of(s)) out.push_back(std::move(t));
   }
   return out;
 }
@@ -197,13 +247,11 @@ std::vector<StateTensor> Optimizer::state() {
 std::vector<StateSlice> Optimizer::state_slices() {
   std::vector<StateSlice> out;
   for (auto& s : slots_) {
-    const std::string& n = s.param->name;
-    std::vector<std::pair<std::string, Tensor>> parts = {
-        {n + (s.muon ? ".momentum" : ".exp_avg"), s.m}};
-    if (s.v.defined()) parts.emplace_back(n + ".exp_avg_sq", s.v);
-    for (auto& [name, live] : parts) {
+    for (auto& [name, live] : state_of(s)) {
       const int64_t numel = live.numel();
       StateSlice sl{name, live.reshape({numel}), 0, numel};
+      // 8-bit state is refused under tp (set_tensor_parallel): its block
+      // scales follow this rank's flattened block, not the full tensor.
       if (tp_on() && s.param->sharded()) {  // this rank's block, stored as one
         sl.total = s.param->shard.full.numel();
         sl.block_of = s.param;
@@ -226,6 +274,12 @@ std::vector<StateSlice> Optimizer::checkpoint_masters() {
     out.push_back(std::move(sl));
   }
   return out;
+}
+
+void Optimizer::set_tensor_parallel(const nn::TensorParallel* tp) {
+  MOETRON_CHECK(!(tp && tp->on()) || opts_.moment_dtype != DType::u8,
+                "optim.moment_dtype = int8 is not built for tensor parallelism (parallel.tp > 1)");
+  tp_ = tp;
 }
 
 bool Optimizer::holds(const std::string& param_name) const {

@@ -13,6 +13,7 @@
 
 #include "moetron/core/tensor.h"
 #include "moetron/kernels/context.h"
+#include "moetron/kernels/quantized_state.h"
 #include "moetron/nn/parameter.h"
 #include "moetron/nn/tensor_parallel.h"
 #include "moetron/optim/lr_schedule.h"
@@ -29,8 +30,10 @@ struct OptimizerOptions {
   int muon_ns_steps = 5;
   // Storage of AdamW's exp_avg / exp_avg_sq and Muon's momentum: f32, or
   // bf16 (half the optimizer memory of the moments; loaded into fp32,
-  // updated in fp32, stored rounded to nearest even once per step). The
-  // fp32 master weights stay fp32; fp64 (gradient-check) runs keep f64.
+  // updated in fp32, stored rounded to nearest even once per step), or u8:
+  // 8-bit codes with an fp32 scale per 256 values (kernels/quantized_state.h;
+  // AdamW's second moment kept as sqrt(v)), stochastically rounded with
+  // keys from rounding_seed. fp64 (gradient-check) runs keep f64.
   DType moment_dtype = DType::f32;
   // Master weights of the parameters whose working copy is bf16: f32 (a
   // separate fp32 copy, 4 bytes per parameter), or bf16 (the working copy
@@ -178,17 +181,23 @@ class Optimizer final : public ParamOptimizer {
   // tp rank, each keeping its block: exactly one rank's update), and
   // checkpoints see full tensors (masters and state gathered over tp, each
   // rank cutting its block on load). Collective over tp.group from then on.
-  void set_tensor_parallel(const nn::TensorParallel* tp) { tp_ = tp; }
+  // Not with 8-bit state (its block scales follow the local block).
+  void set_tensor_parallel(const nn::TensorParallel* tp);
 
  private:
   struct Slot {
     nn::Parameter* param;
-    Tensor master;  // master_storage(); aliases param->value when of its dtype
-    Tensor m, v;    // AdamW moments, or m = Muon momentum (moment_storage dtype)
+    Tensor master;                   // master_storage(); aliases param->value when of its dtype
+    Tensor m, v;                     // AdamW moments, or m = Muon momentum (moment_storage dtype)
+    kernels::QuantizedState qm, qv;  // instead of m and v when moment_storage is u8
     bool muon;
     bool decay;
   };
   void muon_update(kernels::Context& ctx, Slot& s, double lr, double grad_mult, int64_t step);
+  void adamw_update(kernels::Context& ctx, Slot& s, int64_t step, double lr, double grad_mult);
+  // A slot's state tensors with their checkpoint names.
+  std::vector<StateTensor> state_of(Slot& s);
+  uint32_t state_key(const Slot& s, const char* part, int64_t step) const;
   Slot& slot(const std::string& param_name);
 
   OptimizerOptions opts_;

@@ -17,6 +17,8 @@ ZeroOptimizer::ZeroOptimizer(nn::ParameterSet& /*params*/, OptimizerOptions opts
                 "optim.name must be adamw or muon, got '", opts_.name, "'");
   MOETRON_CHECK(opts_.moment_dtype == DType::f32 || opts_.moment_dtype == DType::bf16,
                 "optim.moment_dtype must be fp32 or bf16, got ", dtype_name(opts_.moment_dtype));
+  MOETRON_CHECK(opts_.moment_dtype != DType::u8,
+                "optim.moment_dtype = int8 is not built for parallel.zero");
   MOETRON_CHECK(opts_.master_dtype == DType::f32,
                 "optim.master_dtype = bf16 is not built for parallel.zero (ZeRO-1 keeps fp32 "
                 "master chunks)");

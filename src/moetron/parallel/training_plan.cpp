@@ -40,6 +40,12 @@ StageBalance parse_stage_balance(const std::string& s) {
   bad_value("parallel.stage_balance", "flops or measured", s);
 }
 
+DType parse_moment_dtype(const std::string& s, const char* key) {
+  if (s == "int8") return DType::u8;
+  if (s == "fp32" || s == "bf16") return parse_storage_dtype(s, key);
+  bad_value(key, "fp32, bf16 or int8", s);
+}
+
 DType parse_storage_dtype(const std::string& s, const char* key) {
   if (s == "fp32") return DType::f32;
   if (s == "bf16") return DType::bf16;

@@ -36,10 +36,13 @@ enum class OptimizerKind { adamw, muon };
 enum class MuonDistribution { owner, gather, replicated };
 enum class StageBalance { flops, measured };
 
-OptimizerKind parse_optimizer(const std::string& s);               // optim.name
-MuonDistribution parse_muon_distribution(const std::string& s);    // optim.muon_distribution
-StageBalance parse_stage_balance(const std::string& s);            // parallel.stage_balance
-DType parse_storage_dtype(const std::string& s, const char* key);  // "fp32" | "bf16"
+OptimizerKind parse_optimizer(const std::string& s);             // optim.name
+MuonDistribution parse_muon_distribution(const std::string& s);  // optim.muon_distribution
+StageBalance parse_stage_balance(const std::string& s);          // parallel.stage_balance
+DType parse_storage_dtype(const std::string& s, const char* key);
+// optim.moment_dtype: "fp32", "bf16" or "int8" (8-bit block-quantised
+// state, held as u8 codes: kernels/quantized_state.h); throws naming `key`.
+DType parse_moment_dtype(const std::string& s, const char* key);  // "fp32" | "bf16"
 const char* name_of(OptimizerKind k);
 const char* name_of(MuonDistribution k);
 const char* name_of(StageBalance k);

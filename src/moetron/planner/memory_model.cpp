@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "moetron/core/error.h"
+#include "moetron/kernels/quantized_state.h"
 #include "moetron/parallel/bucket_plan.h"
 #include "moetron/parallel/pipeline_schedule.h"
 #include "moetron/parallel/training_plan.h"
@@ -95,8 +96,14 @@ void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in,
   if (p.value != master && !own_master)
     fixed.push_back(r.alloc(p.numel(), master, MemTag::optimizer));
   const DType mom = in.moment_dtype == DType::f32 ? master : in.moment_dtype;
-  fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));
-  if (!plan.uses_muon(p)) fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));
+  const int states = plan.uses_muon(p) ? 1 : 2;
+  for (int i = 0; i < states; ++i) {
+    fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));
+    // 8-bit state: u8 codes, then an fp32 scale per kernels::kStateBlock values.
+    if (mom == DType::u8)
+      fixed.push_back(
+          r.alloc(kernels::state_scale_count(p.numel()), DType::f32, MemTag::optimizer));
+  }
 }
 
 // ZeroOptimizer over a reducer's buckets: fp32 master and m of this rank's

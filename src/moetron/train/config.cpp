@@ -444,7 +444,16 @@ void validate_optim(const Config& c) {
              "must be in [0, 1)");
   check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
   (void)parallel::parse_muon_distribution(o.muon_distribution);
-  (void)parallel::parse_storage_dtype(o.moment_dtype, "optim.moment_dtype");
+  if (parallel::parse_moment_dtype(o.moment_dtype, "optim.moment_dtype") == DType::u8) {
+    const char* why = "= int8 keeps one scale per 256 values of this rank's whole tensors";
+    check_rule(!c.parallel.zero, "optim.moment_dtype",
+               str_cat(why, ": not with parallel.zero = true"));
+    check_rule(c.parallel.tp == 1, "optim.moment_dtype",
+               str_cat(why, ": not with parallel.tp > 1"));
+    check_rule(c.parallel.compression_space != "preconditioned", "optim.moment_dtype",
+               "= int8: parallel.compression_space = \"preconditioned\" reads AdamW's fp32/bf16 "
+               "second moment");
+  }
   if (parallel::parse_storage_dtype(o.master_dtype, "optim.master_dtype") == DType::bf16) {
     check_rule(c.train.precision == "bf16", "optim.master_dtype",
                str_cat("= bf16 needs train.precision = bf16, got \"", c.train.precision,

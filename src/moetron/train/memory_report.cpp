@@ -55,8 +55,10 @@ std::string describe_precision(const planner::MemoryInputs& in) {
   std::string s(dtype_name(in.precision.compute));
   std::string modes;
   if (in.matrix_grad == DType::bf16) modes = "bf16 grads";
-  if (in.moment_dtype == DType::bf16)
-    modes += std::string(modes.empty() ? "" : ", ") + "bf16 moments";
+  if (in.moment_dtype == DType::bf16 || in.moment_dtype == DType::u8) {
+    modes += std::string(modes.empty() ? "" : ", ") +
+             (in.moment_dtype == DType::u8 ? "int8 moments" : "bf16 moments");
+  }
   if (in.master_dtype == DType::bf16)
     modes += std::string(modes.empty() ? "" : ", ") + "bf16 masters";
   return modes.empty() ? s : s + " (" + modes + ")";

@@ -51,7 +51,7 @@ parallel::PlanSettings plan_settings(const Config& cfg, const nn::Precision& pre
   s.optimizer = parallel::parse_optimizer(cfg.optim.name);
   s.muon_distribution = parallel::parse_muon_distribution(cfg.optim.muon_distribution);
   s.adamw_patterns = optim::split_patterns(cfg.optim.adamw_params);
-  s.moment_dtype = parallel::parse_storage_dtype(cfg.optim.moment_dtype, "optim.moment_dtype");
+  s.moment_dtype = parallel::parse_moment_dtype(cfg.optim.moment_dtype, "optim.moment_dtype");
   s.master_dtype = parallel::parse_storage_dtype(cfg.optim.master_dtype, "optim.master_dtype");
   s.reducer.bucket_bytes = static_cast<int64_t>(p.bucket_mb * 1048576.0);
   s.reducer.overlap = p.overlap;
