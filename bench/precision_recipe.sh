@@ -17,6 +17,8 @@
 #               stochastically rounded): no fp32 copy of a bf16 parameter
 #   bf16_q8     bf16_all with 8-bit moments (optim.moment_dtype = int8:
 #               block-wise codes, one fp32 scale per 256 values)
+#   bf16_q8f    bf16_q8 with each matrix's second moment factored into row
+#               and column averages (optim.second_moment = factored)
 #
 #   bench/precision_recipe.sh --data DIR [--steps 500] [--seeds "1 2 3"]
 #     [--optimizers "adamw muon"] [--modes "fp32 bf16 bf16_gm bf16_all"]
@@ -54,6 +56,7 @@ mode_sets() {
     bf16_gm) echo "train.precision=bf16 train.grad_dtype=bf16 optim.moment_dtype=bf16" ;;
     bf16_all) echo "train.precision=bf16 train.grad_dtype=bf16 optim.moment_dtype=bf16 optim.master_dtype=bf16" ;;
     bf16_q8) echo "train.precision=bf16 train.grad_dtype=bf16 optim.moment_dtype=int8 optim.master_dtype=bf16" ;;
+    bf16_q8f) echo "train.precision=bf16 train.grad_dtype=bf16 optim.moment_dtype=int8 optim.master_dtype=bf16 optim.second_moment=factored" ;;
     *) echo "precision_recipe.sh: unknown mode '$1'" >&2; exit 2 ;;
   esac
 }

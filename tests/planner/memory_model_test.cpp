@@ -30,6 +30,7 @@ struct Case {
   DType moments = DType::f32;  // optim.moment_dtype
   int64_t seq_chunk = 0;       // train.seq_chunk
   DType masters = DType::f32;  // optim.master_dtype
+  bool factored = false;       // optim.second_moment = "factored"
 };
 
 // train.grad_dtype = bf16: the hidden matrices' gradients in bf16.
@@ -66,6 +67,7 @@ MemoryInputs inputs_of(const Case& c) {
   in.matrix_grad = c.prec.matrix_grad();
   in.moment_dtype = c.moments;
   in.master_dtype = c.masters;
+  in.factored_second_moment = c.factored;
   in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   return in;
 }
@@ -92,6 +94,7 @@ MemStats measure(const MemoryInputs& in) {
     oo.name = in.optimizer;
     oo.moment_dtype = in.moment_dtype;
     oo.master_dtype = in.master_dtype;
+    oo.factored_second_moment = in.factored_second_moment;
     oo.schedule = {1e-3, 0.1, 0, 10};
     optim::Optimizer opt(model.params(), oo);
     std::vector<Tensor> ins, tgts;
@@ -225,6 +228,18 @@ TEST(MemoryModel, PredictsTheAllocatorsPeakWithinTenPercent) {
        "muon",
        0,
        DType::u8},
+      {"full bf16 int8 factored moments+masters mb2",
+       "full",
+       {},
+       bf16_grads(),
+       2,
+       1,
+       "adamw",
+       0,
+       DType::u8,
+       0,
+       DType::bf16,
+       true},
       {"sqrt bf16 masters mb2 muon",
        "sqrt",
        {},

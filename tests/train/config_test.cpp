@@ -68,6 +68,12 @@ TEST(Config, Int8MomentsNeedWholeTensorsOnEachRank) {
     return error_of([&] { parse_config("", "x.toml", sets); });
   };
   EXPECT_EQ(parse_config("", "x.toml", {"optim.moment_dtype=int8"}).optim.moment_dtype, "int8");
+  EXPECT_NE(
+      msg({"optim.second_moment=factored"})
+          .find("'optim.second_moment': = factored is built for optim.moment_dtype = \"int8\""),
+      std::string::npos);
+  EXPECT_NE(msg({"optim.second_moment=diagonal"}).find("'optim.second_moment': must be"),
+            std::string::npos);
   for (const char* key : {"parallel.zero=true", "parallel.tp=2"}) {
     const std::string e = msg({"optim.moment_dtype=int8", key});
     EXPECT_NE(e.find("'optim.moment_dtype': = int8 keeps one scale per 256 values"),

@@ -67,4 +67,26 @@ void adamw_step_q8(Context& ctx, const Tensor& master, const Tensor& grad, const
   MOETRON_KERNEL_DISPATCH(ctx, adamw_step_q8, master, grad, m, v, args, m_key, v_key, param_copy);
 }
 
+void adamw_step_q8_factored(Context& ctx, const Tensor& master, const Tensor& grad,
+                            const QuantizedState& m, const FactoredMoment& v, const AdamWArgs& args,
+                            uint32_t m_key, const Tensor& param_copy) {
+  MOETRON_CHECK(v.row.defined() && v.col.defined() && v.row.dtype() == DType::f32 &&
+                    v.col.dtype() == DType::f32,
+                "adamw_step_q8_factored: the factored moment's row and col must be f32");
+  const int64_t n = v.row.numel() * v.col.numel();
+  MOETRON_CHECK(master.defined() && master.numel() == n &&
+                    (master.dtype() == DType::f32 || master.dtype() == DType::bf16),
+                "adamw_step_q8_factored: master must be f32 or bf16 with rows x cols = ", n,
+                " values, got ", master.str());
+  MOETRON_CHECK(grad.defined() && grad.numel() == n, "adamw_step_q8_factored: grad ", grad.str(),
+                " must have ", n, " values");
+  MOETRON_CHECK(m.code == StateCode::signed_e4m3, "adamw_step_q8_factored: m takes signed codes");
+  check_state(m, n, "adamw_step_q8_factored m");
+  MOETRON_CHECK(!param_copy.defined() || (master.dtype() == DType::f32 && param_copy.numel() == n),
+                "adamw_step_q8_factored: param_copy must be undefined (a bf16 master is the "
+                "working copy) or have ",
+                n, " values");
+  MOETRON_KERNEL_DISPATCH(ctx, adamw_step_q8_factored, master, grad, m, v, args, m_key, param_copy);
+}
+
 }  // namespace moetron::kernels

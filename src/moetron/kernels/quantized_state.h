@@ -89,4 +89,22 @@ MOETRON_KERNEL_DECL(void adamw_step_q8(Context& ctx, const Tensor& master, const
                                        const AdamWArgs& args, uint32_t m_key, uint32_t v_key,
                                        const Tensor& param_copy))
 
+// AdamW's second moment of a [rows, cols] matrix factored as in Adafactor
+// (Shazeer & Stern 2018): exponential averages of the row means and the
+// column means of g^2, and v_ij = row_i col_j / mean(row): rows + cols fp32
+// values instead of rows x cols (optim.second_moment = "factored").
+struct FactoredMoment {
+  Tensor row, col;  // f32 [rows], f32 [cols]
+};
+
+// AdamW with 8-bit m (as adamw_step_q8) and a factored second moment:
+// row_i = b2 row_i + (1 - b2) mean_j (s g_ij)^2 and col_j likewise over i
+// (both left as they are when the variance is frozen), then adamw.h's update
+// with v_ij = row_i col_j / mean(row) (0 while every row is 0). master, grad
+// and param_copy hold rows x cols values, row-major.
+MOETRON_KERNEL_DECL(void adamw_step_q8_factored(Context& ctx, const Tensor& master,
+                                                const Tensor& grad, const QuantizedState& m,
+                                                const FactoredMoment& v, const AdamWArgs& args,
+                                                uint32_t m_key, const Tensor& param_copy))
+
 }  // namespace moetron::kernels

@@ -85,7 +85,10 @@ Optimizer::Optimizer(nn::ParameterSet& params, OptimizerOptions opts,
       using kernels::StateCode;
       s.qm = kernels::zero_quantized_state(p->value.numel(), StateCode::signed_e4m3,
                                            MemTag::optimizer);
-      if (!s.muon) {
+      if (!s.muon && opts_.factored_second_moment && p->value.rank() == 2) {
+        s.fv.row = Tensor::zeros({p->value.shape()[0]}, DType::f32, MemTag::optimizer);
+        s.fv.col = Tensor::zeros({p->value.shape()[1]}, DType::f32, MemTag::optimizer);
+      } else if (!s.muon) {
         s.qv = kernels::zero_quantized_state(p->value.numel(), StateCode::unsigned_e4m4,
                                              MemTag::optimizer);
       }
@@ -148,7 +151,10 @@ void Optimizer::adamw_update(kernels::Context& ctx, Slot& s, int64_t step, doubl
   const bool fused_copy = separate && s.param->value.dtype() != DType::f16;
   const Shape flat{s.master.numel()};
   const Tensor copy = fused_copy ? s.param->value.reshape(flat) : Tensor();
-  if (s.qm.codes.defined()) {
+  if (s.fv.row.defined()) {
+    kernels::adamw_step_q8_factored(ctx, s.master.reshape(flat), s.param->grad.reshape(flat), s.qm,
+                                    s.fv, a, state_key(s, ".exp_avg", step), copy);
+  } else if (s.qm.codes.defined()) {
     kernels::adamw_step_q8(ctx, s.master.reshape(flat), s.param->grad.reshape(flat), s.qm, s.qv, a,
                            state_key(s, ".exp_avg", step), state_key(s, ".exp_avg_sq", step), copy);
   } else {
@@ -219,7 +225,8 @@ void Optimizer::muon_update(kernels::Context& ctx, Slot& s, double lr, double gr
 }
 
 // 8-bit state is stored as it lives: "<moment>.q8" codes and "<moment>.q8_scale"
-// block scales (AdamW's second moment as "exp_avg_sqrt": the codes hold sqrt(v)).
+// block scales (AdamW's second moment as "exp_avg_sqrt": the codes hold
+// sqrt(v)); a factored one as "exp_avg_sq_row" and "exp_avg_sq_col".
 std::vector<StateTensor> Optimizer::state_of(Slot& s) {
   const std::string first = s.param->name + (s.muon ? ".momentum" : ".exp_avg");
   if (!s.qm.codes.defined()) {
@@ -232,6 +239,10 @@ std::vector<StateTensor> Optimizer::state_of(Slot& s) {
     const std::string second = s.param->name + ".exp_avg_sqrt";
     out.push_back({second + ".q8", s.qv.codes});
     out.push_back({second + ".q8_scale", s.qv.scales});
+  }
+  if (s.fv.row.defined()) {
+    out.push_back({s.param->name + ".exp_avg_sq_row", s.fv.row});
+    out.push_back({s.param->name + ".exp_avg_sq_col", s.fv.col});
   }
   return out;
 }

@@ -35,6 +35,10 @@ struct OptimizerOptions {
   // AdamW's second moment kept as sqrt(v)), stochastically rounded with
   // keys from rounding_seed. fp64 (gradient-check) runs keep f64.
   DType moment_dtype = DType::f32;
+  // With u8 moments: AdamW's second moment of each matrix factored into row
+  // and column averages (Adafactor; kernels/quantized_state.h), rows + cols
+  // fp32 values instead of one code per element. Vectors keep 8-bit codes.
+  bool factored_second_moment = false;
   // Master weights of the parameters whose working copy is bf16: f32 (a
   // separate fp32 copy, 4 bytes per parameter), or bf16 (the working copy
   // is the master: updated in fp32 and stored with stochastic rounding,
@@ -190,6 +194,7 @@ class Optimizer final : public ParamOptimizer {
     Tensor master;                   // master_storage(); aliases param->value when of its dtype
     Tensor m, v;                     // AdamW moments, or m = Muon momentum (moment_storage dtype)
     kernels::QuantizedState qm, qv;  // instead of m and v when moment_storage is u8
+    kernels::FactoredMoment fv;      // instead of qv for a factored matrix
     bool muon;
     bool decay;
   };

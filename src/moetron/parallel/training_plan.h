@@ -68,8 +68,9 @@ struct PlanSettings {
   MuonDistribution muon_distribution = MuonDistribution::owner;
   std::vector<std::string> adamw_patterns;  // kept on AdamW under muon
   DType moment_dtype = DType::f32;
-  DType master_dtype = DType::f32;  // of the bf16 parameters (optim.master_dtype)
-  ReducerOptions reducer;           // mode is decided by the plan (reduce_scatter under ZeRO-1)
+  DType master_dtype = DType::f32;      // of the bf16 parameters (optim.master_dtype)
+  bool factored_second_moment = false;  // optim.second_moment = "factored"
+  ReducerOptions reducer;               // mode is decided by the plan (reduce_scatter under ZeRO-1)
   bool overlap_param_gather = true;
 };
 

@@ -50,6 +50,7 @@ parallel::PlanSettings plan_settings(const MemoryInputs& in) {
   s.adamw_patterns = in.adamw_patterns;
   s.moment_dtype = in.moment_dtype;
   s.master_dtype = in.master_dtype;
+  s.factored_second_moment = in.factored_second_moment;
   s.reducer.bucket_bytes = in.reducer.bucket_bytes;
   s.reducer.compress = in.reducer.compress;
   s.reducer.preconditioned = in.reducer.preconditioned;
@@ -98,6 +99,11 @@ void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in,
   const DType mom = in.moment_dtype == DType::f32 ? master : in.moment_dtype;
   const int states = plan.uses_muon(p) ? 1 : 2;
   for (int i = 0; i < states; ++i) {
+    if (i == 1 && mom == DType::u8 && in.factored_second_moment && p.shape.rank() == 2) {
+      fixed.push_back(r.alloc(p.rows(), DType::f32, MemTag::optimizer));  // row and column averages
+      fixed.push_back(r.alloc(p.cols(), DType::f32, MemTag::optimizer));
+      break;
+    }
     fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));
     // 8-bit state: u8 codes, then an fp32 scale per kernels::kStateBlock values.
     if (mom == DType::u8)

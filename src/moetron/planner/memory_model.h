@@ -85,6 +85,7 @@ struct MemoryInputs {
   DType moment_dtype = DType::f32;
   // optim.master_dtype: bf16 parameters are their own (bf16) masters.
   DType master_dtype = DType::f32;
+  bool factored_second_moment = false;  // optim.second_moment = "factored"
   // The CPU backend widens bf16 GEMMs to fp32 here (kernels::cpu_widens_bf16_matmul):
   // its persistent scratch (planner/gemm_scratch.h) is counted as workspace.
   bool widened_bf16_gemm = false;

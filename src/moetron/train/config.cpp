@@ -68,6 +68,7 @@ std::vector<Field> model_fields() {
       field("optim.no_decay_params", &Config::optim, &OptimConfig::no_decay_params),
       field("optim.moment_dtype", &Config::optim, &OptimConfig::moment_dtype),
       field("optim.master_dtype", &Config::optim, &OptimConfig::master_dtype),
+      field("optim.second_moment", &Config::optim, &OptimConfig::second_moment),
       field("data.path", &Config::data, &DataConfig::path),
       field("data.val_fraction", &Config::data, &DataConfig::val_fraction),
       field("data.source", &Config::data, &DataConfig::source),
@@ -444,6 +445,10 @@ void validate_optim(const Config& c) {
              "must be in [0, 1)");
   check_rule(o.muon_ns_steps >= 1, "optim.muon_ns_steps", "must be >= 1");
   (void)parallel::parse_muon_distribution(o.muon_distribution);
+  check_rule(o.second_moment == "full" || o.second_moment == "factored", "optim.second_moment",
+             str_cat("must be \"full\" or \"factored\", got \"", o.second_moment, "\""));
+  check_rule(o.second_moment == "full" || o.moment_dtype == "int8", "optim.second_moment",
+             "= factored is built for optim.moment_dtype = \"int8\"");
   if (parallel::parse_moment_dtype(o.moment_dtype, "optim.moment_dtype") == DType::u8) {
     const char* why = "= int8 keeps one scale per 256 values of this rank's whole tensors";
     check_rule(!c.parallel.zero, "optim.moment_dtype",

@@ -42,6 +42,10 @@ struct OptimConfig {
   // Storage of AdamW's moments and Muon's momentum: "fp32" or "bf16" (half
   // their bytes; computed in fp32, stored rounded to nearest even).
   std::string moment_dtype = "fp32";
+  // AdamW's second moment of each matrix: "full", or "factored" into row and
+  // column averages as in Adafactor (rows + cols values; needs
+  // moment_dtype = "int8": the smallest optimizer state, 1 byte per value).
+  std::string second_moment = "full";
   // Master weights of the bf16 parameters: "fp32" (a separate fp32 copy) or
   // "bf16" (the bf16 working copy is the master, updated in fp32 and stored
   // with stochastic rounding: 4 bytes per parameter less; needs

@@ -36,6 +36,7 @@ planner::MemoryInputs memory_inputs(const Config& cfg, const parallel::TrainingP
   in.matrix_grad = s.precision.matrix_grad();
   in.moment_dtype = s.moment_dtype;
   in.master_dtype = s.master_dtype;
+  in.factored_second_moment = s.factored_second_moment;
   in.widened_bf16_gemm = kernels::cpu_widens_bf16_matmul();
   in.cp_all_to_all = cfg.parallel.cp_comm == "all_to_all";
   in.document_mask = cfg.data.document_mask;
@@ -59,6 +60,7 @@ std::string describe_precision(const planner::MemoryInputs& in) {
     modes += std::string(modes.empty() ? "" : ", ") +
              (in.moment_dtype == DType::u8 ? "int8 moments" : "bf16 moments");
   }
+  if (in.factored_second_moment) modes += ", factored v";
   if (in.master_dtype == DType::bf16)
     modes += std::string(modes.empty() ? "" : ", ") + "bf16 masters";
   return modes.empty() ? s : s + " (" + modes + ")";

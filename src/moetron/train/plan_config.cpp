@@ -53,6 +53,7 @@ parallel::PlanSettings plan_settings(const Config& cfg, const nn::Precision& pre
   s.adamw_patterns = optim::split_patterns(cfg.optim.adamw_params);
   s.moment_dtype = parallel::parse_moment_dtype(cfg.optim.moment_dtype, "optim.moment_dtype");
   s.master_dtype = parallel::parse_storage_dtype(cfg.optim.master_dtype, "optim.master_dtype");
+  s.factored_second_moment = cfg.optim.second_moment == "factored";
   s.reducer.bucket_bytes = static_cast<int64_t>(p.bucket_mb * 1048576.0);
   s.reducer.overlap = p.overlap;
   s.reducer.compress.kind = parallel::parse_compress_kind(p.compression);
@@ -85,6 +86,7 @@ optim::OptimizerOptions optimizer_options(const Config& cfg, const parallel::Pla
   oo.muon_ns_steps = static_cast<int>(o.muon_ns_steps);
   oo.moment_dtype = s.moment_dtype;
   oo.master_dtype = s.master_dtype;
+  oo.factored_second_moment = s.factored_second_moment;
   oo.rounding_seed = cfg.train.seed;
   oo.adamw_patterns = s.adamw_patterns;
   oo.no_decay_patterns = optim::split_patterns(o.no_decay_params);

@@ -1,91 +1,20 @@
-// 8-bit optimizer state on the CPU: blocks of kStateBlock values, OpenMP
-// over blocks. Decoding is a 256-entry table times the block's scale;
-// encoding reads the code off the bits of y = |x| / scale * 1.9375 (the
-// largest code's magnitude): the exponent picks the binade, the top four
-// mantissa bits the step within it, and 19 random bits added below them
-// round up with probability equal to the dropped fraction.
+// 8-bit optimizer state on the CPU (codes: cpu/state_codes.h): blocks of
+// kStateBlock values, OpenMP over blocks.
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "moetron/kernels/cpu/cpu_util.h"
 #include "moetron/kernels/cpu/simd16.h"
+#include "moetron/kernels/cpu/state_codes.h"
 #include "moetron/kernels/cpu/stochastic_store.h"
 #include "moetron/kernels/quantized_state.h"
 #include "moetron/kernels/stochastic_round.h"
 
 namespace moetron::kernels::cpu {
-
-namespace {
-
-using Table = std::array<float, 256>;
-
-const Table& table_of(StateCode code) {
-  static const auto build = [](StateCode c) {
-    Table t{};
-    for (int i = 0; i < 256; ++i)
-      t[static_cast<size_t>(i)] = code_value(c, static_cast<uint8_t>(i));
-    return t;
-  };
-  static const Table signed_table = build(StateCode::signed_e4m3);
-  static const Table unsigned_table = build(StateCode::unsigned_e4m4);
-  return code == StateCode::signed_e4m3 ? signed_table : unsigned_table;
-}
-
-// The magnitude code of y in [0, max_magnitude]: normal values by their
-// bits (exponent, kept mantissa, random bits added below it), subnormal
-// ones in integer steps of the smallest normal binade's spacing.
-inline uint32_t magnitude_code(float y, uint32_t random, const CodeFormat& f) {
-  const uint32_t dropped = 23 - static_cast<uint32_t>(f.mantissa_bits);
-  const uint32_t mask = (1u << dropped) - 1;
-  uint32_t u;
-  std::memcpy(&u, &y, 4);
-  if (static_cast<int>(u >> 23) - 127 + f.bias() >= 1) {
-    const uint32_t r = u + (random & mask);
-    const int e = static_cast<int>(r >> 23) - 127 + f.bias();
-    const uint32_t c = (static_cast<uint32_t>(e) << f.mantissa_bits) |
-                       ((r >> dropped) & ((1u << f.mantissa_bits) - 1));
-    return std::min(c, static_cast<uint32_t>(f.top()));
-  }
-  const float t = std::ldexp(y, f.bias() + f.mantissa_bits - 1);
-  const float frac =
-      static_cast<float>(random & mask) * std::ldexp(1.0f, -static_cast<int>(dropped));
-  return static_cast<uint32_t>(t + frac);  // exact: t < 2^mantissa, frac has `dropped` bits
-}
-
-// rel = x / (its block's largest |x|), in [-1, 1].
-inline uint8_t encode(StateCode code, float rel, uint32_t random) {
-  const CodeFormat f = code_format(code);
-  const float y = std::fabs(rel) * f.max_magnitude();
-  const uint32_t c = magnitude_code(y, random, f);
-  if (f.is_signed) return static_cast<uint8_t>(c | (rel < 0 && c != 0 ? 128u : 0u));
-  return static_cast<uint8_t>(c == 0 && y > 0 ? 1 : c);  // sqrt(v) > 0 never decodes to 0
-}
-
-// Encodes vals[0, len) of block b (element index b * kStateBlock + j). The
-// division by the block's maximum (not a multiply by its inverse) keeps
-// that value's rel at exactly 1: it encodes to the top code and decodes to
-// the scale itself.
-void encode_block(StateCode code, const float* vals, int64_t len, int64_t b, uint8_t* codes,
-                  float* scales, uint32_t key) {
-  float amax = 0;
-  for (int64_t j = 0; j < len; ++j) amax = std::max(amax, std::fabs(vals[j]));
-  scales[b] = amax;
-  const int64_t base = b * kStateBlock;
-  for (int64_t j = 0; j < len; ++j) {
-    codes[base + j] =
-        amax > 0 ? encode(code, vals[j] / amax, rounding_bits(key, static_cast<uint32_t>(base + j)))
-                 : 0;
-  }
-}
-
-void decode_block(const Table& t, const uint8_t* codes, float scale, int64_t len, float* out) {
-  for (int64_t j = 0; j < len; ++j) out[j] = t[codes[j]] * scale;
-}
-
-}  // namespace
 
 void quantize_state(Context&, const Tensor& x, const QuantizedState& q, uint32_t key) {
   const float* px = ptr<float>(x);
@@ -139,15 +68,21 @@ Factors make_factors(const AdamWArgs& a) {
           frozen};
 }
 
+// m's codes; sqrt(v)'s codes, or (factored) sqrt(row_i / mean(row)) and
+// sqrt(col_j) of a matrix with `cols` columns.
 struct Q8Args {
   const QuantizedState& m;
-  const QuantizedState& v;
+  const QuantizedState* v;
   uint32_t m_key, v_key, w_key;
+  const float* row_root = nullptr;
+  const float* col_root = nullptr;
+  int64_t cols = 0;
 };
 
-// One block: decode m and sqrt(v), update in fp32 (adamw.h's formula),
-// write the weights, re-encode the state. s holds sqrt(v) and is squared
-// for the update; a frozen v keeps its codes.
+// One block: decode m and sqrt(v) (or form sqrt(v) from the factors),
+// update in fp32 (adamw.h's formula), write the weights, re-encode the
+// state. s holds sqrt(v) and is squared for the update; a frozen or
+// factored v keeps s as it is (and its codes).
 template <typename W, typename G, typename P>
 void adamw_block(W* w, const G* grad, P* copy, int64_t b, int64_t len, const Factors& k,
                  const Q8Args& q) {
@@ -155,8 +90,15 @@ void adamw_block(W* w, const G* grad, P* copy, int64_t b, int64_t len, const Fac
   const int64_t base = b * kStateBlock;
   decode_block(table_of(q.m.code), ptr<uint8_t>(q.m.codes) + base, ptr<float>(q.m.scales)[b], len,
                m);
-  decode_block(table_of(q.v.code), ptr<uint8_t>(q.v.codes) + base, ptr<float>(q.v.scales)[b], len,
-               s);
+  const bool factored = q.row_root != nullptr;
+  if (factored) {
+    for (int64_t j = 0; j < len; ++j)
+      s[j] = q.row_root[(base + j) / q.cols] * q.col_root[(base + j) % q.cols];
+  } else {
+    decode_block(table_of(q.v->code), ptr<uint8_t>(q.v->codes) + base, ptr<float>(q.v->scales)[b],
+                 len, s);
+  }
+  const bool keep_root = k.frozen || factored;
   for (int64_t j = 0; j < len; j += 16) {
     const simd::mask16 mk = lane_mask(len - j);
     const int64_t i = base + j;
@@ -165,7 +107,7 @@ void adamw_block(W* w, const G* grad, P* copy, int64_t b, int64_t len, const Fac
     const simd::vf s_old = load16(s + j, mk);
     const simd::vf vi =
         simd::fmadd(k.b2, simd::mul(s_old, s_old), simd::mul(k.one_minus_b2, simd::mul(g, g)));
-    const simd::vf root = k.frozen ? s_old : simd::sqrt(vi);
+    const simd::vf root = keep_root ? s_old : simd::sqrt(vi);
     const simd::vf denom = simd::fmadd(root, k.inv_sqrt_bc2, k.eps);
     const simd::vf update = simd::div(simd::mul(mi, k.inv_bc1), denom);
     const simd::vf wi = load16(w + i, mk);
@@ -180,8 +122,8 @@ void adamw_block(W* w, const G* grad, P* copy, int64_t b, int64_t len, const Fac
     if constexpr (!std::is_void_v<P>) store16(copy + i, w_new, mk);
   }
   encode_block(q.m.code, m, len, b, ptr<uint8_t>(q.m.codes), ptr<float>(q.m.scales), q.m_key);
-  if (!k.frozen)
-    encode_block(q.v.code, s, len, b, ptr<uint8_t>(q.v.codes), ptr<float>(q.v.scales), q.v_key);
+  if (!keep_root)
+    encode_block(q.v->code, s, len, b, ptr<uint8_t>(q.v->codes), ptr<float>(q.v->scales), q.v_key);
 }
 
 template <typename W, typename G, typename P>
@@ -194,25 +136,100 @@ void adamw_q8_loop(W* w, const G* grad, P* copy, int64_t n, const Factors& k, co
 
 }  // namespace
 
+namespace {
+
+template <typename G>
+void run_q8(const Tensor& master, const G* g, const Tensor& param_copy, const Factors& k,
+            const Q8Args& q) {
+  const int64_t n = master.numel();
+  if (master.dtype() == DType::bf16) {
+    return adamw_q8_loop<bf16, G, void>(ptr<bf16>(master), g, nullptr, n, k, q);
+  }
+  if (!param_copy.defined()) {
+    return adamw_q8_loop<float, G, void>(ptr<float>(master), g, nullptr, n, k, q);
+  }
+  dispatch_f32_bf16(param_copy.dtype(), "adamw_step_q8 param_copy", [&](auto ptag) {
+    using P = decltype(ptag);
+    adamw_q8_loop<float, G, P>(ptr<float>(master), g, ptr<P>(param_copy), n, k, q);
+  });
+}
+
+inline float value_of(float x) {
+  return x;
+}
+inline float value_of(bf16 x) {
+  return bf16_to_f32(x.bits);
+}
+
+// row_i = b2 row_i + (1 - b2) mean_j (s g_ij)^2, col_j likewise: each mean
+// summed in one fixed order (rows by row, columns by column chunk), so the
+// result does not depend on the thread count.
+template <typename G>
+void update_factors(const G* g, float scale, double b2, const FactoredMoment& v) {
+  const int64_t rows = v.row.numel(), cols = v.col.numel();
+  float* row = ptr<float>(v.row);
+  float* col = ptr<float>(v.col);
+  const auto sq = [&](int64_t i, int64_t j) {
+    const float gs = scale * value_of(g[i * cols + j]);
+    return static_cast<double>(gs) * static_cast<double>(gs);
+  };
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t i = 0; i < rows; ++i) {
+    double sum = 0;
+    for (int64_t j = 0; j < cols; ++j) sum += sq(i, j);
+    row[i] = static_cast<float>(b2 * row[i] + (1.0 - b2) * (sum / static_cast<double>(cols)));
+  }
+  constexpr int64_t kChunk = 64;
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t c1 = std::min(cols, c0 + kChunk);
+    double sums[kChunk] = {};
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = c0; j < c1; ++j) sums[j - c0] += sq(i, j);
+    }
+    for (int64_t j = c0; j < c1; ++j)
+      col[j] =
+          static_cast<float>(b2 * col[j] + (1.0 - b2) * (sums[j - c0] / static_cast<double>(rows)));
+  }
+}
+
+}  // namespace
+
 void adamw_step_q8(Context&, const Tensor& master, const Tensor& grad, const QuantizedState& m,
                    const QuantizedState& v, const AdamWArgs& args, uint32_t m_key, uint32_t v_key,
                    const Tensor& param_copy) {
   const Factors k = make_factors(args);
-  const Q8Args q{m, v, m_key, v_key, args.rounding_key};
-  const int64_t n = master.numel();
+  const Q8Args q{m, &v, m_key, v_key, args.rounding_key};
   dispatch_f32_bf16(grad.dtype(), "adamw_step_q8 grad", [&](auto gtag) {
     using G = decltype(gtag);
-    const G* g = ptr<G>(grad);
-    if (master.dtype() == DType::bf16) {
-      return adamw_q8_loop<bf16, G, void>(ptr<bf16>(master), g, nullptr, n, k, q);
-    }
-    if (!param_copy.defined()) {
-      return adamw_q8_loop<float, G, void>(ptr<float>(master), g, nullptr, n, k, q);
-    }
-    dispatch_f32_bf16(param_copy.dtype(), "adamw_step_q8 param_copy", [&](auto ptag) {
-      using P = decltype(ptag);
-      adamw_q8_loop<float, G, P>(ptr<float>(master), g, ptr<P>(param_copy), n, k, q);
-    });
+    run_q8<G>(master, ptr<G>(grad), param_copy, k, q);
+  });
+}
+
+void adamw_step_q8_factored(Context&, const Tensor& master, const Tensor& grad,
+                            const QuantizedState& m, const FactoredMoment& v, const AdamWArgs& args,
+                            uint32_t m_key, const Tensor& param_copy) {
+  const Factors k = make_factors(args);
+  const int64_t rows = v.row.numel(), cols = v.col.numel();
+  dispatch_f32_bf16(grad.dtype(), "adamw_step_q8_factored grad", [&](auto gtag) {
+    using G = decltype(gtag);
+    if (!k.frozen) update_factors<G>(ptr<G>(grad), args.grad_scale, args.beta2, v);
+    const float* row = ptr<float>(v.row);
+    const float* col = ptr<float>(v.col);
+    double mean = 0;
+    for (int64_t i = 0; i < rows; ++i) mean += row[i];
+    mean /= static_cast<double>(rows);
+    const double inv = mean > 0 ? 1.0 / mean : 0.0;
+    std::vector<float> row_root(static_cast<size_t>(rows)), col_root(static_cast<size_t>(cols));
+    for (int64_t i = 0; i < rows; ++i)
+      row_root[static_cast<size_t>(i)] = static_cast<float>(std::sqrt(row[i] * inv));
+    for (int64_t j = 0; j < cols; ++j)
+      col_root[static_cast<size_t>(j)] = static_cast<float>(std::sqrt(static_cast<double>(col[j])));
+    Q8Args q{m, nullptr, m_key, 0, args.rounding_key};
+    q.row_root = row_root.data();
+    q.col_root = col_root.data();
+    q.cols = cols;
+    run_q8<G>(master, ptr<G>(grad), param_copy, k, q);
   });
 }
 

@@ -55,6 +55,15 @@ void encode_all(const std::vector<float>& vals, const QuantizedState& q, uint32_
   }
 }
 
+// A weight into an f32 master, or (rounded to fp32 first) stochastically into a bf16 one.
+void store_master(const Tensor& w, int64_t i, double value, uint32_t key) {
+  if (w.dtype() != DType::bf16) return store(w, i, value);
+  const auto w32 = static_cast<float>(value);
+  uint32_t u;
+  std::memcpy(&u, &w32, 4);
+  w.data<bf16>()[i].bits = bf16_bits_stochastic(u, rounding_bits(key, static_cast<uint32_t>(i)));
+}
+
 float decode(const QuantizedState& q, int64_t i) {
   return code_value(q.code, q.codes.data<uint8_t>()[i]) * q.scales.data<float>()[i / kStateBlock];
 }
@@ -90,19 +99,56 @@ void adamw_step_q8(Context&, const Tensor& master, const Tensor& grad, const Qua
     const double w_new = wi - lr * (wd * wi + (mi / bc1) / (root / std::sqrt(bc2) + args.eps));
     m_new[static_cast<size_t>(i)] = static_cast<float>(mi);
     s_new[static_cast<size_t>(i)] = static_cast<float>(root);
-    if (master.dtype() == DType::bf16) {
-      const auto w32 = static_cast<float>(w_new);
-      uint32_t u;
-      std::memcpy(&u, &w32, 4);
-      w.data<bf16>()[i].bits =
-          bf16_bits_stochastic(u, rounding_bits(args.rounding_key, static_cast<uint32_t>(i)));
-    } else {
-      store(w, i, w_new);
-    }
+    store_master(w, i, w_new, args.rounding_key);
     if (param_copy.defined()) store(param_copy.reshape({n}), i, w_new);
   }
   encode_all(m_new, m, m_key);
   if (!frozen) encode_all(s_new, v, v_key);
+}
+
+void adamw_step_q8_factored(Context&, const Tensor& master, const Tensor& grad,
+                            const QuantizedState& m, const FactoredMoment& v, const AdamWArgs& args,
+                            uint32_t m_key, const Tensor& param_copy) {
+  const int64_t rows = v.row.numel(), cols = v.col.numel(), n = rows * cols;
+  const Tensor g = grad.reshape({n});
+  const auto gs = [&](int64_t i) { return static_cast<double>(args.grad_scale) * load(g, i); };
+  if (!args.variance_frozen()) {
+    const double b2 = args.beta2;
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (int64_t c = 0; c < cols; ++c) sum += gs(r * cols + c) * gs(r * cols + c);
+      v.row.data<float>()[r] = static_cast<float>(b2 * v.row.data<float>()[r] +
+                                                  (1.0 - b2) * sum / static_cast<double>(cols));
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      double sum = 0;
+      for (int64_t r = 0; r < rows; ++r) sum += gs(r * cols + c) * gs(r * cols + c);
+      v.col.data<float>()[c] = static_cast<float>(b2 * v.col.data<float>()[c] +
+                                                  (1.0 - b2) * sum / static_cast<double>(rows));
+    }
+  }
+  double mean = 0;
+  for (int64_t r = 0; r < rows; ++r) mean += v.row.data<float>()[r];
+  mean /= static_cast<double>(rows);
+  const double b1 = args.beta1, lr = args.lr, wd = args.weight_decay;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(args.step));
+  const double bc2 =
+      1.0 - std::pow(static_cast<double>(args.beta2), static_cast<double>(args.variance_step()));
+  const Tensor w = master.reshape({n});
+  std::vector<float> m_new(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double mi = b1 * decode(m, i) + (1.0 - b1) * gs(i);
+    const double vi = mean > 0 ? static_cast<double>(v.row.data<float>()[i / cols]) *
+                                     v.col.data<float>()[i % cols] / mean
+                               : 0.0;
+    const double wi = load(w, i);
+    const double w_new =
+        wi - lr * (wd * wi + (mi / bc1) / (std::sqrt(vi / bc2) + static_cast<double>(args.eps)));
+    m_new[static_cast<size_t>(i)] = static_cast<float>(mi);
+    store_master(w, i, w_new, args.rounding_key);
+    if (param_copy.defined()) store(param_copy.reshape({n}), i, w_new);
+  }
+  encode_all(m_new, m, m_key);
 }
 
 }  // namespace moetron::kernels::reference
