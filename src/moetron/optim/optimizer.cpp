@@ -49,6 +49,20 @@ DType master_storage(const OptimizerOptions& o, DType value) {
   return value == DType::bf16 && o.master_dtype == DType::bf16 ? DType::bf16 : DType::f32;
 }
 
+kernels::AdamWArgs adamw_args(const OptimizerOptions& o, bool decay, int64_t step, double lr,
+                              double grad_mult) {
+  kernels::AdamWArgs a;
+  a.lr = static_cast<float>(lr);
+  a.beta1 = static_cast<float>(o.beta1);
+  a.beta2 = static_cast<float>(o.beta2);
+  a.eps = static_cast<float>(o.eps);
+  a.weight_decay = decay ? static_cast<float>(o.weight_decay) : 0.0f;
+  a.step = step;
+  a.variance_frozen_at = o.variance_frozen_at;
+  a.grad_scale = static_cast<float>(grad_mult);
+  return a;
+}
+
 double muon_rms_scale(int64_t rows, int64_t cols) {
   return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
 }
@@ -135,15 +149,7 @@ uint32_t Optimizer::state_key(const Slot& s, const char* part, int64_t step) con
 
 void Optimizer::adamw_update(kernels::Context& ctx, Slot& s, int64_t step, double lr,
                              double grad_mult) {
-  kernels::AdamWArgs a;
-  a.lr = static_cast<float>(lr);
-  a.beta1 = static_cast<float>(opts_.beta1);
-  a.beta2 = static_cast<float>(opts_.beta2);
-  a.eps = static_cast<float>(opts_.eps);
-  a.weight_decay = s.decay ? static_cast<float>(opts_.weight_decay) : 0.0f;
-  a.step = step;
-  a.variance_frozen_at = opts_.variance_frozen_at;
-  a.grad_scale = static_cast<float>(grad_mult);
+  kernels::AdamWArgs a = adamw_args(opts_, s.decay, step, lr, grad_mult);
   if (s.master.dtype() == DType::bf16) a.rounding_key = state_key(s, "", step);
   const bool separate = s.master.raw() != s.param->value.raw();
   // The fused write of the working copy takes f32/bf16; an f16 copy is

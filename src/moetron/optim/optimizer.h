@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moetron/core/tensor.h"
+#include "moetron/kernels/adamw.h"
 #include "moetron/kernels/context.h"
 #include "moetron/kernels/quantized_state.h"
 #include "moetron/nn/parameter.h"
@@ -66,6 +67,10 @@ bool matches_any(const std::string& name, const std::vector<std::string>& patter
 // for matrices not listed in no_decay_patterns.
 bool rule_uses_muon(const OptimizerOptions& o, const nn::Parameter& p);
 bool rule_decays(const OptimizerOptions& o, const nn::Parameter& p);
+// The kernel arguments of one AdamW step of a parameter (decay: whether
+// weight decay applies to it); grad_mult multiplies its gradient first.
+kernels::AdamWArgs adamw_args(const OptimizerOptions& o, bool decay, int64_t step, double lr,
+                              double grad_mult);
 // Moonlight's scale of the orthogonalised update, 0.2 sqrt(max(rows, cols)),
 // so Muon reuses AdamW's learning rate and weight decay.
 double muon_rms_scale(int64_t rows, int64_t cols);

@@ -145,15 +145,7 @@ void ZeroOptimizer::set_tensor_parallel(const nn::TensorParallel* tp) {
 
 void ZeroOptimizer::adamw_segment(kernels::Context& ctx, Shard& sh, const Tensor& grad,
                                   const Segment& sg, double lr, double mult, int64_t step) {
-  kernels::AdamWArgs a;
-  a.lr = static_cast<float>(lr);
-  a.beta1 = static_cast<float>(opts_.beta1);
-  a.beta2 = static_cast<float>(opts_.beta2);
-  a.eps = static_cast<float>(opts_.eps);
-  a.weight_decay = sg.decay ? static_cast<float>(opts_.weight_decay) : 0.0f;
-  a.step = step;
-  a.variance_frozen_at = opts_.variance_frozen_at;
-  a.grad_scale = static_cast<float>(mult);
+  const kernels::AdamWArgs a = adamw_args(opts_, sg.decay, step, lr, mult);
   const int64_t lo = sg.chunk_lo, hi = sg.chunk_lo + sg.len;
   const Tensor values = sh.values_own.slice(lo, hi);
   const bool fused_copy = values.dtype() != DType::f16;

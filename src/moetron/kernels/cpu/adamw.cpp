@@ -9,6 +9,7 @@
 
 #include "moetron/kernels/adamw.h"
 #include "moetron/kernels/adamw_checks.h"
+#include "moetron/kernels/cpu/adamw_factors.h"
 #include "moetron/kernels/cpu/cpu_util.h"
 #include "moetron/kernels/cpu/simd16.h"
 #include "moetron/kernels/cpu/stochastic_store.h"
@@ -19,31 +20,6 @@ namespace {
 
 constexpr int64_t kParallelElems = 32768;
 constexpr int64_t kBlock = 4096;  // elements per OpenMP iteration
-
-struct Factors {
-  simd::vf b1, one_minus_b1, b2, one_minus_b2, inv_bc1, inv_sqrt_bc2, eps, lr, lr_wd, scale;
-};
-
-Factors make_factors(const AdamWArgs& a) {
-  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-  // A frozen variance: v = 1 * v + 0 * g^2 (exact), with the bias
-  // correction of the step it was frozen at.
-  const bool frozen = a.variance_frozen();
-  const double b2 = frozen ? 1.0 : static_cast<double>(a.beta2);
-  const double bc2 =
-      1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.variance_step()));
-  const auto f = [](double x) { return simd::set1(static_cast<float>(x)); };
-  return {f(a.beta1),
-          f(1.0 - static_cast<double>(a.beta1)),
-          f(b2),
-          f(1.0 - b2),
-          f(1.0 / bc1),
-          f(1.0 / std::sqrt(bc2)),
-          f(a.eps),
-          f(a.lr),
-          f(static_cast<double>(a.lr) * static_cast<double>(a.weight_decay)),
-          f(a.grad_scale)};
-}
 
 // W: master storage (bf16: stochastically rounded with `key`), G: grad
 // storage, M: moment storage, P: param_copy storage (void: none).

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "moetron/kernels/cpu/adamw_factors.h"
 #include "moetron/kernels/cpu/cpu_util.h"
 #include "moetron/kernels/cpu/simd16.h"
 #include "moetron/kernels/cpu/state_codes.h"
@@ -43,31 +44,6 @@ void dequantize_state(Context&, const QuantizedState& q, const Tensor& x) {
 
 namespace {
 
-struct Factors {
-  simd::vf b1, one_minus_b1, b2, one_minus_b2, inv_bc1, inv_sqrt_bc2, eps, lr, lr_wd, scale;
-  bool frozen;
-};
-
-Factors make_factors(const AdamWArgs& a) {
-  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-  const bool frozen = a.variance_frozen();
-  const double b2 = frozen ? 1.0 : static_cast<double>(a.beta2);
-  const double bc2 =
-      1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.variance_step()));
-  const auto f = [](double x) { return simd::set1(static_cast<float>(x)); };
-  return {f(a.beta1),
-          f(1.0 - static_cast<double>(a.beta1)),
-          f(b2),
-          f(1.0 - b2),
-          f(1.0 / bc1),
-          f(1.0 / std::sqrt(bc2)),
-          f(a.eps),
-          f(a.lr),
-          f(static_cast<double>(a.lr) * static_cast<double>(a.weight_decay)),
-          f(a.grad_scale),
-          frozen};
-}
-
 // m's codes; sqrt(v)'s codes, or (factored) sqrt(row_i / mean(row)) and
 // sqrt(col_j) of a matrix with `cols` columns.
 struct Q8Args {
@@ -91,9 +67,15 @@ void adamw_block(W* w, const G* grad, P* copy, int64_t b, int64_t len, const Fac
   decode_block(table_of(q.m.code), ptr<uint8_t>(q.m.codes) + base, ptr<float>(q.m.scales)[b], len,
                m);
   const bool factored = q.row_root != nullptr;
-  if (factored) {
-    for (int64_t j = 0; j < len; ++j)
-      s[j] = q.row_root[(base + j) / q.cols] * q.col_root[(base + j) % q.cols];
+  if (factored) {  // walk (row, col) from the block's first element: no division per element
+    int64_t r = base / q.cols, c = base % q.cols;
+    for (int64_t j = 0; j < len; ++j) {
+      s[j] = q.row_root[r] * q.col_root[c];
+      if (++c == q.cols) {
+        c = 0;
+        ++r;
+      }
+    }
   } else {
     decode_block(table_of(q.v->code), ptr<uint8_t>(q.v->codes) + base, ptr<float>(q.v->scales)[b],
                  len, s);
