@@ -32,50 +32,67 @@ inline const Table& table_of(StateCode code) {
   return code == StateCode::signed_e4m3 ? signed_table : unsigned_table;
 }
 
-// The magnitude code of y in [0, max_magnitude]: normal values by their
-// bits (exponent, kept mantissa, random bits added below it), subnormal
-// ones in integer steps of the smallest normal binade's spacing.
-inline uint32_t magnitude_code(float y, uint32_t random, const CodeFormat& f) {
-  const uint32_t dropped = 23 - static_cast<uint32_t>(f.mantissa_bits);
-  const uint32_t mask = (1u << dropped) - 1;
+// The code of rel = x / (its block's largest |x|) in [-1, 1], branch-free
+// so that a block's loop vectorises: normal magnitudes by their bits (the
+// exponent picks the binade, random bits added below the kept mantissa
+// round up with the dropped fraction's probability), subnormal ones in
+// integer steps of the smallest binade's spacing, with the same random bits
+// as a fraction. Signed codes carry the sign in bit 7; an unsigned code of a
+// positive value is at least 1 (sqrt(v) > 0 never decodes to 0).
+template <StateCode kCode>
+inline uint8_t encode(float rel, uint32_t random) {
+  constexpr CodeFormat f = code_format(kCode);
+  constexpr int kBias = f.bias(), kMantissa = f.mantissa_bits;
+  constexpr uint32_t kDropped = 23 - static_cast<uint32_t>(kMantissa);
+  constexpr uint32_t kMask = (1u << kDropped) - 1;
+  constexpr float kSubScale = static_cast<float>(1u << (kBias + kMantissa - 1));
+  constexpr float kFracScale = 1.0f / static_cast<float>(1u << kDropped);
+  const float y = std::fabs(rel) * f.max_magnitude();
   uint32_t u;
   std::memcpy(&u, &y, 4);
-  if (static_cast<int>(u >> 23) - 127 + f.bias() >= 1) {
-    const uint32_t r = u + (random & mask);
-    const int e = static_cast<int>(r >> 23) - 127 + f.bias();
-    const uint32_t c = (static_cast<uint32_t>(e) << f.mantissa_bits) |
-                       ((r >> dropped) & ((1u << f.mantissa_bits) - 1));
-    return std::min(c, static_cast<uint32_t>(f.top()));
+  const uint32_t bits = random & kMask;
+  const uint32_t r = u + bits;
+  const int e = static_cast<int>(r >> 23) - 127 + kBias;
+  const uint32_t normal = std::min(
+      (static_cast<uint32_t>(e) << kMantissa) | ((r >> kDropped) & ((1u << kMantissa) - 1)),
+      static_cast<uint32_t>(f.top()));
+  // exact: y * 2^k < 2^mantissa, and the fraction has kDropped bits
+  const auto subnormal =
+      static_cast<uint32_t>(y * kSubScale + static_cast<float>(bits) * kFracScale);
+  const uint32_t c = static_cast<int>(u >> 23) - 127 + kBias >= 1 ? normal : subnormal;
+  if constexpr (f.is_signed) {
+    return static_cast<uint8_t>(c | (rel < 0 && c != 0 ? 128u : 0u));
+  } else {
+    return static_cast<uint8_t>(c == 0 && y > 0 ? 1u : c);
   }
-  const float t = std::ldexp(y, f.bias() + f.mantissa_bits - 1);
-  const float frac =
-      static_cast<float>(random & mask) * std::ldexp(1.0f, -static_cast<int>(dropped));
-  return static_cast<uint32_t>(t + frac);  // exact: t < 2^mantissa, frac has `dropped` bits
-}
-
-// rel = x / (its block's largest |x|), in [-1, 1].
-inline uint8_t encode(StateCode code, float rel, uint32_t random) {
-  const CodeFormat f = code_format(code);
-  const float y = std::fabs(rel) * f.max_magnitude();
-  const uint32_t c = magnitude_code(y, random, f);
-  if (f.is_signed) return static_cast<uint8_t>(c | (rel < 0 && c != 0 ? 128u : 0u));
-  return static_cast<uint8_t>(c == 0 && y > 0 ? 1 : c);  // sqrt(v) > 0 never decodes to 0
 }
 
 // Encodes vals[0, len) of block b (element index b * kStateBlock + j). The
 // division by the block's maximum (not a multiply by its inverse) keeps
 // that value's rel at exactly 1: it encodes to the top code and decodes to
 // the scale itself.
-inline void encode_block(StateCode code, const float* vals, int64_t len, int64_t b, uint8_t* codes,
-                         float* scales, uint32_t key) {
+template <StateCode kCode>
+inline void encode_block_as(const float* vals, int64_t len, int64_t b, uint8_t* codes,
+                            float* scales, uint32_t key) {
   float amax = 0;
   for (int64_t j = 0; j < len; ++j) amax = std::max(amax, std::fabs(vals[j]));
   scales[b] = amax;
   const int64_t base = b * kStateBlock;
-  for (int64_t j = 0; j < len; ++j) {
-    codes[base + j] =
-        amax > 0 ? encode(code, vals[j] / amax, rounding_bits(key, static_cast<uint32_t>(base + j)))
-                 : 0;
+  uint8_t* out = codes + base;
+  if (amax == 0) {
+    std::fill(out, out + len, uint8_t{0});
+    return;
+  }
+  for (int64_t j = 0; j < len; ++j)
+    out[j] = encode<kCode>(vals[j] / amax, rounding_bits(key, static_cast<uint32_t>(base + j)));
+}
+
+inline void encode_block(StateCode code, const float* vals, int64_t len, int64_t b, uint8_t* codes,
+                         float* scales, uint32_t key) {
+  if (code == StateCode::signed_e4m3) {
+    encode_block_as<StateCode::signed_e4m3>(vals, len, b, codes, scales, key);
+  } else {
+    encode_block_as<StateCode::unsigned_e4m4>(vals, len, b, codes, scales, key);
   }
 }
 
