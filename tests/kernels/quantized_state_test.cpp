@@ -110,8 +110,8 @@ TEST(QuantizedState, CpuMatchesTheReferenceAndRoundTripsWithinOneStep) {
   }
 }
 
-// The CPU kernel (16 values per AVX-512 step where built with it, masked
-// tails) against the scalar encoder on the same values and bits: identical
+// The CPU kernel (16 values per AVX-512 step, masked tails) against the
+// scalar encoder on the same values and bits: identical
 // codes, zeros and signs included, block by block.
 template <StateCode kCode>
 void expect_kernel_codes_equal_scalar_encoder() {
@@ -132,6 +132,8 @@ void expect_kernel_codes_equal_scalar_encoder() {
 }
 
 TEST(QuantizedState, KernelCodesEqualTheScalarEncoders) {
+  // Without AVX-512 the kernel runs the scalar encoder itself: nothing to compare.
+  if (!MOETRON_SIMD_AVX512) GTEST_SKIP() << "built without AVX-512: one encoder only";
   expect_kernel_codes_equal_scalar_encoder<StateCode::signed_e4m3>();
   expect_kernel_codes_equal_scalar_encoder<StateCode::unsigned_e4m4>();
 }

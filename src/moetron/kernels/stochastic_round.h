@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #ifdef __CUDACC__
@@ -48,6 +49,14 @@ MOETRON_HOST_DEVICE inline uint16_t bf16_bits_stochastic(uint32_t u, uint32_t ra
     return static_cast<uint16_t>((u >> 16) | ((u & 0x007fffffu) != 0 ? 0x40u : 0u));
   }
   return static_cast<uint16_t>((u + (random & 0xffffu)) >> 16);
+}
+
+// x stochastically rounded to bf16 bits with element `index`'s bits under
+// `key` (host code; device code calls bf16_bits_stochastic on its own bits).
+inline uint16_t bf16_stochastic(float x, uint32_t key, int64_t index) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return bf16_bits_stochastic(u, rounding_bits(key, static_cast<uint32_t>(index)));
 }
 
 // The key of one parameter's rounding at one optimizer step: FNV-1a of the

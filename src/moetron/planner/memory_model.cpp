@@ -97,18 +97,21 @@ void optimizer_state(Replay& r, std::vector<Buf>& fixed, const MemoryInputs& in,
   if (p.value != master && !own_master)
     fixed.push_back(r.alloc(p.numel(), master, MemTag::optimizer));
   const DType mom = in.moment_dtype == DType::f32 ? master : in.moment_dtype;
-  const int states = plan.uses_muon(p) ? 1 : 2;
-  for (int i = 0; i < states; ++i) {
-    if (i == 1 && mom == DType::u8 && in.factored_second_moment && p.shape.rank() == 2) {
-      fixed.push_back(r.alloc(p.rows(), DType::f32, MemTag::optimizer));  // row and column averages
-      fixed.push_back(r.alloc(p.cols(), DType::f32, MemTag::optimizer));
-      break;
-    }
+  // One moment of the parameter: in `mom`, or 8-bit codes then an fp32
+  // scale per kernels::kStateBlock values.
+  const auto moment = [&] {
     fixed.push_back(r.alloc(p.numel(), mom, MemTag::optimizer));
-    // 8-bit state: u8 codes, then an fp32 scale per kernels::kStateBlock values.
     if (mom == DType::u8)
       fixed.push_back(
           r.alloc(kernels::state_scale_count(p.numel()), DType::f32, MemTag::optimizer));
+  };
+  moment();
+  if (plan.uses_muon(p)) return;
+  if (mom == DType::u8 && in.factored_second_moment && p.shape.rank() == 2) {
+    fixed.push_back(r.alloc(p.rows(), DType::f32, MemTag::optimizer));  // row and column averages
+    fixed.push_back(r.alloc(p.cols(), DType::f32, MemTag::optimizer));
+  } else {
+    moment();
   }
 }
 

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "moetron/kernels/cpu/simd16.h"
 #include "moetron/kernels/stochastic_round.h"
@@ -17,11 +16,7 @@ inline void store16_stochastic(bf16* p, simd::vf v, int64_t count, uint32_t key,
   alignas(64) float lanes[16];
   store16(lanes, v, lane_mask(16));
   const int64_t c = count < 16 ? count : 16;
-  for (int64_t j = 0; j < c; ++j) {
-    uint32_t u;
-    std::memcpy(&u, &lanes[j], 4);
-    p[j].bits = bf16_bits_stochastic(u, rounding_bits(key, static_cast<uint32_t>(index0 + j)));
-  }
+  for (int64_t j = 0; j < c; ++j) p[j].bits = bf16_stochastic(lanes[j], key, index0 + j);
 }
 
 }  // namespace moetron::kernels::cpu

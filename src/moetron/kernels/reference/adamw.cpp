@@ -4,11 +4,9 @@
 // fp32 first (as the fp32 backends hold it), then stochastically to bf16
 // with the same bits as every backend.
 #include <cmath>
-#include <cstring>
 
 #include "moetron/kernels/adamw.h"
 #include "moetron/kernels/reference/ref_util.h"
-#include "moetron/kernels/stochastic_round.h"
 
 namespace moetron::kernels::reference {
 
@@ -43,15 +41,7 @@ void adamw_step(Context&, const Tensor& master, const Tensor& grad, const Tensor
     const double w_new = w - lr * (wd * w + update);
     store(m, i, mi);
     store(v, i, vi);
-    if (bf16_master) {
-      const auto w32 = static_cast<float>(w_new);
-      uint32_t u;
-      std::memcpy(&u, &w32, 4);
-      master.data<bf16>()[i].bits =
-          bf16_bits_stochastic(u, rounding_bits(args.rounding_key, static_cast<uint32_t>(i)));
-    } else {
-      store(master, i, w_new);
-    }
+    store_master(master, i, w_new, args.rounding_key);
     if (param_copy.defined()) store(param_copy, i, w_new);
   }
 }

@@ -6,7 +6,6 @@
 // its state and weights rounded to fp32 as the fp32 backends hold them.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "moetron/kernels/quantized_state.h"
@@ -53,15 +52,6 @@ void encode_all(const std::vector<float>& vals, const QuantizedState& q, uint32_
                                             : 0;
     }
   }
-}
-
-// A weight into an f32 master, or (rounded to fp32 first) stochastically into a bf16 one.
-void store_master(const Tensor& w, int64_t i, double value, uint32_t key) {
-  if (w.dtype() != DType::bf16) return store(w, i, value);
-  const auto w32 = static_cast<float>(value);
-  uint32_t u;
-  std::memcpy(&u, &w32, 4);
-  w.data<bf16>()[i].bits = bf16_bits_stochastic(u, rounding_bits(key, static_cast<uint32_t>(i)));
 }
 
 float decode(const QuantizedState& q, int64_t i) {

@@ -1,5 +1,6 @@
 #include "moetron/kernels/reference/ref_util.h"
 
+#include "moetron/kernels/stochastic_round.h"
 namespace moetron::kernels::reference {
 
 double load(const Tensor& t, int64_t i) {
@@ -45,6 +46,11 @@ void store(const Tensor& t, int64_t i, double v) {
     default:
       MOETRON_FAIL("reference store into non-float tensor ", t.str());
   }
+}
+
+void store_master(const Tensor& t, int64_t i, double v, uint32_t key) {
+  if (t.dtype() != DType::bf16) return store(t, i, v);
+  t.data<bf16>()[i].bits = bf16_stochastic(static_cast<float>(v), key, i);
 }
 
 void store_all(const Tensor& t, const std::vector<double>& v) {
