@@ -88,8 +88,10 @@ std::vector<RecomputePolicy> all_policies(int64_t layers) {
     v.push_back(make_recompute_policy(p, {}, layers));
   for (const auto& m : recompute_module_names())
     v.push_back(make_recompute_policy("custom", {m}, layers));
-  v.push_back(
-      make_recompute_policy("custom", {"attn_core", "moe_act", "norm", "moe_dispatch"}, layers));
+  v.push_back(make_recompute_policy("custom", recompute_module_names(), layers));
+  // The residual rebuilt through a dropped attention output, q, k, v and input.
+  v.push_back(make_recompute_policy(
+      "custom", {"attn_core", "attn_q", "attn_kv", "attn_residual", "norm"}, layers));
   v.push_back(make_recompute_policy("sqrt", {}, layers, 2));
   return v;
 }
@@ -106,10 +108,16 @@ void expect_same_as_none(Precision prec, const MoeConfig& moe) {
     EXPECT_EQ(r.loss.z_loss, base.loss.z_loss);
     // The recomputed forward counts no load: the loads are the first forward's.
     EXPECT_EQ(r.loads, base.loads);
+    // The same kernels on the same inputs: equal to rounding (in practice
+    // bit for bit; 1e-6 of the gradient's scale is fp32 rounding). moe_out
+    // forms the combine weights' gradient as d_act . act and weights d_act
+    // after the down projection: other roundings of the same sums, 1e-5 in
+    // fp32, and in bf16 a few roundings (2^-8 each) of the largest element
+    // after five layers.
+    const bool rerounded = p.drops(Recompute::moe_out);
+    const double tol = !rerounded ? 1e-6 : prec.compute == DType::f32 ? 1e-5 : 2e-2;
     for (size_t i = 0; i < r.grads.size(); ++i) {
-      // The same kernels on the same inputs: equal to rounding (in practice
-      // bit for bit; 1e-6 of the gradient's scale is fp32 rounding).
-      EXPECT_TRUE(test::normalized_close(r.grads[i], base.grads[i], 1e-6)) << "gradient " << i;
+      EXPECT_TRUE(test::normalized_close(r.grads[i], base.grads[i], tol)) << "gradient " << i;
     }
     if (p.segment > 0) {
       // Every MoE layer outside the last segment recomputed and checked its
@@ -182,7 +190,8 @@ TEST(Recompute, PolicyErrorsNameTheKey) {
   EXPECT_EQ(make_recompute_policy("sqrt", {}, 16).segment, 4);
   EXPECT_EQ(make_recompute_policy("sqrt", {}, 17).segment, 5);
   EXPECT_EQ(make_recompute_policy("full", {}, 3).segment, 1);
-  EXPECT_EQ(make_recompute_policy("selective", {}, 3).modules, 15u);
+  // moe_act, norm, moe_dispatch, moe_out, attn_q, attn_kv.
+  EXPECT_EQ(make_recompute_policy("selective", {}, 3).modules, 0x7eu);
 }
 
 }  // namespace

@@ -145,6 +145,18 @@ TEST(MemoryModel, PredictsTheAllocatorsPeakWithinTenPercent) {
       {"sqrt fp32 mb2", "sqrt", {}, nn::Precision::fp32(), 2},
       {"sqrt bf16 mb3 muon", "sqrt", {}, nn::Precision::bf16(), 3, 1, "muon"},
       {"custom norm+moe_act bf16 mb2", "custom", {"norm", "moe_act"}, nn::Precision::bf16(), 2},
+      // The projections and the residual rebuilt, the expert outputs not kept;
+      // then the residual rebuilt through a dropped core, q, k, v and input.
+      {"custom attn_q+kv+residual+moe_out bf16",
+       "custom",
+       {"attn_q", "attn_kv", "attn_residual", "moe_out"},
+       nn::Precision::bf16(),
+       2},
+      {"custom core+q+kv+residual+norm fp32",
+       "custom",
+       {"attn_core", "attn_q", "attn_kv", "attn_residual", "norm"},
+       nn::Precision::fp32(),
+       2},
       {"none bf16 grads mb2", "none", {}, bf16_grads(), 2},
       {"selective bf16 moments mb2",
        "selective",

@@ -51,5 +51,18 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dout, const Tensor& expe
   MOETRON_KERNEL_DISPATCH(ctx, moe_unpermute_backward, dout, expert_out, plan, topk_weight,
                           d_expert_out, d_topk_weight);
 }
+void moe_combine_weight_grad(Context& ctx, const Tensor& act, const MoePlan& plan,
+                             const Tensor& topk_weight, const Tensor& d_act,
+                             const Tensor& d_expert_out, const Tensor& d_topk_weight) {
+  if (needs_f16_staging(ctx, {&act, &d_act, &d_expert_out})) {
+    return run_f16_staged(ctx, "moe_combine_weight_grad", [&](F16Staging& s) {
+      cpu::moe_combine_weight_grad(ctx, s.in(act), plan, topk_weight, s.out(d_act, true),
+                                   d_expert_out.defined() ? s.out(d_expert_out, true) : Tensor(),
+                                   d_topk_weight);
+    });
+  }
+  MOETRON_KERNEL_DISPATCH(ctx, moe_combine_weight_grad, act, plan, topk_weight, d_act, d_expert_out,
+                          d_topk_weight);
+}
 
 }  // namespace moetron::kernels

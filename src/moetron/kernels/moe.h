@@ -81,4 +81,19 @@ MOETRON_KERNEL_DECL(void moe_unpermute_backward(
     Context& ctx, const Tensor& dout, const Tensor& expert_out, const MoePlan& plan,
     const Tensor& topk_weight, const Tensor& d_expert_out, const Tensor& d_topk_weight))
 
+// The combine weights' gradient without the expert outputs (recompute module
+// moe_out, nn/recompute.h): d_act[r] comes in as dout[t] W2 (the unweighted
+// gradient of row r's SwiGLU output, r = row_of_slot[t, k]) and act[r] is that
+// output, so d_topk_weight[t, k] = d_act[r] . act[r] (= dout[t] . expert_out[r],
+// as expert_out[r] = act[r] W2^T). Then d_act[r] and d_expert_out[r] (coming in
+// as dout[t]; may be undefined) are scaled by topk_weight[t, k] in place: the
+// weighted gradients moe_unpermute_backward and the down projection give.
+// act, d_act: [>= rows, F], one dtype; d_expert_out: [>= rows, D] of that
+// dtype; topk_weight, d_topk_weight: f32 (or f64) [T, K], d_topk_weight
+// overwritten (0 for dropped slots).
+MOETRON_KERNEL_DECL(void moe_combine_weight_grad(Context& ctx, const Tensor& act,
+                                                 const MoePlan& plan, const Tensor& topk_weight,
+                                                 const Tensor& d_act, const Tensor& d_expert_out,
+                                                 const Tensor& d_topk_weight))
+
 }  // namespace moetron::kernels

@@ -103,4 +103,24 @@ inline void check_weights(const char* fn, const MoePlan& plan, const Tensor& w, 
   check_2d(w, fn, name, plan.num_tokens, plan.top_k);
 }
 
+// moe_combine_weight_grad's arguments: rows of act, d_act (and d_expert_out)
+// cover the plan, dtypes agree, the weights are [T, K].
+inline void check_combine_weight_grad(const char* fn, const MoePlan& plan, const Tensor& act,
+                                      const Tensor& topk_weight, const Tensor& d_act,
+                                      const Tensor& d_expert_out, const Tensor& d_topk_weight) {
+  check_plan(fn, plan);
+  MOETRON_CHECK(act.defined() && act.rank() == 2 && act.dim(0) >= plan.rows(), fn,
+                ": act must be [>= ", plan.rows(), ", F], got ", describe(act));
+  MOETRON_CHECK(d_act.defined() && d_act.shape() == act.shape() && d_act.dtype() == act.dtype(), fn,
+                ": d_act must match act ", act.str(), ", got ", describe(d_act));
+  if (d_expert_out.defined()) {
+    MOETRON_CHECK(d_expert_out.rank() == 2 && d_expert_out.dim(0) >= plan.rows() &&
+                      d_expert_out.dtype() == act.dtype(),
+                  fn, ": d_expert_out must be [>= ", plan.rows(), ", D] of act's dtype, got ",
+                  describe(d_expert_out));
+  }
+  check_weights(fn, plan, topk_weight, "topk_weight");
+  check_weights(fn, plan, d_topk_weight, "d_topk_weight");
+}
+
 }  // namespace moetron::kernels::moe_detail

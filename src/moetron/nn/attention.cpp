@@ -7,6 +7,7 @@
 #include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/rope.h"
 #include "moetron/nn/linear.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
 
@@ -125,31 +126,76 @@ void SelfAttention::forward(kernels::Context& ctx, const Tensor& x_given, const 
     if (done.raw() != y.raw()) y.copy_from(done);
   }
   if (drop_core_) s.out = s.out_heads = Tensor();
+  // Projections are rebuilt from x on this rank alone: not where q, k, v are
+  // gathered around a ring, exchanged or cached per chunk.
+  const bool whole = !s.context_parallel && s.offset < 0;
+  if (drop_q_ && whole) s.q = Tensor();
+  if (drop_kv_ && whole) s.k = s.v = Tensor();
   saved_ = std::move(s);
+}
+
+void SelfAttention::rebuild_projections(kernels::Context& ctx) {
+  Saved& s = saved_;
+  // Only whole sequences on this rank dropped them (forward).
+  if (s.context_parallel || s.offset >= 0 || (s.q.defined() && s.k.defined())) return;
+  MOETRON_CHECK(s.x.defined(), "attention recompute of q, k, v without its input");
+  const RecomputeTimer timer;
+  const int64_t t = s.batch * s.seq;
+  // The forward's kernels on the forward's input: the same values.
+  if (!s.q.defined()) {
+    s.q = Tensor::empty({s.batch, s.seq, h_, hd_}, prec_.compute);
+    linear_forward(ctx, s.x, wq_->value, as_matrix(s.q, h_ * hd_));
+    const Tensor q3 = s.q.reshape({t, h_, hd_});
+    if (rope_) kernels::rope_forward(ctx, q3, s.positions, theta_, q3);
+  }
+  if (!s.k.defined()) {
+    s.k = Tensor::empty({s.batch, s.seq, hkv_, hd_}, prec_.compute);
+    s.v = Tensor::empty({s.batch, s.seq, hkv_, hd_}, prec_.compute);
+    linear_forward(ctx, s.x, wk_->value, as_matrix(s.k, hkv_ * hd_));
+    linear_forward(ctx, s.x, wv_->value, as_matrix(s.v, hkv_ * hd_));
+    const Tensor k3 = s.k.reshape({t, hkv_, hd_});
+    if (rope_) kernels::rope_forward(ctx, k3, s.positions, theta_, k3);
+  }
+}
+
+void SelfAttention::rebuild_output(kernels::Context& ctx, float scale) {
+  Saved& s = saved_;
+  if (s.out.defined()) return;
+  const RecomputeTimer timer;
+  if (s.ulysses) return ulysses_core(ctx, s, scale);  // attn_core (all-to-all included)
+  // attn_core recompute: the same kernel on the same q, k, v.
+  s.out = Tensor::empty(s.q.shape(), prec_.compute);
+  Tensor lse = Tensor::empty(s.lse.shape(), prec_.accum);
+  if (s.context_parallel) {
+    context_attention_forward(ctx, s, scale, s.out, lse);
+  } else if (s.offset >= 0) {
+    chunk_attention_forward(ctx, s, scale, s.out, lse);
+  } else {
+    kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, lse);
+  }
+}
+
+void SelfAttention::project_output(kernels::Context& ctx, const Tensor& y) {
+  MOETRON_CHECK(!tp_->on(), "attention: o_proj recompute under tensor parallelism");
+  Saved& s = saved_;
+  if (!s.out.defined()) {
+    rebuild_projections(ctx);
+    rebuild_output(ctx, 1.0f / std::sqrt(static_cast<float>(hd_)));
+  }
+  linear_forward(ctx, as_matrix(s.out, h_ * hd_), wo_->value, y);
 }
 
 void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, const Tensor& dx) {
   const Tensor dy = column_parallel_input(*tp_, dy_given);
   Saved& s = saved_;
-  MOETRON_CHECK(s.q.defined() && s.x.defined(), "attention backward without a saved forward");
+  MOETRON_CHECK(s.lse.defined() && s.x.defined(), "attention backward without a saved forward");
   const bool chunked = s.offset >= 0;
   MOETRON_CHECK(!chunked || cache_.on(), "attention backward of a sequence chunk after its ",
                 "sequence ended");
   const int64_t t = s.batch * s.seq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  if (!s.out.defined() && s.ulysses) {  // attn_core recompute (all-to-all included)
-    ulysses_core(ctx, s, scale);
-  } else if (!s.out.defined()) {  // attn_core recompute: the same kernel on the same q, k, v
-    s.out = Tensor::empty(s.q.shape(), prec_.compute);
-    Tensor lse = Tensor::empty(s.lse.shape(), prec_.accum);
-    if (s.context_parallel) {
-      context_attention_forward(ctx, s, scale, s.out, lse);
-    } else if (chunked) {
-      chunk_attention_forward(ctx, s, scale, s.out, lse);
-    } else {
-      kernels::attention_forward(ctx, s.q, s.k, s.v, mask_for(s), scale, s.out, lse);
-    }
-  }
+  rebuild_projections(ctx);
+  rebuild_output(ctx, scale);
   Tensor d_out = Tensor::empty(s.out.shape(), prec_.compute);
   linear_backward(ctx, dy, as_matrix(s.out, h_ * hd_), wo_->value, wo_->grad,
                   as_matrix(d_out, h_ * hd_));

@@ -5,8 +5,12 @@
 // Saves for backward: the normalised input x, q and k after RoPE, v, the
 // attention output (before o_proj) and its log-sum-exp. Nothing S x S.
 // Recomputation (nn/recompute.h): attn_core drops the attention output and
-// backward rebuilds it from q, k, v; norm drops x, which the block rebuilds
-// and hands back through restore_input before backward.
+// backward rebuilds it from q, k, v; attn_q and attn_kv drop q and k, v
+// (whole sequences on one rank only: not under context parallelism or
+// chunked sequences) and backward projects them again from x; norm drops
+// x, which the block rebuilds and hands back through restore_input before
+// backward. attn_residual (the block's) asks for o_proj's output again
+// through project_output.
 //
 // Tensor parallelism (nn/tensor_parallel.h): each tp rank holds n_heads / tp
 // query heads and their kv heads, n_kv_heads / tp of them, or, when tp
@@ -45,8 +49,19 @@ class SelfAttention {
   void backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx);
   void release();  // drops what forward saved
   void set_drop_core(bool drop) { drop_core_ = drop; }
+  void set_drop_projections(bool q, bool kv) {
+    drop_q_ = q;
+    drop_kv_ = kv;
+  }
   void drop_input() { saved_.x = Tensor(); }
   void restore_input(const Tensor& x) { saved_.x = column_parallel_input(*tp_, x); }
+  bool has_input() const { return saved_.x.defined(); }
+  // Rebuilding the attention output (attn_core dropped) needs the input back first.
+  bool has_output() const { return saved_.out.defined(); }
+  // y = o_proj(attention output) again, bit for bit the forward's (the
+  // output and q, k, v rebuilt first if dropped). One tp rank only: under
+  // tp the forward's sum over ranks would have to run again.
+  void project_output(kernels::Context& ctx, const Tensor& y);
   const kernels::AttentionMask& mask() const { return mask_; }
   // Encoders (nn/vision_encoder.h, nn/audio_encoder.h): every position sees
   // every other one (causal off) and positions come from the encoder's own
@@ -83,7 +98,7 @@ class SelfAttention {
   kernels::AttentionMask mask_;
   Parameter *wq_, *wk_, *wv_, *wo_;
   Precision prec_;
-  bool drop_core_ = false;
+  bool drop_core_ = false, drop_q_ = false, drop_kv_ = false;
   struct SequenceCache {
     Tensor k, v;       // [B, S, hkv, hd] compute dtype: the chunks seen so far
     Tensor dk, dv;     // [B, S, hkv, hd] accum: allocated by the first backward
@@ -115,6 +130,10 @@ class SelfAttention {
 
  private:
   Saved saved_;
+  // Recomputation: q, k, v projected again from the saved input if dropped,
+  // then the attention output from them.
+  void rebuild_projections(kernels::Context& ctx);
+  void rebuild_output(kernels::Context& ctx, float scale);
   // mask_ with the saved document starts, if any.
   kernels::AttentionMask mask_for(const Saved& s) const;
   // Attention of a chunk's queries over the cached keys and values up to its

@@ -96,6 +96,7 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x_in, const Tensor& p
   if (drop_norm_ && moe_) moe_->drop_input();
   if (drop_norm_ && mlp_) mlp_->drop_input();
   kernels::add(ctx, out, s.h, out);
+  if (drop_residual_) s.h = Tensor();
   if (track_activations_) {
     act_sum_squares_ += kernels::sum_squares(ctx, out);
     act_count_ += out.numel();
@@ -108,6 +109,7 @@ Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out, const Tensor&
   Saved& s = saved_;
   MOETRON_CHECK(s.x.defined(), "block backward without a saved forward");
   const int64_t t = s.x.dim(0);
+  if (!s.h.defined()) rebuild_residual(ctx);
   Tensor d_n2 = Tensor::empty({t, d_}, prec_.compute);
   if (drop_norm_) {
     const Tensor n2 = rebuild_norm(ctx, s.h, *norm2_);
@@ -128,7 +130,7 @@ Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out, const Tensor&
   kernels::rmsnorm_backward(ctx, d_n2, s.h, norm2_->value, s.rstd2, d_h, norm2_->grad);
   kernels::add(ctx, d_h, d_out, d_h);
   Tensor d_n1 = std::move(d_n2);  // same shape; reuse the buffer
-  if (drop_norm_) attn_.restore_input(rebuild_norm(ctx, s.x, *norm1_));
+  if (drop_norm_ && !attn_.has_input()) attn_.restore_input(rebuild_norm(ctx, s.x, *norm1_));
   attn_.backward(ctx, d_h, d_n1);
   Tensor d_x = Tensor::empty({t, d_}, prec_.compute);
   kernels::rmsnorm_backward(ctx, d_n1, s.x, norm1_->value, s.rstd1, d_x, norm1_->grad);
@@ -138,8 +140,22 @@ Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out, const Tensor&
   return d_x;
 }
 
+void Block::rebuild_residual(kernels::Context& ctx) {
+  // attn_residual: h = x + o_proj(attention output), the forward's kernels
+  // on the forward's values. A dropped attention output is rebuilt first,
+  // from the input (itself rebuilt if norm dropped it).
+  const RecomputeTimer timer;
+  Saved& s = saved_;
+  if (!attn_.has_output() && !attn_.has_input())
+    attn_.restore_input(rebuild_norm(ctx, s.x, *norm1_));
+  s.h = Tensor::empty({s.x.dim(0), d_}, prec_.compute);
+  attn_.project_output(ctx, s.h);
+  kernels::add(ctx, s.h, s.x, s.h);
+}
+
 Tensor Block::rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const {
   // The forward's kernel on the forward's input: the same output.
+  const RecomputeTimer timer;
   const int64_t t = x.dim(0);
   Tensor rstd = Tensor::empty({t}, prec_.accum);
   Tensor n = Tensor::empty({t, d_}, prec_.compute);
@@ -150,9 +166,15 @@ Tensor Block::rebuild_norm(kernels::Context& ctx, const Tensor& x, const Paramet
 void Block::set_recompute(uint32_t modules) {
   const auto has = [&](Recompute m) { return (modules & static_cast<uint32_t>(m)) != 0; };
   drop_norm_ = has(Recompute::norm);
+  // Under tp o_proj's output is a sum over ranks: rebuilding it would be a collective.
+  drop_residual_ = has(Recompute::attn_residual) && !tp_->on();
   attn_.set_drop_core(has(Recompute::attn_core));
+  attn_.set_drop_projections(has(Recompute::attn_q), has(Recompute::attn_kv));
   if (mlp_) mlp_->set_drop_act(has(Recompute::moe_act));
-  if (moe_) moe_->set_recompute(has(Recompute::moe_act), has(Recompute::moe_dispatch));
+  if (moe_) {
+    moe_->set_recompute(has(Recompute::moe_act), has(Recompute::moe_dispatch),
+                        has(Recompute::moe_out));
+  }
 }
 
 void Block::set_checkpointed(bool on) {
@@ -162,6 +184,7 @@ void Block::set_checkpointed(bool on) {
 Tensor Block::recompute_forward(kernels::Context& ctx, const Tensor& x, const Tensor& positions,
                                 int64_t batch, int64_t seq, double loss_weight,
                                 const MediaTokens* media) {
+  const RecomputeTimer timer;
   MoeStats unused;  // counted by the first forward, as are the activation sums
   if (moe_) moe_->set_recompute_pass(true);
   const bool tracking = std::exchange(track_activations_, false);

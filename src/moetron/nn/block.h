@@ -105,11 +105,12 @@ class Block {
   std::unique_ptr<SwiGluMlp> mlp_;
   std::unique_ptr<MoeLayer> moe_;
   std::unique_ptr<GatedCrossAttention> xattn_;
-  bool drop_norm_ = false;
+  bool drop_norm_ = false, drop_residual_ = false;
   bool track_activations_ = false;
   double act_sum_squares_ = 0;
   int64_t act_count_ = 0;
   Tensor rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const;
+  void rebuild_residual(kernels::Context& ctx);
   // The MoE works on a token slice of the full activations without sequence parallelism.
   bool moe_slices_tokens() const { return moe_ && tp_->on() && !tp_->sequence_parallel; }
 

@@ -1,7 +1,10 @@
 #include "moetron/nn/mlp.h"
 
+#include <utility>
+
 #include "moetron/kernels/activation.h"
 #include "moetron/nn/linear.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
 
@@ -58,13 +61,17 @@ void SwiGluMlp::backward(kernels::Context& ctx, const Tensor& dy_given, const Te
   MOETRON_CHECK(s.x.defined() && s.gate_up.defined(), "MLP backward without a saved forward");
   const int64_t t = s.x.dim(0);
   if (!s.act.defined()) {  // moe_act recompute
+    const RecomputeTimer timer;
     s.act = Tensor::empty({t, f_}, prec_.compute);
     kernels::swiglu_forward(ctx, s.gate_up, s.act);
   }
   Tensor d_act = Tensor::empty({t, f_}, prec_.compute);
   linear_backward(ctx, dy, s.act, down_->value, down_->grad, d_act);
-  Tensor d_gate_up = Tensor::empty({t, 2 * f_}, prec_.compute);
-  kernels::swiglu_backward(ctx, d_act, s.gate_up, d_gate_up);
+  s.act = Tensor();
+  // In place: each element's gradient replaces the gate-up value it needed.
+  Tensor d_gate_up = std::exchange(s.gate_up, Tensor());
+  kernels::swiglu_backward(ctx, d_act, d_gate_up, d_gate_up);
+  d_act = Tensor();
   const Tensor dx_partial = tp_->sequence_parallel ? Tensor::empty({t, d_}, prec_.compute) : dx;
   linear_backward(ctx, d_gate_up, s.x, w13_, w13_grad_, dx_partial, dx_beta);
   if (tp_->on()) {

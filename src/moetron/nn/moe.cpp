@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <utility>
 
 #include "moetron/kernels/activation.h"
 #include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/matmul.h"
 #include "moetron/nn/linear.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
 
@@ -249,19 +251,33 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
   MOETRON_CHECK(s.x.defined(), "MoE backward without a saved forward");
   const int64_t t = s.x.dim(0), rows = s.gate_up.dim(0);
   if (shared_) shared_->backward(ctx, dy, dx, 0.0f);
-  rebuild_act(ctx);
 
   Tensor d_expert_out = Tensor::empty({s.plan.rows(), d_}, prec_.compute);
   Tensor d_topk_weight = Tensor::empty({t, k_}, prec_.accum);
-  kernels::moe_unpermute_backward(ctx, dy, s.expert_out, s.plan, s.topk_weight, d_expert_out,
-                                  d_topk_weight);
-  if (ep_size_ > 1) d_expert_out = to_experts(ctx, d_expert_out);
   Tensor d_act = Tensor::empty({rows, f_}, prec_.compute);
-  kernels::grouped_matmul(ctx, d_expert_out, w2_, expert_offsets(), d_act, false, 0.0f);
+  if (s.expert_out.defined()) {
+    kernels::moe_unpermute_backward(ctx, dy, s.expert_out, s.plan, s.topk_weight, d_expert_out,
+                                    d_topk_weight);
+    if (ep_size_ > 1) d_expert_out = to_experts(ctx, d_expert_out);
+    kernels::grouped_matmul(ctx, d_expert_out, w2_, expert_offsets(), d_act, false, 0.0f);
+    rebuild_act(ctx);
+  } else {
+    // moe_out (one rank holds every expert): the down projection of the
+    // unweighted gradient, then the weights' gradient from d_act . act and
+    // both gradients weighted in place (kernels/moe.h).
+    kernels::moe_permute(ctx, dy, s.plan, d_expert_out);
+    kernels::grouped_matmul(ctx, d_expert_out, w2_, expert_offsets(), d_act, false, 0.0f);
+    rebuild_act(ctx);
+    const RecomputeTimer timer;
+    kernels::moe_combine_weight_grad(ctx, s.act, s.plan, s.topk_weight, d_act, d_expert_out,
+                                     d_topk_weight);
+  }
   kernels::grouped_matmul_weight_grad(ctx, d_expert_out, s.act, expert_offsets(), w2_grad_, 1.0f);
   d_expert_out = Tensor();
-  Tensor d_gate_up = Tensor::empty({rows, 2 * f_}, prec_.compute);
-  kernels::swiglu_backward(ctx, d_act, s.gate_up, d_gate_up);
+  s.act = Tensor();
+  // In place: each element's gradient replaces the gate-up value it needed.
+  Tensor d_gate_up = std::exchange(s.gate_up, Tensor());
+  kernels::swiglu_backward(ctx, d_act, d_gate_up, d_gate_up);
   d_act = Tensor();
   rebuild_permuted(ctx);
   kernels::grouped_matmul_weight_grad(ctx, d_gate_up, s.permuted, expert_offsets(), w13_grad_,

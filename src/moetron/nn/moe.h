@@ -17,8 +17,12 @@
 // scores, top-k indices and weights, the plan, the permuted input, the
 // gate-up product, the SwiGLU output and the expert outputs. Recomputation
 // (nn/recompute.h, moe_recompute.cpp): moe_act drops the SwiGLU outputs,
-// moe_dispatch the permuted input and the router's input copy, norm the
+// moe_dispatch the permuted input and the router's input copy, moe_out the
+// expert outputs (one rank holding every expert: backward forms the combine
+// weights' gradient from the down projection's input side instead), norm the
 // input x (handed back by the block through restore_input before backward).
+// Backward frees the SwiGLU outputs once the down projection's weight
+// gradient is formed and writes the gate-up gradient over the gate-up product.
 #pragma once
 
 #include <memory>
@@ -107,7 +111,7 @@ class MoeLayer {
   const std::string& prefix() const { return prefix_; }
 
   // Recomputation (moe_recompute.cpp).
-  void set_recompute(bool drop_act, bool drop_dispatch);
+  void set_recompute(bool drop_act, bool drop_dispatch, bool drop_out = false);
   void drop_input();
   void restore_input(const Tensor& x);
   // In a checkpointed block, forward keeps its routing (top-k indices, i32
@@ -157,7 +161,8 @@ class MoeLayer {
   std::unique_ptr<SwiGluMlp> shared_;
   std::vector<int64_t> load_;
   comm::Communicator* balance_group_ = nullptr;
-  bool drop_act_ = false, drop_dispatch_ = false, keep_routing_ = false, recompute_pass_ = false;
+  bool drop_act_ = false, drop_dispatch_ = false, drop_out_ = false;
+  bool keep_routing_ = false, recompute_pass_ = false;
   Tensor routing_record_;
   int64_t routing_checks_ = 0;
   void record_routing(const Tensor& topk_idx);

@@ -7,12 +7,14 @@
 #include "moetron/kernels/activation.h"
 #include "moetron/kernels/elementwise.h"
 #include "moetron/nn/moe.h"
+#include "moetron/nn/recompute.h"
 
 namespace moetron::nn {
 
-void MoeLayer::set_recompute(bool drop_act, bool drop_dispatch) {
+void MoeLayer::set_recompute(bool drop_act, bool drop_dispatch, bool drop_out) {
   drop_act_ = drop_act;
   drop_dispatch_ = drop_dispatch;
+  drop_out_ = drop_out;
   if (shared_) shared_->set_drop_act(drop_act);
 }
 
@@ -36,6 +38,9 @@ void MoeLayer::record_routing(const Tensor& topk_idx) {
 void MoeLayer::drop_after_forward() {
   Saved& s = saved_;
   if (drop_act_) s.act = Tensor();
+  // Under expert parallelism the outputs came back from other ranks, where
+  // their SwiGLU inputs live: the weights' gradient needs them here.
+  if (drop_out_ && ep_size_ == 1) s.expert_out = Tensor();
   if (drop_dispatch_) {
     s.permuted = Tensor();
     if (s.x_router.raw() != s.x.raw()) s.x_router = Tensor();
@@ -60,6 +65,7 @@ void MoeLayer::rebuild_act(kernels::Context& ctx) {
                 "block_sparse_moe: backward without its input (norm recompute "
                 "must restore it first)");
   if (s.act.defined()) return;
+  const RecomputeTimer timer;
   s.act = Tensor::empty({s.gate_up.dim(0), f_}, prec_.compute);
   kernels::swiglu_forward(ctx, s.gate_up, s.act);
 }
@@ -67,12 +73,14 @@ void MoeLayer::rebuild_act(kernels::Context& ctx) {
 void MoeLayer::rebuild_permuted(kernels::Context& ctx) {
   Saved& s = saved_;
   if (s.permuted.defined()) return;
+  const RecomputeTimer timer;
   s.permuted = dispatch(ctx, s.x);  // under expert parallelism the exchange runs again
 }
 
 void MoeLayer::rebuild_router_input(kernels::Context& ctx) {
   Saved& s = saved_;
   if (s.x_router.defined()) return;
+  const RecomputeTimer timer;
   s.x_router = router_input(ctx, s.x, s.modality);
 }
 

@@ -1,5 +1,6 @@
 #include "moetron/nn/recompute.h"
 
+#include <atomic>
 #include <cmath>
 
 #include "moetron/core/error.h"
@@ -11,10 +12,29 @@ template <typename... Args>
 void rule(bool ok, const char* key, const Args&... why) {
   if (!ok) MOETRON_FAIL("invalid config: '", key, "': ", why...);
 }
+// What selective drops: the modules ranked first by activation bytes saved
+// per FLOP (and per second) recomputed, measured one by one
+// (bench/RESULTS.md, "Selective recompute by bytes saved per FLOP"), up to
+// half of none's activations: the memory-bound rebuilds and the expert
+// outputs, then the q, k, v projections (D-deep GEMMs). The attention core
+// (S-deep: 4x dearer per byte at S 2048) and the residual (whose o_proj
+// rebuild saves less than it costs) stay.
+constexpr uint32_t kSelectiveModules =
+    static_cast<uint32_t>(Recompute::moe_act) | static_cast<uint32_t>(Recompute::norm) |
+    static_cast<uint32_t>(Recompute::moe_dispatch) | static_cast<uint32_t>(Recompute::moe_out) |
+    static_cast<uint32_t>(Recompute::attn_q) | static_cast<uint32_t>(Recompute::attn_kv);
+
+std::string module_list() {
+  std::string s;
+  for (const auto& n : recompute_module_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
 }  // namespace
 
 const std::vector<std::string>& recompute_module_names() {
-  static const std::vector<std::string> names = {"attn_core", "moe_act", "norm", "moe_dispatch"};
+  static const std::vector<std::string> names = {"attn_core",    "moe_act",      "norm",
+                                                 "moe_dispatch", "moe_out",      "attn_q",
+                                                 "attn_kv",      "attn_residual"};
   return names;
 }
 
@@ -28,8 +48,7 @@ RecomputePolicy make_recompute_policy(const std::string& policy,
   const auto& names = recompute_module_names();
   if (policy == "custom") {
     rule(!modules.empty(), "recompute.modules",
-         "recompute.policy = \"custom\" needs at least one of attn_core, moe_act, norm, "
-         "moe_dispatch");
+         "recompute.policy = \"custom\" needs at least one of ", module_list());
     for (const auto& m : modules) {
       bool found = false;
       for (size_t i = 0; i < names.size(); ++i) {
@@ -38,14 +57,14 @@ RecomputePolicy make_recompute_policy(const std::string& policy,
           found = true;
         }
       }
-      rule(found, "recompute.modules", "unknown module \"", m,
-           "\" (expected attn_core, moe_act, norm or moe_dispatch)");
+      rule(found, "recompute.modules", "unknown module \"", m, "\" (expected one of ",
+           module_list(), ")");
     }
   } else {
     rule(modules.empty(), "recompute.modules",
          "used only with recompute.policy = \"custom\" (policy is \"", policy, "\")");
     if (policy == "selective") {
-      p.modules = (1u << names.size()) - 1;
+      p.modules = kSelectiveModules;
     } else if (policy == "full") {
       p.segment = 1;
     } else if (policy == "sqrt") {
@@ -61,6 +80,29 @@ RecomputePolicy make_recompute_policy(const std::string& policy,
        "used only with recompute.policy = \"sqrt\"");
   if (p.segment > n_layers) p.segment = n_layers;
   return p;
+}
+
+namespace {
+std::atomic<int64_t> recompute_ns{0};
+thread_local int timer_depth = 0;
+}  // namespace
+
+double recompute_seconds() {
+  return static_cast<double>(recompute_ns.load()) * 1e-9;
+}
+void reset_recompute_seconds() {
+  recompute_ns = 0;
+}
+
+RecomputeTimer::RecomputeTimer()
+    : start_(std::chrono::steady_clock::now()), outer_(timer_depth++ == 0) {}
+
+RecomputeTimer::~RecomputeTimer() {
+  --timer_depth;
+  if (!outer_) return;
+  recompute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start_)
+                      .count();
 }
 
 std::string describe(const RecomputePolicy& p) {

@@ -5,9 +5,11 @@
 //
 // Policies (config `recompute.policy`):
 //   none       keep everything each module saves (see the module headers)
-//   selective  drop attn_core, moe_act, norm and moe_dispatch (below): what
-//              is cheap to rebuild and large to keep; every GEMM input that
-//              costs a GEMM to rebuild is kept
+//   selective  drop moe_act, norm, moe_dispatch, moe_out, attn_q, attn_kv
+//              (below): the memory-bound rebuilds, the expert outputs
+//              (rebuilt by nothing) and the attention's D-deep projections;
+//              the attention core (S-deep), the residual and the experts'
+//              gate-up product stay
 //   full       keep each block's input only (segments of 1 block)
 //   sqrt       keep the input of every k-th block, k = ceil(sqrt(L))
 //   custom     drop exactly the modules listed in `recompute.modules`
@@ -15,6 +17,7 @@
 // it costs no more peak memory than rebuilding it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,6 +38,17 @@ enum class Recompute : uint32_t {
   // MoE permutation buffers: the expert-ordered copy of the input (a gather)
   // and the router's accumulation-dtype copy of the input (a conversion).
   moe_dispatch = 8,
+  // The routed experts' outputs [T K, D]: nothing is rebuilt; backward forms
+  // the combine weights' gradient as d_act . act (kernels/moe.h). One rank
+  // holding every expert only (under ep the outputs stay).
+  moe_out = 16,
+  // q (after RoPE): projected again from the attention input.
+  attn_q = 32,
+  // k (after RoPE) and v: projected again from the attention input.
+  attn_kv = 64,
+  // The attention residual h = x + o_proj(attention output), input of the
+  // FFN's norm: o_proj runs again (tp 1 only; under tp h stays).
+  attn_residual = 128,
 };
 
 struct RecomputePolicy {
@@ -54,5 +68,24 @@ RecomputePolicy make_recompute_policy(const std::string& policy,
                                       int64_t segment = 0);
 // "sqrt (segments of 3 blocks)", "custom [norm, moe_act]".
 std::string describe(const RecomputePolicy& p);
+
+// Wall seconds this process spent rebuilding dropped activations (every
+// rebuild, a checkpointed segment's second forward, and moe_out's weight
+// gradient kernel) since the last reset: the measured price of a policy,
+// free of the step-to-step noise a difference of step times carries.
+double recompute_seconds();
+void reset_recompute_seconds();
+// Times its scope into recompute_seconds(); nested scopes count once.
+class RecomputeTimer {
+ public:
+  RecomputeTimer();
+  ~RecomputeTimer();
+  RecomputeTimer(const RecomputeTimer&) = delete;
+  RecomputeTimer& operator=(const RecomputeTimer&) = delete;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  bool outer_;
+};
 
 }  // namespace moetron::nn

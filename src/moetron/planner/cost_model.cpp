@@ -93,6 +93,7 @@ CostModel::CostModel(Workload w, HardwareProfile hw) : w_(std::move(w)), hw_(std
   double activations = 0;
   for (int64_t i = 0; i < m.n_layers; ++i) {
     dense_params_ += 2 * d * q + 2 * d * kv + 2 * d;  // q, o; k, v; two norms
+    qkv_forward_flops_ += 2 * d * (q + 2 * kv);
     // The attention core's real work: 4 GEMM FLOPs per visible pair and
     // head dimension forward, 8 backward. (nn/flops.h, the MFU numerator,
     // counts twice that, as PaLM does; the efficiency is of the real work.)
@@ -185,9 +186,11 @@ double CostModel::compute_seconds(const LayoutChoice& l) const {
   const double tokens = static_cast<double>(w_.global_batch * w_.seq_len);
   const double world = static_cast<double>(l.world());
   // Recompute runs a layer's forward again (a third of its training FLOPs):
-  // all of it under full, the attention core under selective.
+  // all of it under full; under selective the attention's q, k, v
+  // projections (nn/recompute.h).
   const double full = l.recompute == "full" ? 4.0 / 3 : 1.0;
-  const double attn = l.recompute == "none" ? 1.0 : 4.0 / 3;
+  const double attn = l.recompute == "full" ? 4.0 / 3 : 1.0;
+  const double projections = l.recompute == "selective" ? qkv_forward_flops_ : 0;
   const double skew = l.ep > 1 ? 1 + w_.routing_skew : 1.0;
   // GEMM rows: a micro-batch's tokens on this rank for the dense ones; for
   // an expert, the tokens the ep group routes to it.
@@ -199,7 +202,7 @@ double CostModel::compute_seconds(const LayoutChoice& l) const {
                                        static_cast<double>(w_.moe.top_k) /
                                        static_cast<double>(w_.moe.num_experts)
                                  : rows;
-  const double gemm = dense_flops_ * full / gemm_rate(rows) +
+  const double gemm = (dense_flops_ * full + projections) / gemm_rate(rows) +
                       expert_flops_ * full * skew / gemm_rate(expert_rows, /*grouped=*/true);
   const double core = attention_flops_ * attn / (hw_.peak_flops * hw_.attention_efficiency);
   return tokens * (gemm + core) / world;
@@ -384,7 +387,9 @@ StepCost CostModel::estimate(const LayoutChoice& l) const {
   // Layers split over tp and pp, tokens over dp and cp; the loss on the last stage.
   const double tokens_here =
       static_cast<double>(w_.global_batch * w_.seq_len) / static_cast<double>(l.dp * l.cp);
-  const double recompute = l.recompute == "full" ? 1.5 : 1.0;  // the forward's half again
+  // The forward's half again under full; under selective most of it (norms,
+  // RoPE, SwiGLU, the permutation; not the residual adds).
+  const double recompute = l.recompute == "full" ? 1.5 : l.recompute == "selective" ? 1.4 : 1.0;
   c.elementwise_s = tokens_here *
                     (elementwise_bytes_ * recompute / static_cast<double>(l.pp) + loss_bytes_) /
                     static_cast<double>(l.tp) / hw_.elementwise_bandwidth;

@@ -176,6 +176,7 @@ class CostModel {
   int64_t moe_layers_ = 0;
   double flops_per_token_ = 0;  // the MFU numerator (nn/flops.h)
   double attention_flops_ = 0, expert_flops_ = 0, dense_flops_ = 0;  // per token, training
+  double qkv_forward_flops_ = 0;  // per token, one forward of the q, k, v projections
   double dense_params_ = 0, expert_params_ = 0;
   double activation_bytes_ = 0;   // per token per layer (bf16, before tp), averaged over layers
   double elementwise_bytes_ = 0;  // per token, all layers (before tp), forward and backward

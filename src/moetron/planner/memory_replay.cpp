@@ -64,6 +64,10 @@ class StepReplay {
     drop_act_ = p.drops(nn::Recompute::moe_act);
     drop_norm_ = p.drops(nn::Recompute::norm);
     drop_dispatch_ = p.drops(nn::Recompute::moe_dispatch);
+    drop_out_ = p.drops(nn::Recompute::moe_out) && x.ep == 1;
+    drop_q_ = p.drops(nn::Recompute::attn_q);
+    drop_kv_ = p.drops(nn::Recompute::attn_kv);
+    drop_residual_ = p.drops(nn::Recompute::attn_residual) && x.tp == 1;
     blocks_.resize(static_cast<size_t>(in.model.n_layers));
     k_ = in.recompute.segment;
   }
@@ -356,6 +360,7 @@ class StepReplay {
       s.mlp = mlp_forward(n2, x.ffn, true);
       if (drop_norm_) s.mlp.x = nullptr;
     }
+    if (drop_residual_) s.h = nullptr;
     blocks_[static_cast<size_t>(i)] = std::move(s);
     return out;
   }
@@ -388,6 +393,10 @@ class StepReplay {
     }
     row_output();
     if (drop_core_) s.out = s.out_heads = nullptr;
+    if (whole_sequence()) {
+      if (drop_q_) s.q = nullptr;
+      if (drop_kv_) s.k = s.v = nullptr;
+    }
     return s;
   }
 
@@ -436,6 +445,7 @@ class StepReplay {
     }
     if (x.aux || x.z) Buf scratch = r_.alloc(x.tm * x.e, x.a);
     if (drop_act_) s.act = nullptr;
+    if (drop_out_) s.expert_out = nullptr;
     if (drop_dispatch_) {
       s.permuted = nullptr;
       if (s.x_router != s.x) s.x_router = nullptr;
@@ -451,6 +461,14 @@ class StepReplay {
   Buf block_backward(int64_t i) {  // the caller holds d_out
     const Dims& x = x_;
     BlockSaved& s = blocks_[static_cast<size_t>(i)];
+    if (!s.h) {  // Block::rebuild_residual
+      if (!s.attn.out && !s.attn.x) s.attn.x = column_input(rebuild_norm());
+      s.h = r_.alloc(x.tb * x.d, x.c);
+      if (!s.attn.out) {
+        rebuild_projections(s.attn);
+        rebuild_output(s.attn);
+      }
+    }
     Buf d_n2 = r_.alloc(x.tb * x.d, x.c);
     if (drop_norm_) {
       Buf n2 = rebuild_norm();
@@ -469,7 +487,7 @@ class StepReplay {
     }
     Buf d_h = r_.alloc(x.tb * x.d, x.c);
     { std::vector<Buf> partial = norm_partial(); }
-    if (drop_norm_) s.attn.x = column_input(rebuild_norm());
+    if (drop_norm_ && !s.attn.x) s.attn.x = column_input(rebuild_norm());
     attn_backward(s.attn, i);
     Buf d_x = r_.alloc(x.tb * x.d, x.c);
     { std::vector<Buf> partial = norm_partial(); }
@@ -482,7 +500,9 @@ class StepReplay {
     Buf dy = tensor_parallel && x_.sp ? r_.alloc(x_.t * x_.d, x_.c) : nullptr;
     if (!s.act) s.act = r_.alloc(t * hidden, x_.c);
     Buf d_act = r_.alloc(t * hidden, x_.c);
-    Buf d_gate_up = r_.alloc(t * 2 * hidden, x_.c);
+    s.act = nullptr;
+    Buf d_gate_up = std::move(s.gate_up);  // written over the gate-up product
+    d_act = nullptr;
     if (tensor_parallel) row_output();
     s = MlpSaved{};
   }
@@ -490,13 +510,14 @@ class StepReplay {
   void moe_backward(MoeSaved& s) {
     const Dims& x = x_;
     if (s.has_shared) mlp_backward(s.shared, x.shared_hidden, false);
-    if (!s.act) s.act = r_.alloc(x.rows_expert * x.f, x.c);
     Buf d_expert_out = r_.alloc(x.rows_local * x.d, x.c);
     Buf d_topk_weight = r_.alloc(x.tm * x.k, x.a);
-    if (x.ep > 1) d_expert_out = exchange(x.rows_expert);
+    if (s.expert_out && x.ep > 1) d_expert_out = exchange(x.rows_expert);
     Buf d_act = r_.alloc(x.rows_expert * x.f, x.c);
+    if (!s.act) s.act = r_.alloc(x.rows_expert * x.f, x.c);
     d_expert_out = nullptr;
-    Buf d_gate_up = r_.alloc(x.rows_expert * 2 * x.f, x.c);
+    s.act = nullptr;
+    Buf d_gate_up = std::move(s.gate_up);  // written over the gate-up product
     d_act = nullptr;
     if (!s.permuted) s.permuted = dispatch();
     Buf d_permuted = r_.alloc(x.rows_expert * x.d, x.c);
@@ -514,20 +535,38 @@ class StepReplay {
     s = MoeSaved{};
   }
 
+  // SelfAttention::rebuild_projections: q, k, v dropped by attn_q / attn_kv.
+  void rebuild_projections(AttnSaved& s) {
+    if (!whole_sequence()) return;
+    if (!s.q) s.q = r_.alloc(x_.t * x_.h * x_.hd, x_.c);
+    if (!s.k) {
+      s.k = r_.alloc(x_.t * x_.hkv * x_.hd, x_.c);
+      s.v = r_.alloc(x_.t * x_.hkv * x_.hd, x_.c);
+    }
+  }
+
+  // SelfAttention::rebuild_output: the attention output dropped by attn_core.
+  void rebuild_output(AttnSaved& s) {
+    const Dims& x = x_;
+    if (s.out) return;
+    if (x.cp_all_to_all) return cp_.ulysses_core(s.out, s.out_heads);
+    s.out = r_.alloc(x.t * x.h * x.hd, x.c);
+    Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
+    if (x.cp > 1) {
+      cp_.prefix_forward();
+    } else {
+      std::vector<Buf> scratch = attention_scratch(false);
+    }
+  }
+
+  // Projections are dropped and rebuilt only for whole sequences on one rank.
+  bool whole_sequence() const { return x_.cp == 1 && chunked_seq_ == 0; }
+
   void attn_backward(AttnSaved& s, int64_t layer) {
     const Dims& x = x_;
     Buf dy = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
-    if (!s.out && x.cp_all_to_all) {
-      cp_.ulysses_core(s.out, s.out_heads);
-    } else if (!s.out) {
-      s.out = r_.alloc(x.t * x.h * x.hd, x.c);
-      Buf lse = r_.alloc(x.b * x.h * x.s, x.a);
-      if (x.cp > 1) {
-        cp_.prefix_forward();
-      } else {
-        std::vector<Buf> scratch = attention_scratch(false);
-      }
-    }
+    rebuild_projections(s);
+    rebuild_output(s);
     Buf d_out = r_.alloc(x.t * x.h * x.hd, x.c);
     Buf dq = r_.alloc(x.t * x.h * x.hd, x.c);
     Buf dk = r_.alloc(x.t * x.hkv * x.hd, x.c);
@@ -570,7 +609,8 @@ class StepReplay {
   Dims x_;
   ContextAttentionReplay cp_{r_, in_, x_};  // reads x_ as it changes
   int64_t k_ = 0;                           // blocks per checkpointed segment
-  bool drop_core_, drop_act_, drop_norm_, drop_dispatch_;
+  bool drop_core_, drop_act_, drop_norm_, drop_dispatch_, drop_out_, drop_q_, drop_kv_,
+      drop_residual_;
   std::vector<BlockSaved> blocks_;
   // Chunked sequences: the whole sequence's length (0: not chunked), where
   // the current chunk starts, and each layer's dK, dV sums.

@@ -275,5 +275,47 @@ void moe_unpermute_backward(Context&, const Tensor& dout, const Tensor& expert_o
     }
   });
 }
+void moe_combine_weight_grad(Context&, const Tensor& act, const MoePlan& plan,
+                             const Tensor& topk_weight, const Tensor& d_act,
+                             const Tensor& d_expert_out, const Tensor& d_topk_weight) {
+  const char* fn = "moe_combine_weight_grad";
+  moe_detail::check_combine_weight_grad(fn, plan, act, topk_weight, d_act, d_expert_out,
+                                        d_topk_weight);
+  check_row_dtype(act, fn);
+  check_f32(topk_weight, fn, "topk_weight");
+  check_f32(d_topk_weight, fn, "d_topk_weight");
+  const int64_t F = act.dim(1), K = plan.top_k, T = plan.num_tokens;
+  const int64_t D = d_expert_out.defined() ? d_expert_out.dim(1) : 0;
+  const int32_t* slot = plan.row_of_slot.data();
+  const float* pw = ptr<float>(topk_weight);
+  float* pdw = ptr<float>(d_topk_weight);
+  dispatch_rows(act.dtype(), [&](auto tag) {
+    using T_ = decltype(tag);
+    const T_* a = ptr<T_>(act);
+    T_* da = ptr<T_>(d_act);
+    T_* de = d_expert_out.defined() ? ptr<T_>(d_expert_out) : nullptr;
+    // Each kept slot owns one row, so the in-place writes never collide.
+#pragma omp parallel for schedule(static) if (T * F > kParallelElements)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t r = slot[t * K + k];
+        if (r < 0) {
+          pdw[t * K + k] = 0.0f;
+          continue;
+        }
+        const simd::vf w = simd::set1(pw[t * K + k]);
+        simd::vf dot = simd::zero();
+        for (int64_t f = 0; f < F; f += 16) {
+          const simd::vf g = load16(da + r * F + f, F - f);
+          dot = simd::fmadd(g, load16(a + r * F + f, F - f), dot);
+          store16(da + r * F + f, simd::mul(w, g), F - f);
+        }
+        for (int64_t d = 0; d < D; d += 16)
+          store16(de + r * D + d, simd::mul(w, load16(de + r * D + d, D - d)), D - d);
+        pdw[t * K + k] = simd::reduce_add(dot);
+      }
+    }
+  });
+}
 
 }  // namespace moetron::kernels::cpu

@@ -178,5 +178,30 @@ void moe_unpermute_backward(Context&, const Tensor& dout, const Tensor& expert_o
     }
   }
 }
+void moe_combine_weight_grad(Context&, const Tensor& act, const MoePlan& plan,
+                             const Tensor& topk_weight, const Tensor& d_act,
+                             const Tensor& d_expert_out, const Tensor& d_topk_weight) {
+  moe_detail::check_combine_weight_grad("moe_combine_weight_grad", plan, act, topk_weight, d_act,
+                                        d_expert_out, d_topk_weight);
+  const int64_t F = act.dim(1), K = plan.top_k;
+  const int64_t D = d_expert_out.defined() ? d_expert_out.dim(1) : 0;
+  for (int64_t t = 0; t < plan.num_tokens; ++t) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t r = plan.row_of_slot[static_cast<size_t>(t * K + k)];
+      double dot = 0;
+      if (r >= 0) {
+        const double w = load(topk_weight, t * K + k);
+        for (int64_t f = 0; f < F; ++f) {
+          const double g = load(d_act, r * F + f);
+          dot += g * load(act, r * F + f);
+          store(d_act, r * F + f, w * g);
+        }
+        for (int64_t d = 0; d < D; ++d)
+          store(d_expert_out, r * D + d, w * load(d_expert_out, r * D + d));
+      }
+      store(d_topk_weight, t * K + k, dot);
+    }
+  }
+}
 
 }  // namespace moetron::kernels::reference
