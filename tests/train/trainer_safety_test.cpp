@@ -14,6 +14,7 @@
 #include "moetron/ckpt/checkpoint.h"
 #include "moetron/core/manifest.h"
 #include "moetron/core/staged_dir.h"
+#include "moetron/core/threading.h"
 #include "moetron/data/corpus.h"
 #include "moetron/train/trainer.h"
 #include "util/test_util.h"
@@ -238,6 +239,23 @@ TEST(TrainerSafety, ADamagedCorpusIsCalledACorpus) {
   EXPECT_NE(e.find("corpus file '" + data + "/train.bin' fails its checksum"), std::string::npos)
       << e;
   EXPECT_EQ(e.find("checkpoint"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace moetron::train
+
+namespace moetron::train {
+namespace {
+
+// train.threads holds for the whole run: no probe or helper context (the
+// memory plan's bf16-widening check, the peak-FLOP probe) leaves the steps
+// on fewer threads. (The trainer once ran at half its step benchmark's rate
+// for exactly that.)
+TEST(TrainerSafety, TrainThreadsHoldForTheWholeRun) {
+  const std::string dir = fresh_dir("threads");
+  Trainer t(tiny({"train.threads=2"}), dir, false);
+  EXPECT_EQ(t.run().steps_done, 2);
+  EXPECT_EQ(num_compute_threads(), 2);
 }
 
 }  // namespace

@@ -34,10 +34,15 @@ Context::Context(Backend backend, int num_threads, int cuda_device) : backend_(b
                    "CUDA toolkit is installed)");
     }
   }
+  if (num_threads > 0 && num_threads != num_compute_threads()) {
+    restore_threads_ = num_compute_threads();
+  }
   init_compute_threads(num_threads);
 }
 
-Context::~Context() = default;
+Context::~Context() {
+  if (restore_threads_ > 0) init_compute_threads(restore_threads_);
+}
 
 cpu::CpuState& Context::cpu_state() {
   if (!cpu_) cpu_ = std::make_unique<cpu::CpuState>();

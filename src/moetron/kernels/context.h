@@ -53,7 +53,11 @@ class KernelProfile {
 
 class Context {
  public:
-  // num_threads <= 0 keeps the OpenMP default. Sets FTZ/DAZ on the compute threads.
+  // num_threads <= 0 keeps the current OpenMP thread count; > 0 sets it for
+  // the context's lifetime: the destructor puts back the count it found, so
+  // a short-lived context (a probe, a conversion) never leaves the process
+  // computing on fewer threads than the long-lived one asked for. Sets
+  // FTZ/DAZ on the compute threads.
   // Backend::cuda runs on GPU `cuda_device` and throws when this build has no
   // CUDA backend or the device is not there; its kernels take device tensors
   // (core/device.h) and are queued on the context's stream.
@@ -77,6 +81,7 @@ class Context {
 
  private:
   Backend backend_;
+  int restore_threads_ = 0;  // the OpenMP thread count to put back; 0: untouched
   KernelProfile profile_;
   std::unique_ptr<cpu::CpuState> cpu_;
   // A function-pointer deleter: builds without CUDA never name destroy_state.

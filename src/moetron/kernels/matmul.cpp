@@ -45,7 +45,7 @@ GemmSlots cpu_gemm_slots(int64_t m, int64_t n, int64_t k, DType ab, DType c, boo
 
 bool cpu_widens_bf16_matmul() {
   static const bool widens = [] {
-    Context ctx(Backend::cpu, 1);
+    Context ctx(Backend::cpu);  // a capability probe: the thread count stays
     return !cpu::has_native_bf16_matmul(ctx.cpu_state());
   }();
   return widens;

@@ -255,7 +255,7 @@ void ZeroOptimizer::finish_gather(size_t bi) {
   gathers_[bi]->wait();
   gathers_[bi].reset();
   const Shard& sh = shards_[bi];
-  kernels::Context fallback(kernels::Backend::cpu, 1);
+  kernels::Context fallback(kernels::Backend::cpu);
   kernels::Context& ctx = gather_ctx_ ? *gather_ctx_ : fallback;
   for (const parallel::BucketSlot& slot : reducer_.buckets()[bi].slots) {
     const Tensor src = sh.values_full.slice(slot.offset, slot.offset + slot.numel);
