@@ -166,8 +166,31 @@ std::string rounds_label(const std::vector<double>& secs) {
   return out;
 }
 
-// Every policy in alternating rounds on one model, so the shared machine's
-// drift hits each alike; the time ratio is of medians (min beside it).
+// Every policy of `sets` stepped once per round, in order, for `rounds`
+// rounds on one model (after a warm-up step of each), so the shared
+// machine's drift hits each alike: each policy's step seconds, rebuild
+// seconds and last step.
+struct Rounds {
+  std::vector<std::vector<double>> secs, rebuild;
+  std::vector<Harness::Step> last;
+};
+Rounds alternate(Harness& h, const std::vector<nn::RecomputePolicy>& sets, int rounds) {
+  for (const auto& p : sets) h.step(p);  // warm-up: primitives, first touch of buffers
+  Rounds out{std::vector<std::vector<double>>(sets.size()),
+             std::vector<std::vector<double>>(sets.size()),
+             std::vector<Harness::Step>(sets.size())};
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < sets.size(); ++i) {
+      out.last[i] = h.step(sets[i]);
+      out.secs[i].push_back(out.last[i].seconds);
+      out.rebuild[i].push_back(out.last[i].recompute_seconds);
+    }
+  }
+  return out;
+}
+
+// Every policy in alternating rounds on one model; the time ratio is of
+// medians (paired and minima beside it).
 void policies_on(Runner& runner, const Setup& s) {
   const int64_t layers = s.model.n_layers;
   const std::vector<nn::RecomputePolicy> policies = {
@@ -175,18 +198,7 @@ void policies_on(Runner& runner, const Setup& s) {
       nn::make_recompute_policy("selective", {}, layers),
       nn::make_recompute_policy("full", {}, layers), nn::make_recompute_policy("sqrt", {}, layers)};
   Harness h(s, nn::Precision::bf16(), runner.threads());
-  for (const auto& p : policies)
-    h.step(p);  // warm-up: primitives, first touch of every policy's buffers
-  const int rounds = runner.quick() ? 1 : 9;
-  std::vector<std::vector<double>> secs(policies.size()), rebuild(policies.size());
-  std::vector<Harness::Step> last(policies.size());
-  for (int r = 0; r < rounds; ++r) {
-    for (size_t i = 0; i < policies.size(); ++i) {
-      last[i] = h.step(policies[i]);
-      secs[i].push_back(last[i].seconds);
-      rebuild[i].push_back(last[i].recompute_seconds);
-    }
-  }
+  const auto [secs, rebuild, last] = alternate(h, policies, runner.quick() ? 1 : 9);
   const double base_s = median(secs[0]);
   const double base_min = *std::min_element(secs[0].begin(), secs[0].end());
   const auto base_act = static_cast<double>(last[0].activation_peak);
@@ -249,17 +261,7 @@ void modules_on(Runner& runner, const Setup& s) {
   for (const std::string& m : nn::recompute_module_names())
     policies.push_back(nn::make_recompute_policy("custom", {m}, layers));
   Harness h(s, nn::Precision::bf16(), runner.threads());
-  for (const auto& p : policies) h.step(p);
-  const int rounds = runner.quick() ? 1 : 3;
-  std::vector<std::vector<double>> secs(policies.size()), rebuild(policies.size());
-  std::vector<Harness::Step> last(policies.size());
-  for (int r = 0; r < rounds; ++r) {
-    for (size_t i = 0; i < policies.size(); ++i) {
-      last[i] = h.step(policies[i]);
-      secs[i].push_back(last[i].seconds);
-      rebuild[i].push_back(last[i].recompute_seconds);
-    }
-  }
+  const auto [secs, rebuild, last] = alternate(h, policies, runner.quick() ? 1 : 3);
   const double tokens = static_cast<double>(s.batch * s.seq);
   // The MFU numerator's step FLOPs (causal attention counted twice, as PaLM does).
   const double train_flops = nn::model_flops_per_token(s.model, s.moe, s.seq) * tokens;
@@ -319,18 +321,7 @@ void frontier_on(Runner& runner, const Setup& s) {
     chosen.push_back(r.module);
     sets.push_back(nn::make_recompute_policy("custom", chosen, layers));
   }
-  for (const auto& p : sets) h.step(p);
-  const int rounds = runner.quick() ? 1 : 7;
-  std::vector<std::vector<double>> secs(sets.size()), rebuild(sets.size());
-  std::vector<int64_t> peaks(sets.size());
-  for (int r = 0; r < rounds; ++r) {
-    for (size_t i = 0; i < sets.size(); ++i) {
-      const Harness::Step st = h.step(sets[i]);
-      secs[i].push_back(st.seconds);
-      rebuild[i].push_back(st.recompute_seconds);
-      peaks[i] = st.activation_peak;
-    }
-  }
+  const auto [secs, rebuild, last] = alternate(h, sets, runner.quick() ? 1 : 7);
   const double tokens = static_cast<double>(s.batch * s.seq);
   const double step_flops = nn::model_flops_per_token(s.model, s.moe, s.seq) * tokens;
   double flops = 0;
@@ -339,9 +330,9 @@ void frontier_on(Runner& runner, const Setup& s) {
     Result res;
     res.name = "memory/frontier-s" + std::to_string(s.seq) + "/+" + ranked[i - 1].module;
     res.labels["seconds_per_round"] = rounds_label(secs[i]);
-    res.metrics["activation_peak_mb"] = static_cast<double>(peaks[i]) / 1e6;
+    res.metrics["activation_peak_mb"] = static_cast<double>(last[i].activation_peak) / 1e6;
     res.metrics["activation_reduction_vs_none"] =
-        static_cast<double>(peaks[0]) / static_cast<double>(peaks[i]);
+        static_cast<double>(last[0].activation_peak) / static_cast<double>(last[i].activation_peak);
     res.metrics["recompute_share_of_step_flops"] = flops / step_flops;
     res.metrics["recompute_time_share"] = median(rebuild[i]) / median(secs[0]);
     res.metrics["time_vs_none"] = median(secs[i]) / median(secs[0]);

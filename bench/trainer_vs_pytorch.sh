@@ -14,10 +14,10 @@
 # in `make test` needs it.
 #
 #   bench/trainer_vs_pytorch.sh [--steps 12] [--threads 2] [--rounds 2]
-#     [--data DIR] [--install-torch] [--moetron build/moetron]
+#     [--data DIR] [--install-torch] [--trainer-set KEY=VALUE ...] [--moetron build/moetron]
 #     [--bench build/bench/moetron_bench_kernels] [--json FILE]
 set -euo pipefail
-steps=12 threads=2 rounds=2 data="" install=0 json=""
+steps=12 threads=2 rounds=2 data="" install=0 json="" trainer_sets=()
 root=$(cd "$(dirname "$0")/.." && pwd)
 moetron="$root/build/moetron" bench="$root/build/bench/moetron_bench_kernels"
 while [[ $# -gt 0 ]]; do
@@ -27,6 +27,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) rounds=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --install-torch) install=1; shift ;;
+    --trainer-set) trainer_sets+=(--set "$2"); shift 2 ;;
     --moetron) moetron=$2; shift 2 ;;
     --bench) bench=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
@@ -63,7 +64,8 @@ run_trainer() {
   local out="$work/run-$1"
   /usr/bin/time -v -o "$work/time-trainer" "$moetron" train --config "$root/configs/bench-moe.toml" \
     --out "$out" --set train.threads="$threads" --set data.path="$data" \
-    --set train.steps=$((steps + 2)) --set train.precision=bf16 >"$work/trainer.log" 2>&1 || {
+    --set train.steps=$((steps + 2)) --set train.precision=bf16 "${trainer_sets[@]}" \
+    >"$work/trainer.log" 2>&1 || {
     tail -20 "$work/trainer.log" >&2; exit 1; }
   # Steps after the first two (warm-up), as the other two measure.
   local med

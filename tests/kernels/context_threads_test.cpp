@@ -12,17 +12,22 @@
 namespace moetron::kernels {
 namespace {
 
+// The threads a parallel region gets now.
+int team_size() {
+  int team = 0;
+#pragma omp parallel
+#pragma omp single
+  team = omp_get_num_threads();
+  return team;
+}
+
 TEST(ContextThreads, AShortLivedContextPutsBackTheThreadCountItFound) {
   const Context run(Backend::cpu, 2);
   ASSERT_EQ(num_compute_threads(), 2);
   {
     const Context probe(Backend::cpu, 1);
     EXPECT_EQ(num_compute_threads(), 1);
-    int team = 0;
-#pragma omp parallel
-#pragma omp single
-    team = omp_get_num_threads();
-    EXPECT_EQ(team, 1);
+    EXPECT_EQ(team_size(), 1);
   }
   EXPECT_EQ(num_compute_threads(), 2);
   {
@@ -37,11 +42,7 @@ TEST(ContextThreads, TheBf16WideningProbeLeavesTheThreadCountAlone) {
   const Context run(Backend::cpu, 2);
   (void)cpu_widens_bf16_matmul();
   EXPECT_EQ(num_compute_threads(), 2);
-  int team = 0;
-#pragma omp parallel
-#pragma omp single
-  team = omp_get_num_threads();
-  EXPECT_EQ(team, 2);
+  EXPECT_EQ(team_size(), 2);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 
+#include "kernels/moe_test_util.h"
 #include "moetron/core/rng.h"
 #include "moetron/kernels/moe.h"
 #include "util/test_util.h"
@@ -21,17 +22,7 @@ using test::poisoned;
 using test::random_tensor;
 
 Tensor random_topk_idx(int64_t T, int64_t E, int64_t K, const std::string& name) {
-  Tensor idx = Tensor::empty({T, K}, DType::i32, MemTag::workspace);
-  PhiloxStream rng(9, name);
-  std::vector<int32_t> perm(static_cast<size_t>(E));
-  for (int64_t t = 0; t < T; ++t) {
-    std::iota(perm.begin(), perm.end(), 0);
-    for (int64_t i = E - 1; i > 0; --i) {
-      std::swap(perm[static_cast<size_t>(i)], perm[rng.next_u32() % static_cast<uint32_t>(i + 1)]);
-    }
-    for (int64_t k = 0; k < K; ++k) idx.data<int32_t>()[t * K + k] = perm[static_cast<size_t>(k)];
-  }
-  return idx;
+  return test_moe::random_topk_idx(T, E, K, name, 9);
 }
 
 TEST(MoeCombineWeightGrad, CpuMatchesReference) {
