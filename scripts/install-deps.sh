@@ -4,6 +4,9 @@
 # prometheus and chromium (with a font) run in the monitor's tests.
 # FreeType (with the DejaVu fonts), espeak-ng, FFTW and libpng generate and
 # read the multimodal data (rendered text, speech, log-mel features, images).
+# GNU time gives the benchmark scripts' peak RSS. PyTorch (python3-torch, 213
+# packages) is not here: only bench/trainer_vs_pytorch.sh --install-torch
+# installs it, as issue 24 asks.
 # Idempotent: runs `apt-get update` once, and only when something is missing.
 set -euo pipefail
 
@@ -21,7 +24,7 @@ packages=(
   prometheus chromium fonts-dejavu-core
   fortunes
   libfreetype-dev libpng-dev libespeak-ng-dev libfftw3-dev
-  clang-format python3
+  clang-format python3 time
 )
 
 missing=()

@@ -103,6 +103,24 @@ TEST(MoeCombineWeightGrad, EqualsTheUnpermuteBackwardOfTheExpertOutputs) {
   moe_combine_weight_grad(ref, act, plan, w, g, d_rows, dw2);
   EXPECT_TRUE(test::all_close(dw2, dw, {1e-12, 1e-12}));
   EXPECT_TRUE(test::all_close(d_rows, deo, {1e-12, 1e-12}));
+  // Finite differences of loss = dout . unpermute(act W2^T, w): the kernel's
+  // d_topk_weight and weighted d_act are its gradients in w and act.
+  auto loss = [&] {
+    Tensor e = Tensor::zeros({R, D}, DType::f64), out = Tensor::zeros({T, D}, DType::f64);
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t d = 0; d < D; ++d) {
+        for (int64_t f = 0; f < F; ++f) {
+          e.data<double>()[r * D + d] += act.data<double>()[r * F + f] * m[d * F + f];
+        }
+      }
+    }
+    moe_unpermute(ref, e, plan, w, out);
+    double sum = 0;
+    for (int64_t i = 0; i < T * D; ++i) sum += out.data<double>()[i] * dout.data<double>()[i];
+    return sum;
+  };
+  EXPECT_TRUE(test::finite_difference_check(loss, w, dw2, 1e-6, 1e-7));
+  EXPECT_TRUE(test::finite_difference_check(loss, act, g, 1e-6, 1e-7));
   for (int64_t s = 0; s < T * K; ++s) {
     const int32_t r = plan.row_of_slot[static_cast<size_t>(s)];
     if (r < 0) continue;

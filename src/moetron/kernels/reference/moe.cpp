@@ -17,6 +17,17 @@ void check_float(const Tensor& t, const char* fn, const char* name) {
   MOETRON_CHECK(t.defined() && is_floating(t.dtype()), fn, ": ", name,
                 " must be a float tensor, got ", describe(t));
 }
+
+// fn(token, slot, row) for every slot (token-major), row < 0 when dropped.
+template <typename Fn>
+void for_each_slot(const MoePlan& plan, Fn&& fn) {
+  for (int64_t t = 0; t < plan.num_tokens; ++t) {
+    for (int64_t k = 0; k < plan.top_k; ++k) {
+      const int64_t slot = t * plan.top_k + k;
+      fn(t, slot, static_cast<int64_t>(plan.row_of_slot[static_cast<size_t>(slot)]));
+    }
+  }
+}
 }  // namespace
 
 void router_topk(Context&, const Tensor& logits, const Tensor& bias, const RouterArgs& args,
@@ -161,47 +172,41 @@ void moe_unpermute_backward(Context&, const Tensor& dout, const Tensor& expert_o
     moe_detail::check_rows(fn, plan, dout, "dout", d_expert_out, "d_expert_out");
   }
   if (d_topk_weight.defined()) moe_detail::check_weights(fn, plan, d_topk_weight, "d_topk_weight");
-  const int64_t D = dout.dim(1), K = plan.top_k;
-  for (int64_t t = 0; t < plan.num_tokens; ++t) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t r = plan.row_of_slot[static_cast<size_t>(t * K + k)];
-      double dot = 0;
-      if (r >= 0) {
-        const double w = load(topk_weight, t * K + k);
-        for (int64_t d = 0; d < D; ++d) {
-          const double g = load(dout, t * D + d);
-          dot += g * load(expert_out, r * D + d);
-          if (d_expert_out.defined()) store(d_expert_out, r * D + d, w * g);
-        }
+  const int64_t D = dout.dim(1);
+  for_each_slot(plan, [&](int64_t t, int64_t slot, int64_t r) {
+    double dot = 0;
+    if (r >= 0) {
+      const double w = load(topk_weight, slot);
+      for (int64_t d = 0; d < D; ++d) {
+        const double g = load(dout, t * D + d);
+        dot += g * load(expert_out, r * D + d);
+        if (d_expert_out.defined()) store(d_expert_out, r * D + d, w * g);
       }
-      if (d_topk_weight.defined()) store(d_topk_weight, t * K + k, dot);
     }
-  }
+    if (d_topk_weight.defined()) store(d_topk_weight, slot, dot);
+  });
 }
 void moe_combine_weight_grad(Context&, const Tensor& act, const MoePlan& plan,
                              const Tensor& topk_weight, const Tensor& d_act,
                              const Tensor& d_expert_out, const Tensor& d_topk_weight) {
   moe_detail::check_combine_weight_grad("moe_combine_weight_grad", plan, act, topk_weight, d_act,
                                         d_expert_out, d_topk_weight);
-  const int64_t F = act.dim(1), K = plan.top_k;
+  const int64_t F = act.dim(1);
   const int64_t D = d_expert_out.defined() ? d_expert_out.dim(1) : 0;
-  for (int64_t t = 0; t < plan.num_tokens; ++t) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t r = plan.row_of_slot[static_cast<size_t>(t * K + k)];
-      double dot = 0;
-      if (r >= 0) {
-        const double w = load(topk_weight, t * K + k);
-        for (int64_t f = 0; f < F; ++f) {
-          const double g = load(d_act, r * F + f);
-          dot += g * load(act, r * F + f);
-          store(d_act, r * F + f, w * g);
-        }
-        for (int64_t d = 0; d < D; ++d)
-          store(d_expert_out, r * D + d, w * load(d_expert_out, r * D + d));
+  for_each_slot(plan, [&](int64_t, int64_t slot, int64_t r) {
+    double dot = 0;
+    if (r >= 0) {
+      const double w = load(topk_weight, slot);
+      for (int64_t f = 0; f < F; ++f) {
+        const double g = load(d_act, r * F + f);
+        dot += g * load(act, r * F + f);
+        store(d_act, r * F + f, w * g);
       }
-      store(d_topk_weight, t * K + k, dot);
+      for (int64_t d = 0; d < D; ++d)
+        store(d_expert_out, r * D + d, w * load(d_expert_out, r * D + d));
     }
-  }
+    store(d_topk_weight, slot, dot);
+  });
 }
 
 }  // namespace moetron::kernels::reference
