@@ -126,7 +126,10 @@ TEST(Cli, GenerateTakesARunDirectoryAndRefusesANegativeTemperature) {
   EXPECT_NE(r.err.find("checkpoints/step-2"), std::string::npos) << r.err;
   r = run("generate --checkpoint " + out + " --prompt x --temperature -1");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--temperature: must be 0 or more, got -1"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("17976931348623157"), std::string::npos) << r.err;  // no DBL_MAX range
+  r = run("generate --checkpoint " + out + " --prompt x --top-k=-2");
+  EXPECT_NE(r.err.find("--top-k: must be 0 or more, got -2"), std::string::npos) << r.err;
   r = run("generate --checkpoint " + root() + " --prompt x");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("neither a checkpoint"), std::string::npos) << r.err;

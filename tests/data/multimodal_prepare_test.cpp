@@ -215,5 +215,40 @@ TEST_F(MultimodalPrepare, NeverOverwritesAndFailsWithoutLeavingADirectory) {
   EXPECT_THROW(prepare_multimodal(zero), Error);
 }
 
+TEST_F(MultimodalPrepare, TaskRecordsSizeOneTaskAndKeepTheOthersAtPerTask) {
+  MultimodalOptions o = tiny_options("sized", 5);
+  o.task_records = parse_task_records("caption=23,ocr=12");
+  o.export_samples = 0;
+  prepare_multimodal(o);
+  const MultimodalDataset d = MultimodalDataset::open(o.out_dir);
+  EXPECT_EQ(d.size(Task::caption, Split::train), 23);
+  EXPECT_EQ(d.size(Task::caption, Split::val), 2);
+  EXPECT_EQ(d.size(Task::caption, Split::heldout), 2);
+  EXPECT_EQ(d.size(Task::ocr, Split::train), 12);
+  EXPECT_EQ(d.size(Task::asr, Split::train), 10);
+  // The first records are those of the default corpus: sizes extend, never reshuffle.
+  const MultimodalDataset base = MultimodalDataset::open(prepared("a", 5));
+  EXPECT_EQ(d.record(Task::caption, Split::train, 3).text,
+            base.record(Task::caption, Split::train, 3).text);
+}
+
+TEST(MultimodalTaskRecords, BadEntriesNameTheOptionAndTheEntry) {
+  const auto r = parse_task_records("asr=7,caption=20000");
+  EXPECT_EQ(r[static_cast<size_t>(Task::caption)], 20000);
+  EXPECT_EQ(r[static_cast<size_t>(Task::asr)], 7);
+  EXPECT_EQ(r[static_cast<size_t>(Task::ocr)], 0);
+  for (const char* bad :
+       {"caption", "caption=0", "caption=-3", "caption=12x", "text=5", "speech=5"}) {
+    try {
+      parse_task_records(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string(bad).substr(0, 4)), std::string::npos) << what;
+    }
+  }
+  EXPECT_THROW(parse_task_records("caption=1,zzz=2"), Error);
+}
+
 }  // namespace
 }  // namespace moetron::data

@@ -113,6 +113,46 @@ TEST(MultimodalTrainer, ResumeIsBitExact) {
   }
 }
 
+TEST(MultimodalTrainer, PartitionedRoutingLogsTheOwnersEachStepRoutedUnder) {
+  // metrics.jsonl's expert_owners are the owners a step routed under, so a
+  // logged move shows in the next step's owners and nowhere else.
+  const std::string dir = run_dir("owners");
+  // Every layer an MoE layer (the list index is the layer number), top-1 so
+  // that audio may own no expert; images (few tokens) own two, one of which
+  // the text tokens take.
+  Trainer t(config({"train.steps=10", "moe.first_dense_layers=0", "moe.top_k=1",
+                    "moe.modality_routing=partitioned", "moe.modality_experts=1,2,0",
+                    "moe.modality_realloc_every=2", "moe.modality_realloc_hysteresis=0"}),
+            dir, false);
+  t.run();
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  nlohmann::json expected;
+  int steps = 0, moves = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("task_loss")) continue;
+    ASSERT_TRUE(j.contains("expert_owners")) << line;
+    const nlohmann::json& owners = j.at("expert_owners");
+    ASSERT_EQ(owners.size(), j.at("expert_load_by_modality").size());
+    if (steps == 0) {
+      EXPECT_EQ(owners[0], nlohmann::json({0, 1, 1, -1}));
+    } else {
+      EXPECT_EQ(owners, expected) << "step " << j.at("step");
+    }
+    expected = owners;
+    for (const auto& mv : j.value("modality_moves", nlohmann::json::array())) {
+      const std::string layer = mv.at("layer");
+      const size_t l = std::stoul(layer.substr(layer.find("layers.") + 7));
+      EXPECT_EQ(expected[l][mv.at("expert").get<size_t>()], mv.at("from"));
+      expected[l][mv.at("expert").get<size_t>()] = mv.at("to");
+      ++moves;
+    }
+    ++steps;
+  }
+  EXPECT_EQ(steps, 10);
+  EXPECT_GT(moves, 0) << "no allocation moved: the test checks nothing";
+}
+
 TEST(MultimodalTrainer, RecomputePoliciesGiveTheSameLossesAndBf16Trains) {
   const TrainResult none = Trainer(config({"train.steps=3"}), run_dir("rc-none"), false).run();
   for (const char* policy : {"selective", "full"}) {

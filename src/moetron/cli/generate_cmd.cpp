@@ -13,6 +13,19 @@ namespace moetron::cli {
 
 namespace {
 
+// CLI11's NonNegativeNumber prints its range up to DBL_MAX ("not in range
+// 0.000000 to 17976931348623157...") at a user who typed -1: say it plainly.
+CLI::Validator non_negative() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+        if (!(v >= 0)) return "must be 0 or more, got " + text;
+        return {};
+      },
+      "NUMBER >= 0");
+}
+
 bool wants_media(const GenerateCommand& o) {
   return !o.image.empty() || !o.audio.empty() || !o.record.empty();
 }
@@ -122,13 +135,13 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommand& o) {
                   "multimodal corpus (default: the run's multimodal.data): tokenizer, mel "
                   "options, --record");
   gen->add_option("--max-new-tokens", o.sample.max_new_tokens, "tokens to generate")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   o.temperature = gen->add_option("--temperature", o.sample.temperature,
                                   "sampling temperature (0: greedy; --image / --audio / --record "
                                   "decode greedily unless it is given)")
-                      ->check(CLI::NonNegativeNumber);
+                      ->check(non_negative());
   gen->add_option("--top-k", o.sample.top_k, "sample among the k most likely tokens (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   gen->add_option("--seed", o.sample.seed, "sampling seed");
   return gen;
 }

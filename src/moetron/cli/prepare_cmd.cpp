@@ -46,6 +46,7 @@ int run_multimodal(PrepareCommand& o) {
   m.vocab_size = o.text.vocab_size;
   m.text_val_fraction = o.text.val_fraction;
   m.seed = o.retrieval.seed;
+  if (!o.task_records.empty()) m.task_records = data::parse_task_records(o.task_records);
   const data::MultimodalReport r = data::prepare_multimodal(m);
   std::cout << "prepared " << m.out_dir << ": multimodal, seed " << m.seed << ", vocabulary "
             << r.vocab_size << "\n"
@@ -98,6 +99,9 @@ CLI::App* add_prepare_command(CLI::App& app, PrepareCommand& o) {
                  "defaults to /usr/share/games/fortunes; --seed seeds it)");
   prep->add_option("--per-task", m.per_task,
                    "multimodal: train records per task (val and heldout get a tenth)");
+  prep->add_option("--task-records", o.task_records,
+                   "multimodal: train records of some tasks instead of --per-task, e.g. "
+                   "caption=20000,ocr=20000");
   prep->add_option("--n-mels", m.mel.n_mels, "multimodal: mel bands of the ASR features");
   prep->add_option("--export-samples", m.export_samples,
                    "multimodal: write the first K images (PNG) and utterances (WAV) of each "

@@ -20,6 +20,7 @@ struct PrepareCommand {
   data::RetrievalOptions retrieval;
   bool multimodal = false;  // --multimodal: caption, ocr and asr tasks beside the text
   data::MultimodalOptions mm;
+  std::string task_records;  // --task-records "caption=N,..." (parsed into mm)
 };
 
 CLI::App* add_prepare_command(CLI::App& app, PrepareCommand& opts);

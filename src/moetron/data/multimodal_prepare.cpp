@@ -1,9 +1,11 @@
 #include "moetron/data/multimodal_prepare.h"
 
+#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "moetron/core/error.h"
 #include "moetron/core/manifest.h"
@@ -72,7 +74,7 @@ template <typename Make>
 nlohmann::json write_split(Context& c, Task t, Split s, Make make) {
   ShardWriter writer(c.dir, t, s, c.o.records_per_shard);
   PhiloxStream rng(c.o.seed, str_cat("multimodal.", task_name(t), ".", split_name(s)));
-  const int64_t n = split_records(c.o.per_task, t, s);
+  const int64_t n = split_records(train_records(c.o, t), t, s);
   for (int64_t i = 0; i < n; ++i) {
     RecordData r = make(rng, s, i);
     r.task = t;
@@ -192,6 +194,13 @@ nlohmann::json write_asr(Context& c) {
 void validate(const MultimodalOptions& o) {
   MOETRON_CHECK(!o.out_dir.empty(), "--out is required");
   MOETRON_CHECK(o.per_task >= 1, "--per-task must be at least 1, got ", o.per_task);
+  for (const Task t : {Task::caption, Task::ocr, Task::asr}) {
+    MOETRON_CHECK(o.task_records[static_cast<size_t>(t)] >= 0, "--task-records: ", task_name(t),
+                  " must not be negative (0: --per-task), got ",
+                  o.task_records[static_cast<size_t>(t)]);
+  }
+  MOETRON_CHECK(o.task_records[static_cast<size_t>(Task::text)] == 0,
+                "--task-records: the text task's size is its corpus, not a record count");
   MOETRON_CHECK(o.records_per_shard >= 1, "--records-per-shard must be at least 1, got ",
                 o.records_per_shard);
   MOETRON_CHECK(o.val_fraction > 0 && o.val_fraction < 1, "the OCR/ASR val fraction must be in ",
@@ -216,6 +225,31 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+int64_t train_records(const MultimodalOptions& o, Task t) {
+  const int64_t n = o.task_records[static_cast<size_t>(t)];
+  return n > 0 ? n : o.per_task;
+}
+
+std::array<int64_t, 4> parse_task_records(const std::string& spec) {
+  std::array<int64_t, 4> out{};
+  std::stringstream in(spec);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t eq = item.find('=');
+    MOETRON_CHECK(eq != std::string::npos, "--task-records: '", item,
+                  "' is not task=records (e.g. caption=20000)");
+    const Task t = parse_task(item.substr(0, eq));
+    MOETRON_CHECK(t != Task::text, "--task-records: the text task's size is its corpus, not a ",
+                  "record count");
+    int64_t n = 0;
+    const std::string count = item.substr(eq + 1);
+    const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
+    MOETRON_CHECK(ec == std::errc() && end == count.data() + count.size() && n >= 1,
+                  "--task-records: ", task_name(t), "=", count, " is not a positive record count");
+    out[static_cast<size_t>(t)] = n;
+  }
+  return out;
+}
 
 int64_t split_records(int64_t per_task, Task t, Split s) {
   if (t == Task::text) return 0;
@@ -275,6 +309,10 @@ MultimodalReport prepare_multimodal(const MultimodalOptions& o) {
                                 {"options",
                                  {{"input", o.input},
                                   {"per_task", o.per_task},
+                                  {"task_records",
+                                   {{"caption", train_records(o, Task::caption)},
+                                    {"ocr", train_records(o, Task::ocr)},
+                                    {"asr", train_records(o, Task::asr)}}},
                                   {"val_fraction", o.val_fraction},
                                   {"text_val_fraction", o.text_val_fraction},
                                   {"records_per_shard", o.records_per_shard},

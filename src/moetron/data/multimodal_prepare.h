@@ -15,6 +15,7 @@
 // an existing DIR is never overwritten. Layout and reader: data/multimodal_format.h.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -37,6 +38,10 @@ struct MultimodalOptions {
   // Train records per multimodal task; val (and caption's heldout) get
   // max(1, per_task / 10).
   int64_t per_task = 2000;
+  // Train records of one task instead of per_task (indexed by Task; 0: per_task).
+  // Scenes and rendered text cost milliseconds a thousand, speech seconds:
+  // a corpus can hold many more of the first two.
+  std::array<int64_t, 4> task_records{};
   int64_t records_per_shard = 4096;
   double max_audio_seconds = 3.0;  // longer utterances are skipped, never cut
   size_t max_ocr_chars = 16;
@@ -59,5 +64,12 @@ MultimodalReport prepare_multimodal(const MultimodalOptions& opts);
 
 // Records in `split` for a task of `per_task` train records.
 int64_t split_records(int64_t per_task, Task t, Split s);
+
+// The train records of task t: its task_records entry, else per_task.
+int64_t train_records(const MultimodalOptions& o, Task t);
+
+// "caption=20000,ocr=8000" -> task_records entries (caption, ocr, asr only);
+// errors name --task-records and the bad entry.
+std::array<int64_t, 4> parse_task_records(const std::string& spec);
 
 }  // namespace moetron::data

@@ -161,7 +161,14 @@ void Trainer::adapt_modality_routing(const StepRecord& rec, nlohmann::json& line
     by_layer.push_back(rows);
   }
   line["expert_load_by_modality"] = by_layer;
-  if (cfg_.moe.modality_routing != "partitioned" || rec.skipped) return;
+  if (cfg_.moe.modality_routing != "partitioned") return;
+  // The owners this step's tokens were routed under (a move below takes
+  // effect from the next step): what a collapse count needs to tell an
+  // expert a modality may not use from one it leaves idle.
+  nlohmann::json owners = nlohmann::json::array();
+  for (nn::MoeLayer* l : layers) owners.push_back(l->expert_owners());
+  line["expert_owners"] = owners;
+  if (rec.skipped) return;
   // A modality's loss: the mean of its tasks' this step (the last known
   // when none of them drew a sample; 1 before any did).
   modality_loss_.resize(static_cast<size_t>(m), 1.0);
