@@ -11,7 +11,8 @@
 #              reach the shared router's final losses, per-modality expert-load
 #              entropy, collapse events and allocation moves
 #   text       the same model trained on text alone (multimodal.mix = text:1),
-#              whose lm loss the demo mix's ("fixed") is compared with
+#              at the same steps and at the mix's text rows, whose lm loss the
+#              demo mix's ("fixed") is compared with
 #
 # Each run is a real `moetron train` on one process; after it `moetron eval`
 # scores every task on its first --examples validation records (captions on
@@ -107,9 +108,19 @@ for seed in $seeds; do
         python3 "$root/bench/multimodal_curves.py" routing "${specs[@]}" --reference shared \
           ${json_prefix:+--json "$json_prefix-routing-seed$seed.json"} ;;
       text)
-        # The text-only model at the same steps (every row text): its lm loss
-        # against the demo mix's (the balancing comparison's "fixed" run).
-        train text-only "$seed" --set multimodal.mix=text:1 ;;
+        # The text-only model (every row text) at the same steps, and at the
+        # steps that give it the text rows the mix's runs saw (the mix's text
+        # share of the steps): its lm loss against the demo mix's (the
+        # balancing comparison's "fixed" run).
+        train text-only "$seed" --set multimodal.mix=text:1
+        share=$(python3 -c 'import sys, tomllib
+mix = tomllib.load(open(sys.argv[1], "rb"))["multimodal"]["mix"]
+w = {k: float(v) for k, v in (e.split(":") for e in mix.split(","))}
+print(w.get("text", 0) / sum(w.values()))' "$root/configs/multimodal-demo.toml")
+        text_steps=$(python3 -c "print(max(1, round($steps * $share)))")
+        steps_all=$steps steps=$text_steps
+        train text-only-equal-tokens "$seed" --set multimodal.mix=text:1
+        steps=$steps_all ;;
       *) echo "multimodal_compare.sh: --compare takes balancing, routing and/or text, got '$what'" >&2; exit 2 ;;
     esac
   done
