@@ -1,5 +1,6 @@
 #include "moetron/data/multimodal_prepare.h"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <filesystem>
@@ -238,9 +239,15 @@ std::array<int64_t, 4> parse_task_records(const std::string& spec) {
     const size_t eq = item.find('=');
     MOETRON_CHECK(eq != std::string::npos, "--task-records: '", item,
                   "' is not task=records (e.g. caption=20000)");
-    const Task t = parse_task(item.substr(0, eq));
-    MOETRON_CHECK(t != Task::text, "--task-records: the text task's size is its corpus, not a ",
-                  "record count");
+    const std::string name = item.substr(0, eq);
+    MOETRON_CHECK(name != task_name(Task::text),
+                  "--task-records: the text task's size is its corpus, not a record count");
+    const std::array<Task, 3> media = {Task::caption, Task::ocr, Task::asr};
+    const auto* found =
+        std::find_if(media.begin(), media.end(), [&](Task t) { return name == task_name(t); });
+    MOETRON_CHECK(found != media.end(), "--task-records: unknown task '", name,
+                  "': expected caption, ocr or asr");
+    const Task t = *found;
     int64_t n = 0;
     const std::string count = item.substr(eq + 1);
     const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
