@@ -243,7 +243,7 @@ std::array<int64_t, 4> parse_task_records(const std::string& spec) {
     MOETRON_CHECK(name != task_name(Task::text),
                   "--task-records: the text task's size is its corpus, not a record count");
     const std::array<Task, 3> media = {Task::caption, Task::ocr, Task::asr};
-    const auto* found =
+    const auto found =
         std::find_if(media.begin(), media.end(), [&](Task t) { return name == task_name(t); });
     MOETRON_CHECK(found != media.end(), "--task-records: unknown task '", name,
                   "': expected caption, ocr or asr");
