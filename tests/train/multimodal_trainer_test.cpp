@@ -153,6 +153,19 @@ TEST(MultimodalTrainer, PartitionedRoutingLogsTheOwnersEachStepRoutedUnder) {
   EXPECT_GT(moves, 0) << "no allocation moved: the test checks nothing";
 }
 
+TEST(MultimodalTrainer, TheEtaFollowsTheStepTimeNotTheTargetTokens) {
+  // Caption rows predict only their caption: a token rate against full
+  // rows (micro_batch x seq_len a step) would overstate the time left.
+  Trainer t(config({"train.steps=3", "multimodal.mix=caption:1"}), run_dir("eta"), false);
+  const TrainResult r = t.run();
+  const StepRecord& first = r.history.front();
+  const double full_rows = 8.0 * 40.0;  // micro_batch x seq_len
+  ASSERT_LT(static_cast<double>(first.tokens), 0.8 * full_rows) << "rows of mostly targets";
+  EXPECT_DOUBLE_EQ(eta_seconds(first, 3), 2 * first.step_s);
+  const double by_tokens = 2 * full_rows / first.tokens_per_s;
+  EXPECT_GT(by_tokens, 1.2 * eta_seconds(first, 3));
+}
+
 TEST(MultimodalTrainer, RecomputePoliciesGiveTheSameLossesAndBf16Trains) {
   const TrainResult none = Trainer(config({"train.steps=3"}), run_dir("rc-none"), false).run();
   for (const char* policy : {"selective", "full"}) {

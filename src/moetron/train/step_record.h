@@ -37,4 +37,12 @@ struct StepRecord {
   std::vector<double> task_loss, task_weight;
 };
 
+// Seconds left at this step's pace for a run of total_steps. From the step's
+// wall time, not its token rate: multimodal rows predict only their targets
+// (a caption row ~15 of 96 positions), and rows x seq_len / tokens_per_s
+// overstated a caption run's ETA 7x.
+inline double eta_seconds(const StepRecord& r, int64_t total_steps) {
+  return static_cast<double>(total_steps - r.step) * r.step_s;
+}
+
 }  // namespace moetron::train

@@ -378,10 +378,7 @@ void Trainer::advance_routers(bool skipped) {
 }
 
 void Trainer::log_line(const StepRecord& r) {
-  const double remaining = static_cast<double>(cfg_.train.steps - r.step);
-  const double tokens_per_step =
-      static_cast<double>(cfg_.train.micro_batch * acc_ * plan_->dp() * cfg_.train.seq_len);
-  const double eta = r.tokens_per_s > 0 ? remaining * tokens_per_step / r.tokens_per_s : 0;
+  const double eta = eta_seconds(r, cfg_.train.steps);
   char buf[256];
   std::snprintf(buf, sizeof(buf),
                 "step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %7.0f tok/s | MFU %5.1f%% | "
