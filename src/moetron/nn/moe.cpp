@@ -254,22 +254,22 @@ void MoeLayer::backward(kernels::Context& ctx, const Tensor& dy, const Tensor& d
 
   Tensor d_expert_out = Tensor::empty({s.plan.rows(), d_}, prec_.compute);
   Tensor d_topk_weight = Tensor::empty({t, k_}, prec_.accum);
-  Tensor d_act;  // allocated after the exchange (the memory model's order)
-  if (s.expert_out.defined()) {
+  const bool outputs_kept = s.expert_out.defined();
+  if (outputs_kept) {
     kernels::moe_unpermute_backward(ctx, dy, s.expert_out, s.plan, s.topk_weight, d_expert_out,
                                     d_topk_weight);
     if (ep_size_ > 1) d_expert_out = to_experts(ctx, d_expert_out);
-    d_act = Tensor::empty({rows, f_}, prec_.compute);
-    kernels::grouped_matmul(ctx, d_expert_out, w2_, expert_offsets(), d_act, false, 0.0f);
-    rebuild_act(ctx);
   } else {
     // moe_out (one rank holds every expert): the down projection of the
     // unweighted gradient, then the weights' gradient from d_act . act and
     // both gradients weighted in place (kernels/moe.h).
     kernels::moe_permute(ctx, dy, s.plan, d_expert_out);
-    d_act = Tensor::empty({rows, f_}, prec_.compute);
-    kernels::grouped_matmul(ctx, d_expert_out, w2_, expert_offsets(), d_act, false, 0.0f);
-    rebuild_act(ctx);
+  }
+  // Allocated after the exchange: the order the memory model replays.
+  Tensor d_act = Tensor::empty({rows, f_}, prec_.compute);
+  kernels::grouped_matmul(ctx, d_expert_out, w2_, expert_offsets(), d_act, false, 0.0f);
+  rebuild_act(ctx);
+  if (!outputs_kept) {
     const RecomputeTimer timer;
     kernels::moe_combine_weight_grad(ctx, s.act, s.plan, s.topk_weight, d_act, d_expert_out,
                                      d_topk_weight);

@@ -28,6 +28,20 @@ void for_each_slot(const MoePlan& plan, Fn&& fn) {
     }
   }
 }
+
+// sum_i g[g0 + i] * x[x0 + i] over n values; also writes w * g[g0 + i] to
+// dst[dst0 + i] when dst is defined (dst may be g itself: each value is read
+// before it is written).
+double dot_and_scale(const Tensor& g, int64_t g0, const Tensor& x, int64_t x0, int64_t n, double w,
+                     const Tensor& dst, int64_t dst0) {
+  double dot = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = load(g, g0 + i);
+    dot += v * load(x, x0 + i);
+    if (dst.defined()) store(dst, dst0 + i, w * v);
+  }
+  return dot;
+}
 }  // namespace
 
 void router_topk(Context&, const Tensor& logits, const Tensor& bias, const RouterArgs& args,
@@ -174,18 +188,13 @@ void moe_unpermute_backward(Context&, const Tensor& dout, const Tensor& expert_o
   if (d_topk_weight.defined()) moe_detail::check_weights(fn, plan, d_topk_weight, "d_topk_weight");
   const int64_t D = dout.dim(1);
   for_each_slot(plan, [&](int64_t t, int64_t slot, int64_t r) {
-    double dot = 0;
-    if (r >= 0) {
-      const double w = load(topk_weight, slot);
-      for (int64_t d = 0; d < D; ++d) {
-        const double g = load(dout, t * D + d);
-        dot += g * load(expert_out, r * D + d);
-        if (d_expert_out.defined()) store(d_expert_out, r * D + d, w * g);
-      }
-    }
+    const double dot = r < 0 ? 0.0
+                             : dot_and_scale(dout, t * D, expert_out, r * D, D,
+                                             load(topk_weight, slot), d_expert_out, r * D);
     if (d_topk_weight.defined()) store(d_topk_weight, slot, dot);
   });
 }
+
 void moe_combine_weight_grad(Context&, const Tensor& act, const MoePlan& plan,
                              const Tensor& topk_weight, const Tensor& d_act,
                              const Tensor& d_expert_out, const Tensor& d_topk_weight) {
@@ -197,11 +206,7 @@ void moe_combine_weight_grad(Context&, const Tensor& act, const MoePlan& plan,
     double dot = 0;
     if (r >= 0) {
       const double w = load(topk_weight, slot);
-      for (int64_t f = 0; f < F; ++f) {
-        const double g = load(d_act, r * F + f);
-        dot += g * load(act, r * F + f);
-        store(d_act, r * F + f, w * g);
-      }
+      dot = dot_and_scale(d_act, r * F, act, r * F, F, w, d_act, r * F);  // in place
       for (int64_t d = 0; d < D; ++d)
         store(d_expert_out, r * D + d, w * load(d_expert_out, r * D + d));
     }
