@@ -8,6 +8,7 @@
 #include "moetron/kernels/rope.h"
 #include "moetron/nn/linear.h"
 #include "moetron/nn/recompute.h"
+#include "moetron/nn/tensor_parallel_2d.h"
 
 namespace moetron::nn {
 
@@ -47,6 +48,7 @@ SelfAttention::SelfAttention(const ModelConfig& cfg, int64_t layer, const std::s
     ParameterSet::set_shard(*wv_, {cfg.n_kv_heads * hd_, d_}, kv_head0 * hd_, 0);
     ParameterSet::set_shard(*wo_, {d_, cfg.n_heads * hd_}, 0, r * h_ * hd_);
     wk_->shard.primary = wv_->shard.primary = !kv_replicated_ || r % (n / cfg.n_kv_heads) == 0;
+    for (Parameter* w : {wq_, wk_, wv_, wo_}) split_over_grid_column(*tp_, *w);
   }
   mask_.causal = true;
   if (layer_is_local(cfg, layer)) {
@@ -240,6 +242,10 @@ void SelfAttention::backward(kernels::Context& ctx, const Tensor& dy_given, cons
     if (done.raw() != dx.raw()) dx.copy_from(done);
   }
   release();
+}
+
+std::vector<GridSlot> SelfAttention::grid_slots() {
+  return {grid_slot(*wq_), grid_slot(*wk_), grid_slot(*wv_), grid_slot(*wo_)};
 }
 
 void SelfAttention::release() {

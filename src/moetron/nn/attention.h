@@ -21,6 +21,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "moetron/kernels/attention.h"
 #include "moetron/kernels/context.h"
@@ -28,6 +29,7 @@
 #include "moetron/nn/model_config.h"
 #include "moetron/nn/parameter.h"
 #include "moetron/nn/tensor_parallel.h"
+#include "moetron/nn/tensor_parallel_2d.h"
 
 namespace moetron::nn {
 
@@ -48,6 +50,8 @@ class SelfAttention {
   // dx: [B * S, D] overwritten with the gradient wrt x; weight grads accumulate.
   void backward(kernels::Context& ctx, const Tensor& dy, const Tensor& dx);
   void release();  // drops what forward saved
+  // Under a 2-D grid: q, k, v and o gathered along the grid column for use.
+  std::vector<GridSlot> grid_slots();
   void set_drop_core(bool drop) { drop_core_ = drop; }
   void set_drop_projections(bool q, bool kv) {
     drop_q_ = q;

@@ -200,6 +200,14 @@ Tensor Block::recompute_forward(kernels::Context& ctx, const Tensor& x, const Te
   }
 }
 
+std::vector<GridSlot> Block::grid_slots() {
+  std::vector<GridSlot> slots = attn_.grid_slots();
+  if (mlp_) {
+    for (GridSlot& s : mlp_->grid_slots()) slots.push_back(std::move(s));
+  }
+  return slots;
+}
+
 void Block::release() {
   saved_ = Saved{};
   attn_.release();

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "moetron/nn/attention.h"
 #include "moetron/nn/cross_attention.h"
@@ -61,6 +62,10 @@ class Block {
   void add_cross_attention(const ModelConfig& model, ParameterSet& params);
   GatedCrossAttention* cross_attention() { return xattn_.get(); }
   void release();
+  // Under a 2-D grid: the attention's and the dense MLP's weights, gathered
+  // along the grid column around each use (nn/tensor_parallel_2d.h); the
+  // MoE's are not grid-split.
+  std::vector<GridSlot> grid_slots();
   MoeLayer* moe() { return moe_.get(); }
   SelfAttention& attention() { return attn_; }
   const MoeLayer* moe() const { return moe_.get(); }

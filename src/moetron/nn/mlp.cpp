@@ -5,6 +5,7 @@
 #include "moetron/kernels/activation.h"
 #include "moetron/nn/linear.h"
 #include "moetron/nn/recompute.h"
+#include "moetron/nn/tensor_parallel_2d.h"
 
 namespace moetron::nn {
 
@@ -13,22 +14,31 @@ SwiGluMlp::SwiGluMlp(int64_t d_model, int64_t hidden, const std::string& prefix,
     : tp_(tp ? tp : &no_tensor_parallel()), d_(d_model), f_(hidden / tp_->size), prec_(prec) {
   MOETRON_CHECK(hidden % tp_->size == 0, prefix, ": ", hidden,
                 " hidden units do not divide over parallel.tp = ", tp_->size);
-  w13_ = Tensor::empty({2 * f_, d_}, prec.compute, MemTag::params);
-  w13_grad_ = Tensor::zeros({2 * f_, d_}, prec.matrix_grad(), MemTag::grads);
+  // Under a 2-D grid this rank stores its grid row's block of the gate's
+  // rows and of the up rows (nn/tensor_parallel_2d.h), gathered for use.
+  const int64_t rows = tp_->grid() ? grid_block_rows(*tp_, f_, prefix + "gate_proj.weight") : f_;
+  w13_ = Tensor::empty({2 * rows, d_}, prec.compute, MemTag::params);
+  w13_grad_ = Tensor::zeros({2 * rows, d_}, prec.matrix_grad(), MemTag::grads);
   Parameter& gate =
-      params.add_view(prefix + "gate_proj.weight", w13_.slice(0, f_), w13_grad_.slice(0, f_),
+      params.add_view(prefix + "gate_proj.weight", w13_.slice(0, rows), w13_grad_.slice(0, rows),
                       ParallelKind::column, InitKind::normal, init_std, true);
-  Parameter& up = params.add_view(prefix + "up_proj.weight", w13_.slice(f_, 2 * f_),
-                                  w13_grad_.slice(f_, 2 * f_), ParallelKind::column,
+  Parameter& up = params.add_view(prefix + "up_proj.weight", w13_.slice(rows, 2 * rows),
+                                  w13_grad_.slice(rows, 2 * rows), ParallelKind::column,
                                   InitKind::normal, init_std, true);
   down_ = &params.add(prefix + "down_proj.weight", {d_, f_}, prec.compute, prec.matrix_grad(),
                       ParallelKind::row, InitKind::normal, out_std, true);
   if (tp_->on()) {
-    const int64_t first = tp_->rank * f_;
+    const int64_t first = tp_->rank * f_ + tp_->grid_row * (tp_->grid() ? rows : 0);
     ParameterSet::set_shard(gate, {hidden, d_}, first, 0);
     ParameterSet::set_shard(up, {hidden, d_}, first, 0);
-    ParameterSet::set_shard(*down_, {d_, hidden}, 0, first);
+    ParameterSet::set_shard(*down_, {d_, hidden}, 0, tp_->rank * f_);
+    split_over_grid_column(*tp_, *down_);
   }
+}
+
+std::vector<GridSlot> SwiGluMlp::grid_slots() {
+  const int64_t rows = w13_.dim(0) / 2;  // the stored block's gate rows
+  return {GridSlot{&w13_, &w13_grad_, {{0, rows}, {rows, rows}}}, grid_slot(*down_)};
 }
 
 void SwiGluMlp::forward(kernels::Context& ctx, const Tensor& x_given, const Tensor& y, float beta) {

@@ -14,10 +14,12 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "moetron/kernels/context.h"
 #include "moetron/nn/parameter.h"
 #include "moetron/nn/tensor_parallel.h"
+#include "moetron/nn/tensor_parallel_2d.h"
 
 namespace moetron::nn {
 
@@ -36,12 +38,17 @@ class SwiGluMlp {
   void set_drop_act(bool drop) { drop_act_ = drop; }
   void drop_input() { saved_.x = Tensor(); }
   void restore_input(const Tensor& x) { saved_.x = column_parallel_input(*tp_, x); }
+  // Under a 2-D grid: the weights gathered along the grid column for use
+  // (the fused gate-up buffer as two parts, so gate rows stay first).
+  std::vector<GridSlot> grid_slots();
 
  private:
   const TensorParallel* tp_;
   int64_t d_, f_;  // f_: this rank's hidden units
   Precision prec_;
-  Tensor w13_, w13_grad_;  // [2F, D]: rows [0, F) gate, [F, 2F) up
+  // [2F, D]: rows [0, F) gate, [F, 2F) up (the stored grid block [2F / R, D]
+  // between uses under a 2-D grid: its gate rows, then its up rows).
+  Tensor w13_, w13_grad_;
   Parameter* down_;
   bool drop_act_ = false;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "moetron/core/error.h"
+#include "moetron/nn/tensor_parallel_2d.h"
 #include "moetron/nn/transformer.h"
 
 namespace moetron::nn {
@@ -43,11 +44,24 @@ class InventoryBuilder {
     p.col0 = col0;
   }
 
+  // 2-D grid (nn/tensor_parallel_2d.h): the tp block of inv_.params[i],
+  // which owns buffer `buf`, split by rows over the grid column.
+  void split_over_grid_column(size_t i, size_t buf) {
+    if (!tp_.grid()) return;
+    ParamInfo& p = inv_.params[i];
+    p.shape[0] = grid_block_rows(tp_, p.shape[0], p.name);
+    p.row0 += tp_.grid_row * p.shape[0];
+    inv_.value_buffers[buf].first = inv_.grad_buffers[buf].first = p.numel();
+  }
+
   void vocab(const char* name) {
     const int64_t v = m_.vocab_size / tp_.size;
+    const size_t buf = inv_.value_buffers.size(), i = inv_.params.size();
     ParamInfo& p =
         add(name, {v, m_.d_model}, prec_.compute, prec_.accum, ParallelKind::vocab, false);
-    if (tp_.on()) shard(p, {m_.vocab_size, m_.d_model}, tp_.rank * v, 0);
+    if (!tp_.on()) return;
+    shard(p, {m_.vocab_size, m_.d_model}, tp_.rank * v, 0);
+    split_over_grid_column(i, buf);
   }
 
   void block(int64_t i) {
@@ -94,7 +108,7 @@ class InventoryBuilder {
     const bool kv_replicated = n > m_.n_kv_heads;
     const int64_t kv_head0 = kv_replicated ? r / (n / m_.n_kv_heads) : r * hkv;
     const DType c = prec_.compute, g = prec_.matrix_grad();
-    const size_t qi = inv_.params.size();
+    const size_t qi = inv_.params.size(), qb = inv_.value_buffers.size();
     add(pre + "q_proj.weight", {h * hd, d}, c, g, ParallelKind::column, true);
     add(pre + "k_proj.weight", {hkv * hd, d}, c, g, ParallelKind::column, true);
     add(pre + "v_proj.weight", {hkv * hd, d}, c, g, ParallelKind::column, true);
@@ -106,23 +120,29 @@ class InventoryBuilder {
     shard(w[2], {m_.n_kv_heads * hd, d}, kv_head0 * hd, 0);
     shard(w[3], {d, m_.n_heads * hd}, 0, r * h * hd);
     w[1].primary = w[2].primary = !kv_replicated || r % (n / m_.n_kv_heads) == 0;
+    for (size_t k = 0; k < 4; ++k) split_over_grid_column(qi + k, qb + k);
   }
 
   // SwiGluMlp: gate and up are views of one fused buffer; tp shards the hidden units.
   void swiglu(const std::string& pre, int64_t hidden, const TensorParallel& tp) {
     const int64_t d = m_.d_model, f = hidden / tp.size;
+    // Under a 2-D grid the fused buffer holds this rank's block of the gate
+    // rows and of the up rows (nn/mlp.cpp).
+    const int64_t rows = tp.grid() ? grid_block_rows(tp, f, pre + "gate_proj.weight") : f;
     const DType c = prec_.compute, g = prec_.matrix_grad();
-    inv_.value_buffers.emplace_back(2 * f * d, c);
-    inv_.grad_buffers.emplace_back(2 * f * d, g);
-    const size_t first = inv_.params.size();
-    view(pre + "gate_proj.weight", {f, d}, c, g, ParallelKind::column, true);
-    view(pre + "up_proj.weight", {f, d}, c, g, ParallelKind::column, true);
+    inv_.value_buffers.emplace_back(2 * rows * d, c);
+    inv_.grad_buffers.emplace_back(2 * rows * d, g);
+    const size_t first = inv_.params.size(), down_buf = inv_.value_buffers.size();
+    view(pre + "gate_proj.weight", {rows, d}, c, g, ParallelKind::column, true);
+    view(pre + "up_proj.weight", {rows, d}, c, g, ParallelKind::column, true);
     add(pre + "down_proj.weight", {d, f}, c, g, ParallelKind::row, true);
     if (!tp.on()) return;
     ParamInfo* w = &inv_.params[first];
-    shard(w[0], {hidden, d}, tp.rank * f, 0);
-    shard(w[1], {hidden, d}, tp.rank * f, 0);
+    const int64_t row0 = tp.rank * f + (tp.grid() ? tp.grid_row * rows : 0);
+    shard(w[0], {hidden, d}, row0, 0);
+    shard(w[1], {hidden, d}, row0, 0);
     shard(w[2], {d, hidden}, 0, tp.rank * f);
+    split_over_grid_column(first + 2, down_buf);
   }
 
   // MoeLayer: the router, this rank's experts (fused w1|w3 and w2 buffers

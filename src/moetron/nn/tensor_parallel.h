@@ -30,7 +30,15 @@ struct TensorParallel {
   comm::Communicator* group = nullptr;  // the tp ranks, ordered by tp rank; set before forward
   // Ranks of `group` holding the same kv head when tp exceeds n_kv_heads.
   comm::Communicator* kv_group = nullptr;
+  // 2-D tensor parallelism (parallel.tp_2d = "RxC", nn/tensor_parallel_2d.h):
+  // the R x C grid's rows each run the fields above (size C, sequence
+  // parallel) on their own rows of the micro-batch, and every tp-sharded
+  // matrix is further split by its rows over the R ranks of a grid column.
+  int64_t grid_rows = 1;                  // R (1: 1-D tensor parallelism)
+  int64_t grid_row = 0;                   // this rank's row of the grid
+  comm::Communicator* columns = nullptr;  // the R ranks of this grid column, by row
   bool on() const { return size > 1; }
+  bool grid() const { return grid_rows > 1; }
   // Rows of a token slice: T / size (T must divide).
   int64_t slice_rows(int64_t t) const;
 };

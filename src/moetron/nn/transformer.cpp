@@ -9,6 +9,7 @@
 #include "moetron/kernels/matmul.h"
 #include "moetron/kernels/norm.h"
 #include "moetron/nn/media_fusion.h"
+#include "moetron/nn/tensor_parallel_2d.h"
 #include "moetron/nn/vocab_parallel_ce.h"
 
 namespace moetron::nn {
@@ -43,12 +44,18 @@ Transformer::Transformer(const ModelConfig& model, const MoeConfig& moe, Precisi
       "bf16 matrix gradients (train.grad_dtype = bf16) need bf16 compute (train.precision = bf16)");
   tp_.group = nullptr;
   tp_.kv_group = nullptr;
+  tp_.columns = nullptr;
+  MOETRON_CHECK(!tp_.grid() || (tp_.on() && tp_.sequence_parallel && place.chunks.size() == 1 &&
+                                place.embedding && place.head),
+                "2-D tensor parallelism needs a grid of at least 2 x 2 with sequence parallelism "
+                "in its rows, on one pipeline stage");
   const int64_t v_local = model.vocab_size / tp_.size;
   const auto add_vocab = [&](const char* name) {
     Parameter& p = params_.add(name, {v_local, model.d_model}, prec.compute, prec.accum,
                                ParallelKind::vocab, InitKind::normal, std, false);
     if (tp_.on())
       ParameterSet::set_shard(p, {model.vocab_size, model.d_model}, tp_.rank * v_local, 0);
+    if (tp_.on()) split_over_grid_column(tp_, p);
     return &p;
   };
   MOETRON_CHECK(!model.tie_embeddings || (place.embedding && place.head),
@@ -83,6 +90,9 @@ Transformer::~Transformer() = default;
 
 void Transformer::enable_media(const MultimodalModelConfig& cfg) {
   MOETRON_CHECK(!media_, "the encoders are already built");
+  MOETRON_CHECK(!tp_.grid(),
+                "multimodal models with 2-D tensor parallelism (parallel.tp_2d) are not "
+                "supported yet");
   MOETRON_CHECK(!cp_.on(),
                 "multimodal prefixes with context parallelism (parallel.cp > 1) are "
                 "not supported yet");
@@ -156,6 +166,18 @@ void Transformer::media_grads_ready() {
 
 void Transformer::set_tensor_group(comm::Communicator* group) {
   if (!tp_.on()) return;
+  if (tp_.grid()) {
+    const int64_t cols = tp_.size, rank = tp_.grid_row * cols + tp_.rank;
+    MOETRON_CHECK(group && group->size() == tp_.grid_rows * cols && group->rank() == rank,
+                  "built for grid rank ", rank, " of ", tp_.grid_rows, " x ", cols,
+                  " but given rank ", group ? group->rank() : -1, " of ",
+                  group ? group->size() : 0);
+    grid_row_group_ = group->split(static_cast<int>(tp_.grid_row), static_cast<int>(tp_.rank));
+    grid_column_group_ = group->split(static_cast<int>(tp_.rank), static_cast<int>(tp_.grid_row));
+    tp_.columns = grid_column_group_.get();
+    grid_tp_ = TensorParallel{tp_.grid_rows * cols, rank, true, group, nullptr};
+    group = grid_row_group_.get();
+  }
   MOETRON_CHECK(group && group->size() == tp_.size && group->rank() == tp_.rank,
                 "built for tensor-parallel rank ", tp_.rank, " of ", tp_.size, " but given rank ",
                 group ? group->rank() : -1, " of ", group ? group->size() : 0);
@@ -170,6 +192,8 @@ void Transformer::set_tensor_group(comm::Communicator* group) {
 
 void Transformer::set_context_group(comm::Communicator* group, bool all_to_all) {
   MOETRON_CHECK(group && group->size() >= 1, "context parallelism without its cp group");
+  MOETRON_CHECK(!tp_.grid(),
+                "parallel.cp > 1 with 2-D tensor parallelism (parallel.tp_2d) is not supported");
   MOETRON_CHECK(seq_chunk_ == 0, "parallel.cp > 1 with train.seq_chunk: pick one");
   MOETRON_CHECK(!media_,
                 "multimodal prefixes with context parallelism (parallel.cp > 1) are not "
@@ -256,10 +280,17 @@ Tensor Transformer::positions_of(const Tensor& ids, int64_t batch, int64_t seq) 
 
 Tensor Transformer::embed(kernels::Context& ctx, const Tensor& ids) {
   need(embed_);
+  GridGather grid(tp_);
+  grid.gather({grid_slot(*embed_)}, true, false);
   Tensor x = Tensor::empty({ids.numel(), model_.d_model}, prec_.compute);
   // Vocab-parallel: rows of other shards come out zero; the sum over tp is the embedding.
-  kernels::embedding_forward(ctx, ids, embed_->value, x, embed_->shard.row0);
+  kernels::embedding_forward(ctx, ids, embed_->value, x, vocab_row0(*embed_));
   return finish_row_parallel(tp_, x);
+}
+
+int64_t Transformer::vocab_row0(const Parameter& p) const {
+  // A grid-split block is used gathered: the grid row's whole vocabulary shard.
+  return tp_.grid() ? tp_.rank * (model_.vocab_size / tp_.size) : p.shard.row0;
 }
 
 Tensor Transformer::hidden_states(kernels::Context& ctx, const Tensor& inputs, double loss_weight,
@@ -299,6 +330,8 @@ Tensor Transformer::head_loss(kernels::Context& ctx, const Tensor& h_given, cons
                               double grad_scale, bool backward, LossStats& stats,
                               const MultimodalBatch* mm) {
   need(head_);
+  GridGather grid(tp_);
+  grid.gather({grid_slot(*head_)}, true, backward);
   const Tensor h = column_parallel_input(tp_, h_given);
   const int64_t t = h.dim(0);
   const Tensor tgt = targets.reshape({t});
@@ -321,6 +354,7 @@ Tensor Transformer::head_loss(kernels::Context& ctx, const Tensor& h_given, cons
     }
   }
   if (backward && tp_.on()) d_h = finish_row_parallel(tp_, d_h);
+  grid.finish(ctx);
   count_losses(mm, tgt, losses, runs, stats);
   if (backward && mm && !mm->row_task.empty()) add_task_grad_sq(ctx, d_h, t, runs, stats);
   return d_h;
@@ -390,7 +424,8 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   LossStats stats;
   const auto t0 = std::chrono::steady_clock::now();
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
-  ContextSlice local{inputs, targets, Tensor()};
+  // A 2-D grid's rows split the micro-batch's rows (nn/tensor_parallel_2d.h).
+  ContextSlice local{grid_row_slice(tp_, inputs), grid_row_slice(tp_, targets), Tensor()};
   if (cp_.on()) local = context_slice(inputs, targets);
   const Tensor h = hidden_states(ctx, local.ids, loss_weight, stats, local.positions);
   Tensor d_h = head_loss(ctx, h, local.targets, grad_scale, backward, stats, multimodal_.get());
@@ -412,7 +447,12 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   const Tensor d_media = media_grad(saved_.media);
   d_x = column_parallel_input(tp_, backward_blocks(ctx, std::move(d_x), d_media));
   fuse_media_backward(ctx, multimodal_.get(), inputs.dim(1), d_x, d_media);
-  kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, embed_->shard.row0);
+  {
+    GridGather grid(tp_);
+    grid.gather({grid_slot(*embed_)}, false, true);
+    kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, vocab_row0(*embed_));
+    grid.finish(ctx);
+  }
   grad_ready(embed_);
   media_grads_ready();
   saved_ = Saved{};

@@ -159,8 +159,15 @@ class Transformer {
   void set_expert_group(comm::Communicator* group);
   // The tp ranks (ordered by tp rank) sharing each micro-batch; required
   // when built with TensorParallel::size > 1. Collective over `group`.
+  // Under a 2-D grid (TensorParallel::grid_rows > 1) `group` is the whole
+  // grid, R x C ranks, which this splits into its rows and columns.
   void set_tensor_group(comm::Communicator* group);
+  // What the modules run: under a 2-D grid, this rank's grid row.
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // Over which ranks the tp-sharded parameters' blocks are spread (gathering
+  // a whole tensor, counting each block once): the tp group, or under a 2-D
+  // grid the whole grid.
+  const TensorParallel& parameter_parallel() const { return tp_.grid() ? grid_tp_ : tp_; }
   // Activation recomputation (nn/recompute.h, transformer_recompute.cpp);
   // none by default. Gradients are the same under every policy.
   void set_recompute(const RecomputePolicy& policy);
@@ -254,6 +261,9 @@ class Transformer {
   TensorParallel tp_;   // the blocks hold a pointer to it
   ContextParallel cp_;  // the attention layers hold a pointer to it
   std::unique_ptr<comm::Communicator> kv_group_;
+  // 2-D grid: this rank's grid row and column, and the whole grid as a tp group.
+  std::unique_ptr<comm::Communicator> grid_row_group_, grid_column_group_;
+  TensorParallel grid_tp_;
   ParameterSet params_;
   Parameter* embed_;
   Parameter* final_norm_;
@@ -265,6 +275,9 @@ class Transformer {
   // Every parameter of block i (its cross-attention layer's included):
   // before_use / on_grad_ready.
   void need_block(size_t i);
+  // The vocabulary row of the embedding's (or head's) first row as a kernel
+  // sees it (gathered under a 2-D grid).
+  int64_t vocab_row0(const Parameter& p) const;
   void block_grads_ready(size_t i);
   std::vector<std::pair<size_t, size_t>> chunks_;  // [begin, end) in blocks_ per chunk
   struct ChunkStash {

@@ -24,6 +24,8 @@ void Transformer::set_sequence_chunk(int64_t tokens) {
   MOETRON_CHECK(tokens == 0 || (embed_ && head_ && chunks_.size() == 1),
                 "train.seq_chunk needs the whole model on one pipeline stage (parallel.pp = 1)");
   MOETRON_CHECK(tokens == 0 || !cp_.on(), "train.seq_chunk with parallel.cp > 1: pick one");
+  MOETRON_CHECK(tokens == 0 || !tp_.grid(),
+                "train.seq_chunk with 2-D tensor parallelism (parallel.tp_2d) is not supported");
   MOETRON_CHECK(tokens == 0 || !media_,
                 "train.seq_chunk with multimodal prefixes is not supported yet");
   seq_chunk_ = tokens;

@@ -254,14 +254,29 @@ ReducerPlan TrainingPlan::reducer_plan(GradGroup g, const nn::ParamInventory& in
   return r;
 }
 
+nn::TensorParallel module_tensor_parallel(const PlanSettings& s, int64_t tp_rank) {
+  nn::TensorParallel tp;
+  if (s.tp_rows <= 1) {
+    tp.size = s.tp;
+    tp.rank = tp_rank;
+    tp.sequence_parallel = s.sequence_parallel;
+    return tp;
+  }
+  MOETRON_CHECK(s.tp % s.tp_rows == 0, "parallel.tp_2d: ", s.tp_rows, " grid rows do not divide ",
+                s.tp, " tp ranks");
+  tp.size = s.tp / s.tp_rows;
+  tp.rank = tp_rank % tp.size;
+  tp.sequence_parallel = true;
+  tp.grid_rows = s.tp_rows;
+  tp.grid_row = tp_rank / tp.size;
+  return tp;
+}
+
 RankPlan TrainingPlan::rank_plan(int rank) const {
   RankPlan rp;
   rp.coords = coords(rank);
   rp.place = place(rp.coords.pp);
-  nn::TensorParallel tp;
-  tp.size = s_.tp;
-  tp.rank = rp.coords.tp;
-  tp.sequence_parallel = s_.sequence_parallel;
+  const nn::TensorParallel tp = module_tensor_parallel(s_, rp.coords.tp);
   rp.inventory =
       nn::parameter_inventory(s_.model, s_.moe, s_.precision,
                               nn::ExpertParallel{s_.ep, rp.coords.ep}, tp, rp.place, &s_.media);

@@ -56,6 +56,9 @@ struct PlanSettings {
   nn::Precision precision = nn::Precision::fp32();
   // Layout: dp = world / (pp tp cp); ep groups cut from each stage's dp x cp x tp ranks.
   int64_t tp = 1, ep = 1, pp = 1, vpp = 1, cp = 1;
+  // 2-D tensor parallelism (parallel.tp_2d = "RxC"): tp = R x C, tp_rows = R
+  // (nn/tensor_parallel_2d.h); 1: 1-D.
+  int64_t tp_rows = 1;
   bool sequence_parallel = false;
   bool zero = false;  // ZeRO-1
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
@@ -73,6 +76,12 @@ struct PlanSettings {
   ReducerOptions reducer;               // mode is decided by the plan (reduce_scatter under ZeRO-1)
   bool overlap_param_gather = true;
 };
+
+// The tensor parallelism the modules of tp rank `tp_rank` are built with:
+// 1-D over tp ranks, or under a 2-D grid the rank's grid row (C = tp /
+// tp_rows ranks, sequence parallel) with the grid fields set. Communicators
+// are left unset.
+nn::TensorParallel module_tensor_parallel(const PlanSettings& s, int64_t tp_rank);
 
 // Micro-batches per step on each of `dp` ranks (from train.global_batch,
 // parallel.microbatches or train.grad_accum); throws naming the key that

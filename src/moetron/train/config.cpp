@@ -128,6 +128,7 @@ std::vector<Field> run_fields() {
       field("parallel.ep", &Config::parallel, &ParallelConfig::ep),
       field("parallel.tp", &Config::parallel, &ParallelConfig::tp),
       field("parallel.sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel),
+      field("parallel.tp_2d", &Config::parallel, &ParallelConfig::tp_2d),
       field("parallel.pp", &Config::parallel, &ParallelConfig::pp),
       field("parallel.vpp", &Config::parallel, &ParallelConfig::vpp),
       field("parallel.schedule", &Config::parallel, &ParallelConfig::schedule),
@@ -286,6 +287,29 @@ void check_rule(bool ok, const char* key, const std::string& rule) {
 
 }  // namespace
 
+void resolve_tp_grid(Config& cfg) {
+  ParallelConfig& p = cfg.parallel;
+  if (p.tp_2d.empty()) {
+    p.tp_rows = 1;
+    return;
+  }
+  int64_t rows = 0, cols = 0;
+  char sep = 0;
+  std::istringstream in(p.tp_2d);
+  in >> rows >> sep >> cols;
+  check_rule(in && (sep == 'x' || sep == 'X') && in.peek() == EOF, "parallel.tp_2d",
+             str_cat("must be \"RxC\" (grid rows x columns, e.g. \"2x2\"), got \"", p.tp_2d, "\""));
+  check_rule(rows >= 2 && cols >= 2, "parallel.tp_2d",
+             str_cat("a 2-D grid needs at least 2 rows and 2 columns, got \"", p.tp_2d,
+                     "\" (use parallel.tp for 1-D tensor parallelism)"));
+  check_rule(p.tp == 1 || p.tp == rows * cols, "parallel.tp",
+             str_cat("= ", p.tp, " disagrees with parallel.tp_2d = \"", p.tp_2d, "\" (",
+                     rows * cols, " ranks): leave parallel.tp out"));
+  p.tp = rows * cols;
+  p.tp_rows = rows;
+  p.sequence_parallel = true;  // the grid's rows run sequence-parallel tp
+}
+
 std::vector<std::string> split_list(const std::string& list) {
   return optim::split_patterns(list);
 }
@@ -338,6 +362,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   }
   apply_table(cfg, table, "", origin);
   for (const auto& o : overrides) apply_override(cfg, o);
+  resolve_tp_grid(cfg);
   validate(cfg);
   return cfg;
 }
@@ -361,6 +386,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   Config cfg;
   apply_table(cfg, table, "", path);
   for (const auto& o : overrides) apply_override(cfg, o);
+  resolve_tp_grid(cfg);
   validate(cfg);
   return cfg;
 }
@@ -584,6 +610,38 @@ void validate_compression(const ParallelConfig& p) {
 
 // Rules that hold on any number of ranks (the plan checks the rest against
 // the world size: parallel/training_plan.h).
+// parallel.tp_2d (resolved: tp = R x C, tp_rows = R): what the grid's
+// splits need (nn/tensor_parallel_2d.h), and what it does not combine with yet.
+void validate_tp_grid(const Config& c) {
+  const ModelConfig& m = c.model;
+  const TrainingConfig& t = c.train;
+  const ParallelConfig& p = c.parallel;
+  const int64_t r = p.tp_rows, cols = p.tp / r, hd = m.resolved_head_dim();
+  const std::string grid = str_cat("parallel.tp_2d = \"", p.tp_2d, "\"");
+  const auto need = [&](bool ok, const std::string& what) {
+    check_rule(ok, "parallel.tp_2d", str_cat(grid, ": ", what));
+  };
+  need(m.n_heads % cols == 0, str_cat(cols, " columns must divide model.n_heads = ", m.n_heads));
+  need(m.n_kv_heads % cols == 0 || cols % m.n_kv_heads == 0,
+       str_cat(cols, " columns must divide model.n_kv_heads = ", m.n_kv_heads,
+               " or be a multiple of it"));
+  const int64_t q_rows = m.n_heads / std::max<int64_t>(cols, 1) * hd;
+  const int64_t kv_rows = std::max<int64_t>(m.n_kv_heads / std::max<int64_t>(cols, 1), 1) * hd;
+  need(q_rows % r == 0 && kv_rows % r == 0 && m.d_model % r == 0,
+       str_cat(r, " rows must divide each column's q rows (", q_rows, "), k/v rows (", kv_rows,
+               ") and model.d_model = ", m.d_model));
+  need(m.vocab_size % p.tp == 0 && m.ffn_hidden % p.tp == 0,
+       str_cat(p.tp, " ranks must divide model.vocab_size = ", m.vocab_size,
+               " and model.ffn_hidden = ", m.ffn_hidden));
+  need(t.micro_batch % r == 0 && t.micro_batch / r * t.seq_len % cols == 0,
+       str_cat("the ", r, " rows split train.micro_batch = ", t.micro_batch,
+               " (it must divide), and each row's tokens split over the ", cols, " columns"));
+  need(p.pp == 1 && p.cp == 1 && !p.auto_layout,
+       "not with parallel.pp > 1, parallel.cp > 1 or parallel.auto yet");
+  need(t.seq_chunk == 0 || t.seq_chunk >= t.seq_len, "not with train.seq_chunk yet");
+  need(!c.multimodal.model.enabled, "not with multimodal.enabled yet");
+}
+
 void validate_parallel(const Config& c) {
   const auto& m = c.model;
   const auto& t = c.train;
@@ -601,7 +659,9 @@ void validate_parallel(const Config& c) {
   }
   const int64_t tp = c.parallel.tp;
   check_rule(tp >= 1, "parallel.tp", "must be >= 1");
-  if (tp > 1) {
+  if (c.parallel.tp_rows > 1) {
+    validate_tp_grid(c);
+  } else if (tp > 1) {
     check_rule(m.n_heads % tp == 0, "parallel.tp",
                str_cat("must divide model.n_heads = ", m.n_heads));
     check_rule(m.n_kv_heads % tp == 0 || tp % m.n_kv_heads == 0, "parallel.tp",

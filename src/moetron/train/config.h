@@ -167,6 +167,13 @@ struct ParallelConfig {
   // shards, so ep divides dp * tp (the number of ranks).
   int64_t tp = 1;
   bool sequence_parallel = false;  // norms and residuals on token slices (needs tp > 1)
+  // 2-D tensor parallelism (nn/tensor_parallel_2d.h): "RxC" arranges tp =
+  // R x C ranks as a grid whose R rows split each micro-batch's rows and run
+  // 1-D tp with sequence parallelism over C ranks, every tp-sharded matrix
+  // split again over the R ranks of a column. Setting it sets tp = R x C
+  // and sequence_parallel (tp_rows: R). "": 1-D.
+  std::string tp_2d;
+  int64_t tp_rows = 1;  // resolved from tp_2d when the config is loaded
   // Pipeline parallelism (parallel/pipeline_schedule.h): pp stages balanced by
   // cost (equal layer counts per chunk when interleaved), outermost in the rank order (rank = stage
   // * ranks / pp + position in the stage); each stage's ranks run dp x tp x ep as above. vpp > 1:
@@ -285,6 +292,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides = {});
 void apply_override(Config& cfg, const std::string& assignment);
+// parallel.tp_2d = "RxC" -> parallel.tp = R x C, tp_rows = R and sequence
+// parallelism on (load_config and parse_config call it before validate).
+// Throws naming the key when the grid is malformed, smaller than 2 x 2, or
+// disagrees with a parallel.tp other than 1.
+void resolve_tp_grid(Config& cfg);
 // Throws moetron::Error naming the first key that breaks a rule.
 void validate(const Config& cfg);
 // The full configuration as TOML (every key, defaults included): saved into

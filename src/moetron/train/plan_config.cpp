@@ -40,6 +40,7 @@ parallel::PlanSettings plan_settings(const Config& cfg, const nn::Precision& pre
   s.vpp = p.vpp;
   s.cp = p.cp;
   s.sequence_parallel = p.sequence_parallel;
+  s.tp_rows = p.tp_rows;
   s.zero = p.zero;
   s.schedule = parallel::parse_schedule(p.schedule);
   s.stage_balance = parallel::parse_stage_balance(p.stage_balance);

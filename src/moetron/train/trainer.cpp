@@ -224,7 +224,7 @@ comm::Communicator* Trainer::group_comm(parallel::Group g) {
 
 void Trainer::build_model() {
   const parallel::PlanSettings& s = plan_->settings();
-  nn::TensorParallel tpar{s.tp, at().tp, s.sequence_parallel, nullptr, nullptr};
+  const nn::TensorParallel tpar = parallel::module_tensor_parallel(s, at().tp);
   model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.moe, prec_,
                                              nn::ExpertParallel{s.ep, at().ep}, tpar, rank_.place);
   if (cfg_.multimodal.model.enabled) model_->enable_media(cfg_.multimodal.model);
@@ -290,7 +290,7 @@ void Trainer::build_optimizer() {
   const optim::OptimizerOptions oo = optimizer_options(cfg_, s);
   if (!s.zero) {
     auto opt = std::make_unique<optim::Optimizer>(model_->params(), oo);
-    opt->set_tensor_parallel(&model_->tensor_parallel());
+    opt->set_tensor_parallel(&model_->parameter_parallel());
     opt_ = std::move(opt);
     return;
   }
@@ -303,7 +303,7 @@ void Trainer::build_optimizer() {
     if (!r) continue;
     auto zero = std::make_unique<optim::ZeroOptimizer>(model_->params(), oo, *r, replicated_ns);
     if (r == reducer_.get())
-      zero->set_tensor_parallel(&model_->tensor_parallel());  // the partial group spans tp
+      zero->set_tensor_parallel(&model_->parameter_parallel());  // the partial group spans tp
     zero->set_overlap_param_gather(s.overlap_param_gather);
     zero_parts_.push_back(zero.get());
     parts.push_back({std::move(zero), false});
@@ -453,7 +453,9 @@ double Trainer::evaluate() {
     const nn::LossStats st = pipeline_
                                  ? pipeline_->forward_only(*ctx_, inputs, targets)
                                  : model_->forward_backward(*ctx_, inputs, targets, 0, 0, false);
-    if (at().tp > 0) continue;  // the tp ranks computed the same losses (only the last stage any)
+    // The ranks of a tp group (a 2-D grid's row) computed the same losses
+    // (only the last stage any).
+    if (!first_of_tp_row()) continue;
     sums.data<double>()[0] += st.ce_sum;
     sums.data<double>()[1] += static_cast<double>(st.tokens);
   }

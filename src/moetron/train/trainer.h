@@ -288,6 +288,13 @@ class Trainer {
   std::unordered_map<std::string, int> writer_of_;
   std::unique_ptr<MeasuredStageCosts> measured_;  // parallel.stage_balance = measured (pp > 1)
   const parallel::RankCoords& at() const { return rank_.coords; }
+  // Whether this rank is the first of the tp ranks that compute the same
+  // losses: of its tp group, or under a 2-D grid of its grid row (the rows
+  // hold different rows of the micro-batch).
+  bool first_of_tp_row() const {
+    const parallel::PlanSettings& s = plan_->settings();
+    return at().tp % (s.tp / s.tp_rows) == 0;
+  }
   int64_t tp() const { return plan_->settings().tp; }
   int64_t ep() const { return plan_->settings().ep; }
   int64_t pp() const { return plan_->settings().pp; }

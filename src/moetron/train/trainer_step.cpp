@@ -238,14 +238,14 @@ void Trainer::forward_backward_step(int64_t step, std::vector<Tensor>& inputs,
       // ce once per tp group; the gradient's squares from every tp rank
       // under sequence parallelism (each holds a slice of the rows).
       nn::LossStats t = st;
-      if (at().tp != 0) {
+      if (!first_of_tp_row()) {
         t.task_ce_sum.clear();
         t.task_tokens.clear();
         if (!plan_->settings().sequence_parallel) t.task_grad_sq.clear();
       }
       task_stats_.add_tasks(t);
     }
-    if (at().tp == 0) sm[0] += st.ce_sum;
+    if (first_of_tp_row()) sm[0] += st.ce_sum;
     sm[1] += static_cast<double>(st.dropped);
     if (at().stage_rank == 0) {
       sm[2] += st.aux_loss * share;
