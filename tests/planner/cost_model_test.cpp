@@ -168,12 +168,14 @@ TEST(CostModel, EachAxisCostsWhatItsFormulaSays) {
   const StepCost d = m.predict(dp);
   EXPECT_NEAR(d.compute_s, one / 4, 1e-9 * one);
   EXPECT_NEAR(d.dp_bytes, 2.0 * 3 / 4 * m.dense_params() * 4, 1);
-  // tp 2: 4 collectives per layer and micro-batch of mb x S x d bf16.
+  // tp 2: per micro-batch of mb x S x d bf16, attention and the dense FFN
+  // of each layer one all-reduce forward and one backward each (all-gather
+  // + reduce-scatter pairs under sp), the embedding and the head one each.
   LayoutChoice tp;
   tp.tp = 2;
   const StepCost t = m.predict(tp);
   const double act = 512.0 * 256 * 2, microbatches = 32;
-  EXPECT_NEAR(t.tp_bytes, microbatches * 8 * 4 * (2.0 * 1 / 2) * act, 1);
+  EXPECT_NEAR(t.tp_bytes, microbatches * (8 * 2 * 2 + 2) * (2.0 * 1 / 2) * act, 1);
   EXPECT_NEAR(t.tp_comm_s, t.tp_bytes / 1e11, 1e-12);
   // pp 4: the simulated schedule idles (pp - 1) / (vpp m + pp - 1) of the
   // time, so the bubble is (pp - 1) / (vpp m) of what the forwards and
@@ -243,12 +245,24 @@ TEST(CostModel, TwoDimensionalTpMovesWhatSummaMoves) {
   g.tp = 4;
   g.tp_2d = true;
   const StepCost c = m.predict(g);
-  const double tokens = 512, d = 256, f = 1024, q = 2, microbatches = 32;
-  const double per_layer =
-      4 * (tokens * d + d * d) + 2 * (tokens * d + d * f) + (tokens * f + f * d);
-  EXPECT_NEAR(c.tp_bytes, microbatches * 8 * 3 * (q - 1) / (q * q) * per_layer * 2,
+  // What parallel.tp_2d moves (bench/dist/bench_tp_2d.cpp matches it to the
+  // communicators' counters): along rows, sequence-parallel tp over q ranks
+  // on a row's 256 tokens, 4 collectives of (q - 1) / q of them per module;
+  // along columns each weight's row block (1/q) gathered twice in bf16 and
+  // its fp32 gradient reduce-scattered, (q - 1) / q each; embedding and
+  // head gathered once, with 4 row collectives between them.
+  const double tokens = 512 / 2.0, d = 256, f = 1024, v = 1000, q = 2, microbatches = 32;
+  const double rows = 2 * 4 * (q - 1) / q * tokens * d * 2;
+  const double vocab_rows = 4 * (q - 1) / q * tokens * d * 2;
+  const double weights = 4 * d * d + 2 * f * d + d * f;
+  const double columns = (q - 1) / q * weights / q * (2 * 2 + 4);
+  const double vocab = 2 * (q - 1) / q * v * d / q * (2 + 4);
+  EXPECT_NEAR(c.tp_bytes, microbatches * (8 * (rows + columns) + vocab + vocab_rows),
               1e-9 * c.tp_bytes);
-  EXPECT_TRUE(g.beyond_runtime());
+  EXPECT_FALSE(g.beyond_runtime());  // the trainer runs it (parallel.tp_2d = "2x2")
+  LayoutChoice piped = g;
+  piped.pp = 2;
+  EXPECT_TRUE(piped.beyond_runtime());
   // Not a square, a q that does not divide the heads, 1-D past a node: why not.
   LayoutChoice bad = g;
   bad.tp = 8;

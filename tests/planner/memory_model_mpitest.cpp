@@ -86,6 +86,8 @@ std::vector<Case> cases() {
                    {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
                     "parallel.zero=true"},
                    1});
+    out.push_back({"tp 2x2", {"parallel.tp_2d=2x2"}, 1});
+    out.push_back({"tp 2x2 full", {"parallel.tp_2d=2x2", "recompute.policy=full"}, 1});
     out.push_back({"pp2 dp2 sqrt gpipe",
                    {"parallel.pp=2", "recompute.policy=sqrt", "parallel.schedule=gpipe"},
                    2});

@@ -44,19 +44,25 @@ class InventoryBuilder {
     p.col0 = col0;
   }
 
+  // Where the next add()'s buffers go (value and grad lists differ: the
+  // router's selection bias has no gradient).
+  std::pair<size_t, size_t> next_buffers() const {
+    return {inv_.value_buffers.size(), inv_.grad_buffers.size()};
+  }
   // 2-D grid (nn/tensor_parallel_2d.h): the tp block of inv_.params[i],
-  // which owns buffer `buf`, split by rows over the grid column.
-  void split_over_grid_column(size_t i, size_t buf) {
+  // which owns buffers `bufs`, split by rows over the grid column.
+  void split_over_grid_column(size_t i, std::pair<size_t, size_t> bufs) {
     if (!tp_.grid()) return;
     ParamInfo& p = inv_.params[i];
     p.shape[0] = grid_block_rows(tp_, p.shape[0], p.name);
     p.row0 += tp_.grid_row * p.shape[0];
-    inv_.value_buffers[buf].first = inv_.grad_buffers[buf].first = p.numel();
+    inv_.value_buffers[bufs.first].first = inv_.grad_buffers[bufs.second].first = p.numel();
   }
 
   void vocab(const char* name) {
     const int64_t v = m_.vocab_size / tp_.size;
-    const size_t buf = inv_.value_buffers.size(), i = inv_.params.size();
+    const auto buf = next_buffers();
+    const size_t i = inv_.params.size();
     ParamInfo& p =
         add(name, {v, m_.d_model}, prec_.compute, prec_.accum, ParallelKind::vocab, false);
     if (!tp_.on()) return;
@@ -108,7 +114,8 @@ class InventoryBuilder {
     const bool kv_replicated = n > m_.n_kv_heads;
     const int64_t kv_head0 = kv_replicated ? r / (n / m_.n_kv_heads) : r * hkv;
     const DType c = prec_.compute, g = prec_.matrix_grad();
-    const size_t qi = inv_.params.size(), qb = inv_.value_buffers.size();
+    const size_t qi = inv_.params.size();
+    const auto qb = next_buffers();
     add(pre + "q_proj.weight", {h * hd, d}, c, g, ParallelKind::column, true);
     add(pre + "k_proj.weight", {hkv * hd, d}, c, g, ParallelKind::column, true);
     add(pre + "v_proj.weight", {hkv * hd, d}, c, g, ParallelKind::column, true);
@@ -120,7 +127,7 @@ class InventoryBuilder {
     shard(w[2], {m_.n_kv_heads * hd, d}, kv_head0 * hd, 0);
     shard(w[3], {d, m_.n_heads * hd}, 0, r * h * hd);
     w[1].primary = w[2].primary = !kv_replicated || r % (n / m_.n_kv_heads) == 0;
-    for (size_t k = 0; k < 4; ++k) split_over_grid_column(qi + k, qb + k);
+    for (size_t k = 0; k < 4; ++k) split_over_grid_column(qi + k, {qb.first + k, qb.second + k});
   }
 
   // SwiGluMlp: gate and up are views of one fused buffer; tp shards the hidden units.
@@ -132,7 +139,8 @@ class InventoryBuilder {
     const DType c = prec_.compute, g = prec_.matrix_grad();
     inv_.value_buffers.emplace_back(2 * rows * d, c);
     inv_.grad_buffers.emplace_back(2 * rows * d, g);
-    const size_t first = inv_.params.size(), down_buf = inv_.value_buffers.size();
+    const size_t first = inv_.params.size();
+    const auto down_buf = next_buffers();
     view(pre + "gate_proj.weight", {rows, d}, c, g, ParallelKind::column, true);
     view(pre + "up_proj.weight", {rows, d}, c, g, ParallelKind::column, true);
     add(pre + "down_proj.weight", {d, f}, c, g, ParallelKind::row, true);

@@ -168,6 +168,9 @@ class Transformer {
   // a whole tensor, counting each block once): the tp group, or under a 2-D
   // grid the whole grid.
   const TensorParallel& parameter_parallel() const { return tp_.grid() ? grid_tp_ : tp_; }
+  // A 2-D grid's row and column communicators (nullptr without a grid).
+  const comm::Communicator* grid_row_comm() const { return grid_row_group_.get(); }
+  const comm::Communicator* grid_column_comm() const { return grid_column_group_.get(); }
   // Activation recomputation (nn/recompute.h, transformer_recompute.cpp);
   // none by default. Gradients are the same under every policy.
   void set_recompute(const RecomputePolicy& policy);

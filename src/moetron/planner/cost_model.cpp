@@ -215,14 +215,25 @@ void CostModel::add_communication(const LayoutChoice& l, StepCost& c) const {
   const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
   const double layers = static_cast<double>(m.n_layers / l.pp);
   const double passes = l.recompute == "full" ? 6 : 4;  // collectives per layer: fwd 2, bwd 2 (+2)
-  // tp: the activations of a micro-batch, per layer.
+  // tp: the activations of a micro-batch, in all-reduces (or all-gather +
+  // reduce-scatter pairs under sp: the same bytes): attention and a dense
+  // FFN one forward and one backward each (a third under full recompute);
+  // a MoE layer, folded into token shards, half of one each way without sp
+  // (its slices all-gathered) and nothing with; embedding and head one each
+  // per micro-batch.
   const double act = mb_tokens * d * kBf16;
   if (l.tp_2d) {
     add_tp_2d_communication(l, c);
-  } else {
+  } else if (l.tp > 1) {
     const Link& tp_link = link(l.tp, 1);
-    c.tp_comm_s = microbatches * layers * passes * allreduce_seconds(act, l.tp, tp_link);
-    c.tp_bytes = microbatches * layers * passes * wire_allreduce(act, l.tp);
+    const double per_module = passes / 2;
+    const double dense_layers =
+        layers - static_cast<double>(moe_layers_) / static_cast<double>(l.pp);
+    const double moe_share = l.sequence_parallel ? 0.0 : per_module / 2;
+    const double reductions =
+        layers * per_module + dense_layers * per_module + (layers - dense_layers) * moe_share + 2;
+    c.tp_comm_s = microbatches * reductions * allreduce_seconds(act, l.tp, tp_link);
+    c.tp_bytes = microbatches * reductions * wire_allreduce(act, l.tp);
   }
   // ep: the routed tokens (top_k copies) of this rank's token shard, per MoE layer.
   const double routed =
@@ -257,37 +268,56 @@ void CostModel::add_communication(const LayoutChoice& l, StepCost& c) const {
 }
 
 void CostModel::add_tp_2d_communication(const LayoutChoice& l, StepCost& c) const {
+  // What parallel.tp_2d runs (nn/tensor_parallel_2d.h) on a q x q grid: the
+  // rows are sequence-parallel 1-D tp over q ranks on 1/q of the
+  // micro-batch's rows; the columns all-gather each tp block of a matrix
+  // before its forward and again before its backward, and reduce-scatter its
+  // gradient (bf16 values, fp32 gradients). bench/dist/bench_tp_2d.cpp checks
+  // these bytes against the communicators' counters.
   const nn::ModelConfig& m = w_.model;
-  const double q = static_cast<double>(grid_side(l.tp));
-  const double tokens = static_cast<double>(l.micro_batch * w_.seq_len / l.cp);
+  const int64_t side = grid_side(l.tp);
+  const double q = static_cast<double>(side), f = (q - 1) / q;
+  const double tokens = static_cast<double>(l.micro_batch * w_.seq_len / l.cp) / q;
   const double microbatches = static_cast<double>(w_.global_batch / (l.dp * l.micro_batch));
   const double d = static_cast<double>(m.d_model), hd = static_cast<double>(m.resolved_head_dim());
   const double qd = static_cast<double>(m.n_heads) * hd,
                kv = static_cast<double>(m.n_kv_heads) * hd;
-  const double f = static_cast<double>(m.ffn_hidden);
-  const Link& row = link(grid_side(l.tp), 1);
-  const Link& col = link(grid_side(l.tp), grid_side(l.tp));
-  const double share = 3 * (q - 1) / (q * q);  // forward, input and weight gradients
-  const double recompute = l.recompute == "full" ? 4.0 / 3 : 1.0;  // the forward again
+  const double ffn = static_cast<double>(m.ffn_hidden), v = static_cast<double>(m.vocab_size);
+  const Link& row = link(side, 1);
+  const Link& col = link(side, side);
+  const bool full = l.recompute == "full";
+  // Rows: an all-gather and a reduce-scatter of the row's activations per
+  // module forward, the same in backward (and the forward again under full).
+  const double act = tokens * d * kBf16;
   double seconds = 0, bytes = 0;
-  auto gemm = [&](double in, double out) {
-    const double x = share * tokens * in * kBf16, w = share * in * out * kBf16;
-    seconds += 3 * q * (row.latency + col.latency) + x / row.bandwidth + w / col.bandwidth;
-    bytes += x + w;
+  const auto row_module = [&](double calls) {
+    seconds += calls * (row.latency * (q - 1) + f * act / row.bandwidth);
+    bytes += calls * f * act;
   };
+  // Columns: a weight's row block (its elements / q), gathered `gathers`
+  // times and its fp32 gradient reduce-scattered once.
+  const auto column_weight = [&](double elements, double gathers) {
+    const double block = elements / q;
+    const double moved = f * block * (gathers * kBf16 + kF32);
+    seconds += (gathers + 1) * col.latency * (q - 1) + moved / col.bandwidth;
+    bytes += moved;
+  };
+  const double gathers = full ? 3 : 2;
   for (int64_t i = 0; i < m.n_layers / l.pp; ++i) {  // stage 0's layers
-    gemm(d, qd);
-    gemm(d, kv);
-    gemm(d, kv);
-    gemm(qd, d);
-    if (!nn::layer_is_moe(w_.moe, i)) {
-      gemm(d, f);
-      gemm(d, f);
-      gemm(f, d);
-    }
+    row_module(full ? 6 : 4);
+    for (const double w : {qd * d, kv * d, kv * d, d * qd}) column_weight(w, gathers);
+    if (nn::layer_is_moe(w_.moe, i)) continue;
+    row_module(full ? 6 : 4);
+    for (const double w : {2 * ffn * d, d * ffn}) column_weight(w, gathers);
   }
-  c.tp_comm_s = microbatches * seconds * recompute;
-  c.tp_bytes = microbatches * bytes * recompute;
+  // The embedding (its output reduce-scattered, its gradient gathered; its
+  // value gathered forward, its gradient summed) and the head (input
+  // gathered, gradient reduce-scattered; one pass).
+  row_module(4);
+  column_weight(v * d, 1);
+  if (!m.tie_embeddings) column_weight(v * d, 1);
+  c.tp_comm_s = microbatches * seconds;
+  c.tp_bytes = microbatches * bytes;
 }
 
 CostModel::LocalParams CostModel::local_params(const LayoutChoice& l) const {

@@ -18,10 +18,11 @@
 //               (pipelined_seconds), plus the stage-to-stage activations
 //   tp          4 all-reduces (or all-gather + reduce-scatter with sequence
 //               parallelism: the same bytes) of a micro-batch's activations
-//               per layer, ring algorithm; 2-D (q x q): per tp-split GEMM
-//               (attention's four, a dense FFN's three) and micro-batch,
-//               3 (q - 1) / q^2 of its activation (along rows) and weight
-//               (along columns) elements received, forward and backward
+//               per layer, ring algorithm; 2-D (q x q, nn/tensor_parallel_2d.h):
+//               along rows the same on 1/q of the micro-batch over q
+//               ranks, along columns each tp block of a matrix gathered
+//               before its forward and its backward and its gradient
+//               reduce-scattered, (q - 1) / q of the block each
 //   ep          4 all-to-alls of the routed tokens (top_k copies) per MoE layer
 //   cp          the K/V ring of each attention layer, hidden under the
 //               attention it overlaps
@@ -76,13 +77,13 @@ struct LayoutChoice {
   // (ZeRO-Offload), gradients and weights crossing PCIe every step.
   bool zero3 = false;
   bool offload = false;
-  // Planner-only: 2-D tensor parallelism (SUMMA over a q x q grid, tp =
-  // q^2; rows within a node, columns across): every GEMM broadcasts its
-  // activation blocks along rows and its weight blocks along columns.
+  // 2-D tensor parallelism (parallel.tp_2d = "qxq", tp = q^2; rows within
+  // a node, columns across): SUMMA's traffic, activations along rows and
+  // weight blocks along columns. The runtime runs it with pp = cp = 1.
   bool tp_2d = false;
   bool sequence_parallel = true;  // with tp > 1
   int64_t world() const { return dp * tp * pp * cp; }
-  bool beyond_runtime() const { return zero3 || offload || tp_2d; }
+  bool beyond_runtime() const { return zero3 || offload || (tp_2d && (pp > 1 || cp > 1)); }
   std::string str() const;  // "dp=16,tp=8,pp=8,ep=8,cp=1,vpp=1,mb=1,recompute=none,zero1"
 };
 

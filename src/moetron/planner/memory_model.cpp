@@ -39,7 +39,8 @@ parallel::PlanSettings plan_settings(const MemoryInputs& in) {
   s.pp = lay.pp;
   s.vpp = lay.vpp;
   s.cp = lay.cp;
-  s.sequence_parallel = lay.tp > 1 && lay.sequence_parallel;
+  s.tp_rows = lay.tp_rows;
+  s.sequence_parallel = lay.tp > 1 && (lay.sequence_parallel || lay.tp_rows > 1);
   s.zero = lay.zero1;
   s.schedule = parallel::parse_schedule(lay.schedule);
   s.micro_batch = in.micro_batch;
@@ -164,30 +165,34 @@ Dims dims_of(const MemoryInputs& in) {
   const Layout& lay = in.layout;
   const nn::ModelConfig& m = in.model;
   const nn::MoeConfig& e = in.moe;
-  const bool sp = lay.tp > 1 && lay.sequence_parallel;
+  // A 2-D grid's row (nn/tensor_parallel_2d.h) is 1-D sequence-parallel tp
+  // over its C ranks on its 1/R of the micro-batch's rows.
+  const int64_t rows = std::max<int64_t>(lay.tp_rows, 1), tp = lay.tp / rows;
+  const bool sp = tp > 1 && (lay.sequence_parallel || rows > 1);
   // Under context parallelism every module but attention sees this rank's
   // two chunks of each sequence as its sequence.
   const int64_t s_local = in.seq_len / lay.cp;
-  const int64_t t = in.micro_batch * s_local;
+  const int64_t t = in.micro_batch / rows * s_local;
   Dims x;
-  x.b = in.micro_batch;
+  x.b = in.micro_batch / rows;
   x.s = s_local;
   x.t = t;
   x.cp = lay.cp;
   x.cp_rank = (lay.stage_rank / lay.tp) % lay.cp;
   x.cp_seq = in.seq_len;
   x.cp_all_to_all = lay.cp > 1 && in.cp_all_to_all;
-  x.tp = lay.tp;
+  x.tp = tp;
+  x.grid_rows = rows;
   x.ep = lay.ep;
   x.sp = sp;
-  x.tb = sp ? t / lay.tp : t;
-  x.tm = lay.tp > 1 ? t / lay.tp : t;
+  x.tb = sp ? t / tp : t;
+  x.tm = tp > 1 ? t / tp : t;
   x.d = m.d_model;
-  x.h = m.n_heads / lay.tp;
-  x.hkv = lay.tp > m.n_kv_heads ? 1 : m.n_kv_heads / lay.tp;
+  x.h = m.n_heads / tp;
+  x.hkv = tp > m.n_kv_heads ? 1 : m.n_kv_heads / tp;
   x.hd = m.resolved_head_dim();
-  x.ffn = m.ffn_hidden / lay.tp;
-  x.v = m.vocab_size / lay.tp;
+  x.ffn = m.ffn_hidden / tp;
+  x.v = m.vocab_size / tp;
   x.e = std::max<int64_t>(e.num_experts, 1);
   x.k = e.top_k;
   x.f = e.expert_hidden;
@@ -237,6 +242,27 @@ void muon_workspace(Replay& r, const MemoryInputs& in, const parallel::TrainingP
   }
 }
 
+// Uncompressed all-reduces copy each bucket into a send buffer held until
+// the reduction completes (comm/mpi_communicator.cpp): at the end of
+// backward every bucket's copy is in flight. `grid_part` (elements, `dt`):
+// the 2-D grid embedding gradient's reduce-scattered sum, allocated with
+// every bucket in flight but the dense reducer's last one, which the
+// embedding completes.
+void end_of_step_sends(Replay& r, const std::vector<parallel::ReducerPlan>& reducers,
+                       const std::vector<int64_t>& allreduce_sends, int64_t grid_part, DType dt) {
+  const bool dense_last = !reducers.empty() &&
+                          reducers.back().carries == parallel::GradGroup::dense &&
+                          reducers.back().options.mode != parallel::ReduceMode::reduce_scatter &&
+                          !reducers.back().buckets.empty() && !allreduce_sends.empty();
+  const size_t before = allreduce_sends.size() - (grid_part > 0 && dense_last ? 1 : 0);
+  std::vector<Buf> sends;
+  for (size_t i = 0; i < before; ++i)
+    sends.push_back(r.alloc(allreduce_sends[i], DType::f32, MemTag::comm));
+  if (grid_part > 0) Buf part = r.alloc(grid_part, dt, MemTag::comm);
+  for (size_t i = before; i < allreduce_sends.size(); ++i)
+    sends.push_back(r.alloc(allreduce_sends[i], DType::f32, MemTag::comm));
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const MemoryInputs& in) {
@@ -254,6 +280,10 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   MOETRON_CHECK(in.seq_len % (2 * lay.cp) == 0, "memory model: train.seq_len = ", in.seq_len,
                 " does not split into 2 * parallel.cp = ", 2 * lay.cp, " chunks");
   const int64_t t = in.micro_batch * in.seq_len;  // the whole micro-batch's
+  MOETRON_CHECK(lay.tp_rows <= 1 || (lay.pp == 1 && lay.cp == 1 && lay.tp % lay.tp_rows == 0 &&
+                                     in.micro_batch % lay.tp_rows == 0),
+                "memory model: a 2-D grid of ", lay.tp_rows, " rows over tp = ", lay.tp,
+                " needs pp = cp = 1 and a micro-batch its rows divide");
   MOETRON_CHECK(lay.tp == 1 || t / lay.cp % lay.tp == 0, "memory model: the ", t / lay.cp,
                 " tokens of a micro-batch on a cp rank must divide over parallel.tp = ", lay.tp);
   const parallel::TrainingPlan plan(
@@ -321,13 +351,10 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     }
   }
   replay_step(r, in, x, chunks, first, last, seq_chunks);
-  {
-    // Uncompressed all-reduces copy each bucket into a send buffer held
-    // until the reduction completes (comm/mpi_communicator.cpp): at the end
-    // of backward every bucket's copy is in flight.
-    std::vector<Buf> sends;
-    for (int64_t n : allreduce_sends) sends.push_back(r.alloc(n, DType::f32, MemTag::comm));
-  }
+  // Under a 2-D grid the embedding's gradient is summed over its grid
+  // column last (nn/tensor_parallel_2d.h): its sum's buffer counts here.
+  end_of_step_sends(r, rank.reducers, allreduce_sends,
+                    lay.tp_rows > 1 && first ? x.v / lay.tp_rows * x.d : 0, in.precision.accum);
   muon_workspace(r, in, plan, inv.params);
   est.peak = r.sim.peak();
   est.total_peak = r.sim.total_peak();
@@ -346,17 +373,19 @@ MemoryEstimate estimate_worst_stage(MemoryInputs in) {
 
 int64_t largest_fitting_micro_batch(MemoryInputs in, int64_t budget_bytes,
                                     int64_t max_micro_batch) {
-  int64_t lo = 0, hi = max_micro_batch;  // invariant: lo fits (0 trivially), answer <= hi
+  // In multiples of a 2-D grid's rows, which split each micro-batch.
+  const int64_t step = std::max<int64_t>(in.layout.tp_rows, 1);
+  int64_t lo = 0, hi = max_micro_batch / step;  // invariant: lo fits (0 trivially), answer <= hi
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    in.micro_batch = mid;
+    in.micro_batch = mid * step;
     if (estimate_worst_stage(in).total_peak <= budget_bytes) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  return lo;
+  return lo * step;
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -43,6 +43,8 @@ namespace moetron::planner {
 // micro-batches. cp is rejected until context parallelism exists.
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1, ep = 1, cp = 1;
+  // 2-D tensor parallelism (parallel.tp_2d): tp = tp_rows x C grid ranks.
+  int64_t tp_rows = 1;
   bool zero1 = false;
   bool sequence_parallel = false;
   int64_t vpp = 1;

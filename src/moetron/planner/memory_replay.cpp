@@ -11,6 +11,7 @@
 #include "moetron/kernels/norm.h"
 #include "moetron/planner/memory_model.h"
 #include "moetron/planner/memory_replay_context.h"
+#include "moetron/planner/memory_replay_grid.h"
 
 namespace moetron::planner {
 
@@ -84,6 +85,7 @@ class StepReplay {
       std::vector<Buf> ckpt, routing(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
         if (k > 0 && i < last && i % k == 0) ckpt.push_back(cur);
+        std::vector<Buf> weights = grid_.gather(grid_.block(i), true, false);
         cur = block_forward(i, cur);
         if (i < last) {
           if (blocks_[static_cast<size_t>(i)].is_moe)
@@ -95,10 +97,13 @@ class StepReplay {
       cur = nullptr;
       Buf rstd = r_.alloc(x.tb, x.a);
       h_final = r_.alloc(x.tb * x.d, x.c);
+      const auto head_weights = grid_.vocab();
+      std::vector<Buf> gathered = grid_.gather(head_weights, true, true);
       Buf h_full = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;  // column-parallel input of the head
       losses = r_.alloc(x.t, x.a);
       Buf d_h = r_.alloc(x.t * x.d, x.c);
       head_workspace();
+      grid_.finish(head_weights, gathered);
       d_x = r_.alloc(x.tb * x.d, x.c);
       { std::vector<Buf> partial = norm_partial(); }
       d_h = nullptr;
@@ -109,10 +114,16 @@ class StepReplay {
           Buf in = std::move(ckpt[static_cast<size_t>(start / k)]);
           for (int64_t i = start; i < end; ++i) {
             routing[static_cast<size_t>(i)] = nullptr;  // the check drops the record
+            std::vector<Buf> weights = grid_.gather(grid_.block(i), true, false);
             in = block_forward(i, in);
           }
         }
-        for (int64_t i = end - 1; i >= start; --i) d_x = block_backward(i);
+        for (int64_t i = end - 1; i >= start; --i) {
+          const auto weights = grid_.block(i);
+          std::vector<Buf> gathered = grid_.gather(weights, true, true);
+          d_x = block_backward(i);
+          grid_.finish(weights, gathered);
+        }
       }
       ckpt.clear();
     }
@@ -263,6 +274,7 @@ class StepReplay {
 
   Buf embed() {
     const Dims& x = x_;
+    std::vector<Buf> gathered = grid_.gather(grid_.vocab(), true, false);
     Buf full = r_.alloc(x.t * x.d, x.c);
     if (!x.sp) return full;
     return r_.alloc(x.tb * x.d, x.c);  // reduce-scattered to this rank's slice
@@ -271,7 +283,10 @@ class StepReplay {
   void embed_backward(const Buf& d_x) {
     const Dims& x = x_;
     Buf d_full = x.sp ? r_.alloc(x.t * x.d, x.c) : d_x;
-    // This rank's rows of the (vocab-parallel under tp) table.
+    std::vector<Buf> gathered = grid_.gather(grid_.vocab(), false, true);
+    // This rank's rows of the (vocab-parallel under tp) table. Under a 2-D
+    // grid, its sum over the grid column is counted with the reducers'
+    // sends at the end of the step (memory_model.cpp), when it happens.
     std::vector<Buf> scratch = hold(kernels::embedding_backward_scratch(kCpu, x.t, x.v, x.d, x.c));
   }
 
@@ -608,7 +623,8 @@ class StepReplay {
   const MemoryInputs& in_;
   Dims x_;
   ContextAttentionReplay cp_{r_, in_, x_};  // reads x_ as it changes
-  int64_t k_ = 0;                           // blocks per checkpointed segment
+  GridWeightsReplay grid_{r_, in_, x_};
+  int64_t k_ = 0;  // blocks per checkpointed segment
   bool drop_core_, drop_act_, drop_norm_, drop_dispatch_, drop_out_, drop_q_, drop_kv_,
       drop_residual_;
   std::vector<BlockSaved> blocks_;

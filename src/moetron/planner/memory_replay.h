@@ -72,7 +72,8 @@ struct Dims {
   int64_t rows_expert = 0;  // rows this rank's experts run (balanced routing assumed under ep)
   int64_t shared_hidden = 0;
   int64_t threads = 1;
-  int64_t tp = 1, ep = 1;
+  int64_t tp = 1, ep = 1;  // tp: a 2-D grid's row (its columns, C)
+  int64_t grid_rows = 1;   // R of a 2-D grid (1: 1-D tp)
   // Context parallelism: s, t are this rank's two chunks of each sequence;
   // cp_seq the whole sequence, cp_rank this rank's place on the ring.
   int64_t cp = 1, cp_rank = 0, cp_seq = 0;

@@ -72,6 +72,7 @@ planner::Layout layout_of(const parallel::TrainingPlan& plan, int rank) {
   planner::Layout l;
   l.pp = s.pp;
   l.tp = s.tp;
+  l.tp_rows = s.tp_rows;
   l.ep = s.ep;
   l.cp = s.cp;
   l.dp = plan.dp();
@@ -98,7 +99,11 @@ std::string describe(const planner::Layout& l) {
   std::ostringstream os;
   os << "dp " << l.dp << (l.zero1 ? " (ZeRO-1)" : "");
   if (l.cp > 1) os << ", cp " << l.cp;
-  if (l.tp > 1) os << ", tp " << l.tp << (l.sequence_parallel ? " (sp)" : "");
+  if (l.tp_rows > 1) {
+    os << ", tp " << l.tp_rows << " x " << l.tp / l.tp_rows << " (2-D)";
+  } else if (l.tp > 1) {
+    os << ", tp " << l.tp << (l.sequence_parallel ? " (sp)" : "");
+  }
   if (l.ep > 1) os << ", ep " << l.ep;
   if (l.pp > 1)
     os << ", pp " << l.pp << (l.vpp > 1 ? " x vpp " + std::to_string(l.vpp) : "") << " "

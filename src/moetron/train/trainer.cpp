@@ -485,6 +485,9 @@ std::vector<std::pair<std::string, const comm::Communicator*>> Trainer::named_co
   std::vector<std::pair<std::string, const comm::Communicator*>> out = {
       {"world", world_.get()},
       {"tp", tp_comm_},
+      // A 2-D grid's rows and columns (split from tp inside the model).
+      {"tp_row", model_ ? model_->grid_row_comm() : nullptr},
+      {"tp_column", model_ ? model_->grid_column_comm() : nullptr},
       {"ep", ep_comm_},
       {"pp", pp_comm_},
       {"stage", stage_comm_},
