@@ -36,6 +36,9 @@ TEST(AutoLayout, ChoosesTheFastestPlanTheTrainerAccepts) {
     EXPECT_EQ(a.config.parallel.zero, l.zero1);
     EXPECT_EQ(a.config.train.micro_batch, l.micro_batch);
     EXPECT_EQ(a.config.recompute.policy, l.recompute);
+    // A grid is written as parallel.tp_2d (q x q) and resolved.
+    EXPECT_EQ(a.config.parallel.tp_2d.empty(), !l.tp_2d);
+    EXPECT_EQ(a.config.parallel.tp_rows, l.tp_2d ? planner::grid_side(l.tp) : 1);
     EXPECT_NO_THROW(validate(a.config));
     const parallel::TrainingPlan plan =
         make_plan(a.config, resolve_precision(a.config.train, nullptr), world);

@@ -14,12 +14,16 @@ namespace {
 // The planner's layout written into the config's keys.
 Config with_layout(Config cfg, const planner::LayoutChoice& l) {
   cfg.parallel.tp = l.tp;
+  // A q x q grid (parallel.tp_2d), resolved as load_config would.
+  const int64_t q = l.tp_2d ? planner::grid_side(l.tp) : 1;
+  cfg.parallel.tp_2d = l.tp_2d ? std::to_string(q) + "x" + std::to_string(q) : "";
+  cfg.parallel.tp_rows = q;
   cfg.parallel.pp = l.pp;
   cfg.parallel.vpp = l.vpp;
   cfg.parallel.ep = l.ep;
   cfg.parallel.cp = l.cp;
   cfg.parallel.zero = l.zero1;
-  cfg.parallel.sequence_parallel = l.tp > 1 && l.sequence_parallel;
+  cfg.parallel.sequence_parallel = l.tp > 1 && (l.sequence_parallel || l.tp_2d);
   cfg.parallel.microbatches = 0;  // derived from the global batch
   cfg.train.micro_batch = l.micro_batch;
   cfg.train.grad_accum = 1;
