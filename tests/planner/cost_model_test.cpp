@@ -260,9 +260,9 @@ TEST(CostModel, TwoDimensionalTpMovesWhatSummaMoves) {
   EXPECT_NEAR(c.tp_bytes, microbatches * (8 * (rows + columns) + vocab + vocab_rows),
               1e-9 * c.tp_bytes);
   EXPECT_FALSE(g.beyond_runtime());  // the trainer runs it (parallel.tp_2d = "2x2")
-  LayoutChoice piped = g;
-  piped.pp = 2;
-  EXPECT_TRUE(piped.beyond_runtime());
+  LayoutChoice with_cp = g;
+  with_cp.cp = 2;
+  EXPECT_TRUE(with_cp.beyond_runtime());
   // Not a square, a q that does not divide the heads, 1-D past a node: why not.
   LayoutChoice bad = g;
   bad.tp = 8;

@@ -4,7 +4,8 @@
 // validation loss, first-step gradients: each rank checks its grid block of
 // every tensor), with AdamW and Muon (grid blocks orthogonalised whole); each
 // rank stores a quarter of every attention, dense-FFN and vocabulary matrix;
-// a checkpoint saved on the grid resumes under 1-D tp. At 2 ranks no 2 x 2
+// a checkpoint saved on the grid resumes under 1-D tp; at 8 ranks, two
+// pipeline stages of grids. At 2 ranks no 2 x 2
 // grid fits: the tests check that the layout is refused, naming the key.
 #include <gtest/gtest.h>
 
@@ -87,6 +88,24 @@ TEST(TensorParallel2d, RecomputeAndZeroEqualOneRank) {
                           with({"optim.name=adamw", "parallel.zero=true"}, kGrid)),
               run_dir("grid-zero"), false, shared_world());
     expect_same_losses(t.run(), ref.result, 0, 1e-5, "2x2 with ZeRO-1");
+  }
+}
+
+// Two pipeline stages of 2 x 2 grids (8 ranks): each stage's grid rows
+// run their rows of every micro-batch, the stages pass 1/4 token slices.
+TEST(TensorParallel2d, PipelineStagesOfGridsEqualOneRank) {
+  if (world().size() != 8) GTEST_SKIP() << "2 stages of 2 x 2 grids need 8 ranks";
+  const Reference& ref = reference("adamw", {"optim.name=adamw"});
+  for (const std::string policy : {"none", "full"}) {
+    Trainer t(grid_config(
+                  kGlobalRows,
+                  with({"optim.name=adamw", "parallel.pp=2", "recompute.policy=" + policy}, kGrid)),
+              run_dir("grid-pp2-" + policy), false, shared_world());
+    if (policy == "none") {
+      test::expect_run_matches(t, ref, "2x2 pp2");
+    } else {
+      expect_same_losses(t.run(), ref.result, 0, 1e-5, "2x2 pp2 recompute full");
+    }
   }
 }
 

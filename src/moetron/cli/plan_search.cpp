@@ -94,8 +94,8 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
   for (const auto& p : plans) {
     if (p.layout.beyond_runtime()) {
       std::printf(
-          "(zero3, offload, and tp2d with pp or cp, are planner-only: moetron's trainer runs "
-          "none of them yet; tp2d alone or with dp and ep it runs as parallel.tp_2d)\n");
+          "(zero3, offload, and tp2d with cp, are planner-only: moetron's trainer runs none of "
+          "them yet; tp2d with dp, ep and pp it runs as parallel.tp_2d)\n");
       break;
     }
   }

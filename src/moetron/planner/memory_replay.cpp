@@ -85,8 +85,7 @@ class StepReplay {
       std::vector<Buf> ckpt, routing(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
         if (k > 0 && i < last && i % k == 0) ckpt.push_back(cur);
-        std::vector<Buf> weights = grid_.gather(grid_.block(i), true, false);
-        cur = block_forward(i, cur);
+        cur = gathered_block_forward(i, cur);
         if (i < last) {
           if (blocks_[static_cast<size_t>(i)].is_moe)
             routing[static_cast<size_t>(i)] = blocks_[static_cast<size_t>(i)].moe.idx;
@@ -114,16 +113,10 @@ class StepReplay {
           Buf in = std::move(ckpt[static_cast<size_t>(start / k)]);
           for (int64_t i = start; i < end; ++i) {
             routing[static_cast<size_t>(i)] = nullptr;  // the check drops the record
-            std::vector<Buf> weights = grid_.gather(grid_.block(i), true, false);
-            in = block_forward(i, in);
+            in = gathered_block_forward(i, in);
           }
         }
-        for (int64_t i = end - 1; i >= start; --i) {
-          const auto weights = grid_.block(i);
-          std::vector<Buf> gathered = grid_.gather(weights, true, true);
-          d_x = block_backward(i);
-          grid_.finish(weights, gathered);
-        }
+        for (int64_t i = end - 1; i >= start; --i) d_x = gathered_block_backward(i);
       }
       ckpt.clear();
     }
@@ -193,7 +186,7 @@ class StepReplay {
         st.head_deferred = all;
         for (int64_t i = b0; i < b1; ++i) {
           if (i < last_segment && (i - b0) % k_ == 0) st.segment_inputs.push_back(cur);
-          cur = block_forward(i, cur);
+          cur = gathered_block_forward(i, cur);
           BlockSaved& s = blocks_[static_cast<size_t>(i)];
           if (i < last_segment) {
             st.routing.push_back(s.is_moe ? s.moe.idx : nullptr);  // the routing record
@@ -227,14 +220,14 @@ class StepReplay {
             Buf in = std::move(st.segment_inputs[static_cast<size_t>((start - b0) / k_)]);
             for (int64_t i = start; i < end; ++i) {
               st.routing[static_cast<size_t>(i - b0)] = nullptr;  // the check drops the record
-              in = block_forward(i, in);
+              in = gathered_block_forward(i, in);
             }
           } else {
             for (int64_t i = start; i < end; ++i) {
               blocks_[static_cast<size_t>(i)] = std::move(st.blocks[static_cast<size_t>(i - b0)]);
             }
           }
-          for (int64_t i = end - 1; i >= start; --i) d_x = block_backward(i);
+          for (int64_t i = end - 1; i >= start; --i) d_x = gathered_block_backward(i);
         }
         st = ChunkStash{};
         if (first) {
@@ -253,10 +246,27 @@ class StepReplay {
     const Dims& x = x_;
     st.rstd = r_.alloc(x.tb, x.a);
     Buf h = r_.alloc(x.tb * x.d, x.c);
+    const auto weights = grid_.vocab();
+    std::vector<Buf> gathered = grid_.gather(weights, true, backward);
     Buf h_full = x.sp ? r_.alloc(x.t * x.d, x.c) : nullptr;
     Buf losses = r_.alloc(x.t, x.a);
     if (backward) st.d_h = r_.alloc(x.t * x.d, x.c);
     head_workspace();
+    if (backward) grid_.finish(weights, gathered);
+  }
+
+  // A block's forward (backward) with its 2-D grid weights gathered around
+  // it (and its gradients summed back after it): nothing without a grid.
+  Buf gathered_block_forward(int64_t i, const Buf& in) {
+    std::vector<Buf> weights = grid_.gather(grid_.block(i), true, false);
+    return block_forward(i, in);
+  }
+  Buf gathered_block_backward(int64_t i) {
+    const auto weights = grid_.block(i);
+    std::vector<Buf> gathered = grid_.gather(weights, true, true);
+    Buf d_x = block_backward(i);
+    grid_.finish(weights, gathered);
+    return d_x;
   }
 
   // Transformer::backward_segments: the kept last segment, then the

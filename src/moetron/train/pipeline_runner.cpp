@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "moetron/nn/tensor_parallel_2d.h"
+
 namespace moetron::train {
 
 namespace {
@@ -28,10 +30,13 @@ nn::Transformer::ContextSlice PipelineRunner::share_of(const Tensor& ids,
                                                        const Tensor& targets) const {
   // Under context parallelism every stage runs this rank's chunks of each row.
   if (model_.context_parallel().on()) return model_.context_slice(ids, targets);
-  return {.ids = ids,
-          .targets = targets,
+  // A 2-D grid's row runs its rows of the micro-batch on every stage.
+  const nn::TensorParallel& tp = model_.tensor_parallel();
+  const Tensor row_ids = nn::grid_row_slice(tp, ids);
+  return {.ids = row_ids,
+          .targets = nn::grid_row_slice(tp, targets),
           .positions = Tensor(),
-          .batch = ids.dim(0),
+          .batch = row_ids.dim(0),
           .seq = ids.dim(1)};
 }
 
