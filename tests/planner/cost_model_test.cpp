@@ -262,7 +262,7 @@ TEST(CostModel, TwoDimensionalTpMovesWhatSummaMoves) {
   EXPECT_FALSE(g.beyond_runtime());  // the trainer runs it (parallel.tp_2d = "2x2")
   LayoutChoice with_cp = g;
   with_cp.cp = 2;
-  EXPECT_TRUE(with_cp.beyond_runtime());
+  EXPECT_FALSE(with_cp.beyond_runtime());
   // Not a square, a q that does not divide the heads, 1-D past a node: why not.
   LayoutChoice bad = g;
   bad.tp = 8;

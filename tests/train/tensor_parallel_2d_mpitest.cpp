@@ -5,7 +5,7 @@
 // every tensor), with AdamW and Muon (grid blocks orthogonalised whole); each
 // rank stores a quarter of every attention, dense-FFN and vocabulary matrix;
 // a checkpoint saved on the grid resumes under 1-D tp; at 8 ranks, two
-// pipeline stages of grids. At 2 ranks no 2 x 2
+// pipeline stages of grids and grids with context parallelism. At 2 ranks no 2 x 2
 // grid fits: the tests check that the layout is refused, naming the key.
 #include <gtest/gtest.h>
 
@@ -106,6 +106,20 @@ TEST(TensorParallel2d, PipelineStagesOfGridsEqualOneRank) {
     } else {
       expect_same_losses(t.run(), ref.result, 0, 1e-5, "2x2 pp2 recompute full");
     }
+  }
+}
+
+// A 2 x 2 grid with cp 2 (8 ranks): the grid rows split the micro-batch's
+// rows, the cp ranks each sequence, orthogonally.
+TEST(TensorParallel2d, ContextParallelGridsEqualOneRank) {
+  if (world().size() != 8) GTEST_SKIP() << "a 2 x 2 grid with cp 2 needs 8 ranks";
+  // (all_to_all would split each column's one kv head over 2 cp ranks: refused.)
+  for (const std::string comm : {"ring"}) {
+    const std::vector<std::string> sets = {"optim.name=adamw", "parallel.cp=2",
+                                           "parallel.cp_comm=" + comm};
+    Trainer t(grid_config(kGlobalRows, with(sets, kGrid)), run_dir("grid-cp2-" + comm), false,
+              shared_world());
+    test::expect_run_matches(t, reference("adamw", {"optim.name=adamw"}), "2x2 cp2 " + comm);
   }
 }
 

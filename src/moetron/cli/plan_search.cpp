@@ -93,9 +93,7 @@ void print_plans(const std::vector<planner::RankedPlan>& plans) {
   if (plans.empty()) return;
   for (const auto& p : plans) {
     if (p.layout.beyond_runtime()) {
-      std::printf(
-          "(zero3, offload, and tp2d with cp, are planner-only: moetron's trainer runs none of "
-          "them yet; tp2d with dp, ep and pp it runs as parallel.tp_2d)\n");
+      std::printf("(zero3 and offload are planner-only: moetron's trainer runs neither yet)\n");
       break;
     }
   }

@@ -191,8 +191,6 @@ void Transformer::set_tensor_group(comm::Communicator* group) {
 
 void Transformer::set_context_group(comm::Communicator* group, bool all_to_all) {
   MOETRON_CHECK(group && group->size() >= 1, "context parallelism without its cp group");
-  MOETRON_CHECK(!tp_.grid(),
-                "parallel.cp > 1 with 2-D tensor parallelism (parallel.tp_2d) is not supported");
   MOETRON_CHECK(seq_chunk_ == 0, "parallel.cp > 1 with train.seq_chunk: pick one");
   MOETRON_CHECK(!media_,
                 "multimodal prefixes with context parallelism (parallel.cp > 1) are not "
@@ -425,7 +423,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   for (MoeLayer* l : moe_layers()) l->set_balance_group(backward ? balance_group_ : nullptr);
   // A 2-D grid's rows split the micro-batch's rows (nn/tensor_parallel_2d.h).
   ContextSlice local{grid_row_slice(tp_, inputs), grid_row_slice(tp_, targets), Tensor()};
-  if (cp_.on()) local = context_slice(inputs, targets);
+  if (cp_.on()) local = context_slice(local.ids, local.targets);
   const Tensor h = hidden_states(ctx, local.ids, loss_weight, stats, local.positions);
   Tensor d_h = head_loss(ctx, h, local.targets, grad_scale, backward, stats, multimodal_.get());
   const auto t1 = std::chrono::steady_clock::now();

@@ -79,11 +79,11 @@ struct LayoutChoice {
   bool offload = false;
   // 2-D tensor parallelism (parallel.tp_2d = "qxq", tp = q^2; rows within
   // a node, columns across): SUMMA's traffic, activations along rows and
-  // weight blocks along columns. The runtime runs it with cp = 1.
+  // weight blocks along columns (the runtime's parallel.tp_2d).
   bool tp_2d = false;
   bool sequence_parallel = true;  // with tp > 1
   int64_t world() const { return dp * tp * pp * cp; }
-  bool beyond_runtime() const { return zero3 || offload || (tp_2d && cp > 1); }
+  bool beyond_runtime() const { return zero3 || offload; }
   std::string str() const;  // "dp=16,tp=8,pp=8,ep=8,cp=1,vpp=1,mb=1,recompute=none,zero1"
 };
 

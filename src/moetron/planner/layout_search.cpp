@@ -95,7 +95,7 @@ SearchSpace trainer_space() {
   space.vpps = {1, 2};
   space.zero = {0, 1};
   space.offload = {false};
-  space.tp_2d = {false, true};  // the trainer's grid: with cp = 1 (refused otherwise)
+  space.tp_2d = {false, true};  // parallel.tp_2d = "qxq"
   return space;
 }
 

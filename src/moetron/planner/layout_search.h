@@ -40,7 +40,7 @@ struct SearchSpace {
   std::vector<std::string> recompute = {"none", "selective", "full"};
   std::vector<int> zero = {0, 1, 3};          // ZeRO stages (3: planner-only)
   std::vector<bool> offload = {false, true};  // planner-only when true
-  std::vector<bool> tp_2d = {false, true};    // tp = q x q (the trainer: with cp = 1)
+  std::vector<bool> tp_2d = {false, true};    // tp = q x q (parallel.tp_2d)
   int64_t max_cp = 8;
   // Layouts outside this are not considered (empty: all are).
   std::function<bool(const LayoutChoice&)> allow;

@@ -280,10 +280,10 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   MOETRON_CHECK(in.seq_len % (2 * lay.cp) == 0, "memory model: train.seq_len = ", in.seq_len,
                 " does not split into 2 * parallel.cp = ", 2 * lay.cp, " chunks");
   const int64_t t = in.micro_batch * in.seq_len;  // the whole micro-batch's
-  MOETRON_CHECK(lay.tp_rows <= 1 ||
-                    (lay.cp == 1 && lay.tp % lay.tp_rows == 0 && in.micro_batch % lay.tp_rows == 0),
-                "memory model: a 2-D grid of ", lay.tp_rows, " rows over tp = ", lay.tp,
-                " needs cp = 1 and a micro-batch its rows divide");
+  MOETRON_CHECK(
+      lay.tp_rows <= 1 || (lay.tp % lay.tp_rows == 0 && in.micro_batch % lay.tp_rows == 0),
+      "memory model: a 2-D grid of ", lay.tp_rows, " rows over tp = ", lay.tp,
+      " needs a micro-batch its rows divide");
   MOETRON_CHECK(lay.tp == 1 || t / lay.cp % lay.tp == 0, "memory model: the ", t / lay.cp,
                 " tokens of a micro-batch on a cp rank must divide over parallel.tp = ", lay.tp);
   const parallel::TrainingPlan plan(

@@ -636,7 +636,6 @@ void validate_tp_grid(const Config& c) {
   need(t.micro_batch % r == 0 && t.micro_batch / r * t.seq_len % cols == 0,
        str_cat("the ", r, " rows split train.micro_batch = ", t.micro_batch,
                " (it must divide), and each row's tokens split over the ", cols, " columns"));
-  need(p.cp == 1, "not with parallel.cp > 1 yet");
   need(t.seq_chunk == 0 || t.seq_chunk >= t.seq_len, "not with train.seq_chunk yet");
   need(!c.multimodal.model.enabled, "not with multimodal.enabled yet");
 }
@@ -692,7 +691,8 @@ void validate_parallel(const Config& c) {
   check_rule(pl.cp_comm == "ring" || pl.cp_comm == "all_to_all", "parallel.cp_comm",
              str_cat("must be \"ring\" or \"all_to_all\", got \"", pl.cp_comm, "\""));
   if (pl.cp > 1 && pl.cp_comm == "all_to_all") {
-    const int64_t tp = std::max<int64_t>(pl.tp, 1);
+    // The heads a rank holds: over tp, or over a 2-D grid's columns.
+    const int64_t tp = std::max<int64_t>(pl.tp / std::max<int64_t>(pl.tp_rows, 1), 1);
     const int64_t heads = m.n_heads / tp, kv_heads = std::max<int64_t>(m.n_kv_heads / tp, 1);
     check_rule(
         heads % pl.cp == 0 && kv_heads % pl.cp == 0, "parallel.cp_comm",

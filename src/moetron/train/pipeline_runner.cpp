@@ -28,13 +28,13 @@ int64_t PipelineRunner::activation_rows(int64_t tokens) const {
 
 nn::Transformer::ContextSlice PipelineRunner::share_of(const Tensor& ids,
                                                        const Tensor& targets) const {
-  // Under context parallelism every stage runs this rank's chunks of each row.
-  if (model_.context_parallel().on()) return model_.context_slice(ids, targets);
   // A 2-D grid's row runs its rows of the micro-batch on every stage.
   const nn::TensorParallel& tp = model_.tensor_parallel();
-  const Tensor row_ids = nn::grid_row_slice(tp, ids);
+  const Tensor row_ids = nn::grid_row_slice(tp, ids), row_targets = nn::grid_row_slice(tp, targets);
+  // Under context parallelism every stage runs this rank's chunks of each row.
+  if (model_.context_parallel().on()) return model_.context_slice(row_ids, row_targets);
   return {.ids = row_ids,
-          .targets = nn::grid_row_slice(tp, targets),
+          .targets = row_targets,
           .positions = Tensor(),
           .batch = row_ids.dim(0),
           .seq = ids.dim(1)};
