@@ -5,7 +5,8 @@
 // every tensor), with AdamW and Muon (grid blocks orthogonalised whole); each
 // rank stores a quarter of every attention, dense-FFN and vocabulary matrix;
 // a checkpoint saved on the grid resumes under 1-D tp; at 8 ranks, two
-// pipeline stages of grids and grids with context parallelism. At 2 ranks no 2 x 2
+// pipeline stages of grids and grids with context parallelism; chunked
+// sequences on the grid. At 2 ranks no 2 x 2
 // grid fits: the tests check that the layout is refused, naming the key.
 #include <gtest/gtest.h>
 
@@ -120,6 +121,25 @@ TEST(TensorParallel2d, ContextParallelGridsEqualOneRank) {
     Trainer t(grid_config(kGlobalRows, with(sets, kGrid)), run_dir("grid-cp2-" + comm), false,
               shared_world());
     test::expect_run_matches(t, reference("adamw", {"optim.name=adamw"}), "2x2 cp2 " + comm);
+  }
+}
+
+// Chunked sequences (train.seq_chunk: 16 positions as 6, 6, 4) on the grid:
+// each row chunks its rows of the micro-batch, each chunk's weights
+// gathered like a pipeline chunk's. As TensorParallel's chunk test: hybrid
+// attention, the load-balancing loss off (it sees one chunk at a time).
+TEST(TensorParallel2d, SequenceChunksEqualTheWholeSequenceOnOneRank) {
+  if (grid_dp() == 0) GTEST_SKIP() << "a 2 x 2 grid needs a multiple of 4 ranks";
+  const std::vector<std::string> common = {"moe.aux_loss_coef=0", "attention.window=5",
+                                           "attention.global_tokens=1",
+                                           "attention.layer_pattern=LG"};
+  const Reference& ref = reference("chunk", common);
+  for (const std::string policy : {"none", "full"}) {
+    Trainer t(
+        grid_config(kGlobalRows / grid_dp(),
+                    with(with(common, {"train.seq_chunk=6", "recompute.policy=" + policy}), kGrid)),
+        run_dir("grid-chunk-" + policy), false, shared_world());
+    test::expect_run_matches(t, ref, "2x2 seq_chunk recompute " + policy);
   }
 }
 

@@ -15,6 +15,7 @@
 // loss, a product of two means, and capacity drops see one chunk at a time).
 #include <chrono>
 
+#include "moetron/nn/tensor_parallel_2d.h"
 #include "moetron/nn/transformer.h"
 
 namespace moetron::nn {
@@ -24,8 +25,6 @@ void Transformer::set_sequence_chunk(int64_t tokens) {
   MOETRON_CHECK(tokens == 0 || (embed_ && head_ && chunks_.size() == 1),
                 "train.seq_chunk needs the whole model on one pipeline stage (parallel.pp = 1)");
   MOETRON_CHECK(tokens == 0 || !cp_.on(), "train.seq_chunk with parallel.cp > 1: pick one");
-  MOETRON_CHECK(tokens == 0 || !tp_.grid(),
-                "train.seq_chunk with 2-D tensor parallelism (parallel.tp_2d) is not supported");
   MOETRON_CHECK(tokens == 0 || !media_,
                 "train.seq_chunk with multimodal prefixes is not supported yet");
   seq_chunk_ = tokens;
@@ -51,10 +50,14 @@ struct SequenceScope {
 
 }  // namespace
 
-LossStats Transformer::forward_backward_chunked(kernels::Context& ctx, const Tensor& inputs,
-                                                const Tensor& targets, double grad_scale,
+LossStats Transformer::forward_backward_chunked(kernels::Context& ctx, const Tensor& batch_inputs,
+                                                const Tensor& batch_targets, double grad_scale,
                                                 double loss_weight, bool backward) {
-  MOETRON_CHECK(inputs.dtype() == DType::i32, "inputs must be i32 [B, S], got ", inputs.str());
+  MOETRON_CHECK(batch_inputs.dtype() == DType::i32, "inputs must be i32 [B, S], got ",
+                batch_inputs.str());
+  // A 2-D grid's row chunks its rows of the micro-batch (nn/tensor_parallel_2d.h).
+  const Tensor inputs = grid_row_slice(tp_, batch_inputs);
+  const Tensor targets = grid_row_slice(tp_, batch_targets);
   const int64_t b = inputs.dim(0), s = inputs.dim(1), c = seq_chunk_;
   MOETRON_CHECK(s <= model_.max_seq_len, "sequence of ", s,
                 " tokens exceeds model.max_seq_len = ", model_.max_seq_len);

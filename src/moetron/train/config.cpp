@@ -636,7 +636,6 @@ void validate_tp_grid(const Config& c) {
   need(t.micro_batch % r == 0 && t.micro_batch / r * t.seq_len % cols == 0,
        str_cat("the ", r, " rows split train.micro_batch = ", t.micro_batch,
                " (it must divide), and each row's tokens split over the ", cols, " columns"));
-  need(t.seq_chunk == 0 || t.seq_chunk >= t.seq_len, "not with train.seq_chunk yet");
   need(!c.multimodal.model.enabled, "not with multimodal.enabled yet");
 }
 
