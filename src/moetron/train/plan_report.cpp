@@ -27,6 +27,7 @@ json settings_json(const parallel::TrainingPlan& plan) {
   return {{"world_size", plan.world_size()},
           {"dp", plan.dp()},
           {"tp", s.tp},
+          {"tp_rows", s.tp_rows},
           {"cp", s.cp},
           {"pp", s.pp},
           {"ep", s.ep},
@@ -148,13 +149,22 @@ json plan_json(const Config& cfg, const parallel::TrainingPlan& plan, const Plan
 std::string plan_table(const json& plan, const PlanReportOptions& o) {
   std::ostringstream os;
   const json& l = plan["layout"];
+  // A 2-D grid: its rows are consecutive tp ranks (nn/tensor_parallel_2d.h).
+  const int64_t rows = l.value("tp_rows", int64_t{1}), tp = l["tp"].get<int64_t>();
+  const std::string grid = rows > 1 ? " (2-D grid " + std::to_string(rows) + " x " +
+                                          std::to_string(tp / rows) + ": rows of " +
+                                          std::to_string(tp / rows) + " consecutive tp ranks)"
+                                    : "";
   os << "plan: " << l["world_size"] << " ranks = pp " << l["pp"] << " x dp " << l["dp"] << " x tp "
-     << l["tp"] << (l["sequence_parallel"].get<bool>() ? " (sp)" : "") << "; ep " << l["ep"]
-     << " folded into each stage's dp x tp ranks" << (l["zero1"].get<bool>() ? "; ZeRO-1" : "")
-     << "; " << l["microbatches_per_step"] << " micro-batches of " << l["micro_batch"] << " x "
-     << l["seq_len"] << " tokens per dp rank; " << l["precision"].get<std::string>() << ", "
-     << l["optimizer"].get<std::string>() << ", recompute " << plan["recompute"].get<std::string>()
-     << "\n";
+     << l["tp"]
+     << (rows > 1                             ? grid
+         : l["sequence_parallel"].get<bool>() ? " (sp)"
+                                              : "")
+     << "; ep " << l["ep"] << " folded into each stage's dp x tp ranks"
+     << (l["zero1"].get<bool>() ? "; ZeRO-1" : "") << "; " << l["microbatches_per_step"]
+     << " micro-batches of " << l["micro_batch"] << " x " << l["seq_len"] << " tokens per dp rank; "
+     << l["precision"].get<std::string>() << ", " << l["optimizer"].get<std::string>()
+     << ", recompute " << plan["recompute"].get<std::string>() << "\n";
   for (size_t p = 0; p < plan["stages"].size(); ++p) {
     os << "stage " << p << ": layers " << join_ranges(plan["stages"][p]) << "\n";
   }
