@@ -259,6 +259,7 @@ TEST(CostModel, TwoDimensionalTpMovesWhatSummaMoves) {
   const double vocab = 2 * (q - 1) / q * v * d / q * (2 + 4);
   EXPECT_NEAR(c.tp_bytes, microbatches * (8 * (rows + columns) + vocab + vocab_rows),
               1e-9 * c.tp_bytes);
+  EXPECT_NEAR(c.tp_weight_bytes, microbatches * (8 * columns + vocab), 1e-9 * c.tp_bytes);
   EXPECT_FALSE(g.beyond_runtime());  // the trainer runs it (parallel.tp_2d = "2x2")
   LayoutChoice with_cp = g;
   with_cp.cp = 2;

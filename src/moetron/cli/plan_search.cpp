@@ -122,10 +122,21 @@ void compare_tp_grids(const planner::SearchResult& r, nlohmann::json& j) {
       a.step_s, a.tp_comm_s, a.tp_bytes / 1e9, b.step_s, b.tp_comm_s, b.tp_bytes / 1e9,
       a.step_s <= b.step_s ? "1-D" : "2-D",
       100 * (std::max(a.step_s, b.step_s) / std::min(a.step_s, b.step_s) - 1));
+  // Why: the grid trades activation bytes (its rows) for weight bytes (its columns).
+  const double b_act = b.tp_bytes - b.tp_weight_bytes;
+  std::printf(
+      "  why: 2-D moves %.1f GB of activations along its rows and %.1f GB of weights along its "
+      "columns, against 1-D's %.1f GB of activations (%s)\n",
+      b_act / 1e9, b.tp_weight_bytes / 1e9, a.tp_bytes / 1e9,
+      b.tp_bytes < a.tp_bytes ? "the grid moves fewer bytes"
+                              : "the weights the grid moves outweigh the activations it saves");
   j["tp_1d_vs_2d"] = {{"best_1d", best[0].layout.str()},
                       {"best_1d_step_s", a.step_s},
+                      {"best_1d_tp_bytes", a.tp_bytes},
                       {"best_2d", best[1].layout.str()},
-                      {"best_2d_step_s", b.step_s}};
+                      {"best_2d_step_s", b.step_s},
+                      {"best_2d_tp_activation_bytes", b_act},
+                      {"best_2d_tp_weight_bytes", b.tp_weight_bytes}};
 }
 
 // The ranked plans of the search --search names; their statistics go into `j`.

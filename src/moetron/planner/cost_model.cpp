@@ -296,11 +296,13 @@ void CostModel::add_tp_2d_communication(const LayoutChoice& l, StepCost& c) cons
   };
   // Columns: a weight's row block (its elements / q), gathered `gathers`
   // times and its fp32 gradient reduce-scattered once.
+  double weight_bytes = 0;
   const auto column_weight = [&](double elements, double gathers) {
     const double block = elements / q;
     const double moved = f * block * (gathers * kBf16 + kF32);
     seconds += (gathers + 1) * col.latency * (q - 1) + moved / col.bandwidth;
     bytes += moved;
+    weight_bytes += moved;
   };
   const double gathers = full ? 3 : 2;
   for (int64_t i = 0; i < m.n_layers / l.pp; ++i) {  // stage 0's layers
@@ -318,6 +320,7 @@ void CostModel::add_tp_2d_communication(const LayoutChoice& l, StepCost& c) cons
   if (!m.tie_embeddings) column_weight(v * d, 1);
   c.tp_comm_s = microbatches * seconds;
   c.tp_bytes = microbatches * bytes;
+  c.tp_weight_bytes = microbatches * weight_bytes;
 }
 
 CostModel::LocalParams CostModel::local_params(const LayoutChoice& l) const {

@@ -109,6 +109,9 @@ struct StepCost {
   double host_bytes = 0;    // per device, in host memory (offload)
   // Bytes each device puts on the wire per step, by axis.
   double tp_bytes = 0, ep_bytes = 0, cp_bytes = 0, dp_bytes = 0, pp_bytes = 0;
+  // 2-D tp: of tp_bytes, the weight blocks moved along the grid's columns
+  // (the rest are activations along its rows).
+  double tp_weight_bytes = 0;
   // The term that costs most ("compute", "dp", "tp", ...).
   std::string dominant() const;
 };
