@@ -5,6 +5,7 @@
 #include "moetron/kernels/elementwise.h"
 #include "moetron/kernels/norm.h"
 #include "moetron/nn/recompute.h"
+#include "moetron/nn/tensor_parallel_2d.h"
 
 namespace moetron::nn {
 
@@ -63,6 +64,10 @@ void Block::add_cross_attention(const ModelConfig& model, ParameterSet& params) 
 Tensor Block::forward(kernels::Context& ctx, const Tensor& x_in, const Tensor& positions,
                       int64_t batch, int64_t seq, double loss_weight, MoeStats& moe_stats,
                       const MediaTokens* media) {
+  // 2-D grid: this block's weights gathered for this use only (recompute
+  // runs through here too).
+  GridGather grid(*tp_);
+  grid.gather(grid_slots(), true, false);
   const Tensor x = xattn_ ? xattn_->forward(ctx, x_in, media ? media->tokens : Tensor(), batch, seq,
                                             media ? media->lengths : std::vector<int64_t>{})
                           : x_in;
@@ -108,6 +113,10 @@ Tensor Block::forward(kernels::Context& ctx, const Tensor& x_in, const Tensor& p
 Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out, const Tensor& d_media) {
   Saved& s = saved_;
   MOETRON_CHECK(s.x.defined(), "block backward without a saved forward");
+  // 2-D grid: gathered again (nothing is kept since forward), and the
+  // gradients summed back into the stored blocks before backward returns.
+  GridGather grid(*tp_);
+  grid.gather(grid_slots(), true, true);
   const int64_t t = s.x.dim(0);
   if (!s.h.defined()) rebuild_residual(ctx);
   Tensor d_n2 = Tensor::empty({t, d_}, prec_.compute);
@@ -136,6 +145,7 @@ Tensor Block::backward(kernels::Context& ctx, const Tensor& d_out, const Tensor&
   kernels::rmsnorm_backward(ctx, d_n1, s.x, norm1_->value, s.rstd1, d_x, norm1_->grad);
   kernels::add(ctx, d_x, d_h, d_x);
   if (xattn_) d_x = xattn_->backward(ctx, d_x, d_media);
+  grid.finish(ctx);
   release();
   return d_x;
 }

@@ -12,6 +12,10 @@
 // tokens: out = block(xattn(x, media)). It saves, swaps, releases and reruns
 // (checkpointed blocks) with the block.
 //
+// 2-D tensor parallelism (nn/tensor_parallel_2d.h): forward and backward
+// gather the attention's and dense FFN's weights along the grid column and
+// backward sums their gradients back into the stored blocks.
+//
 // Tensor parallelism (nn/tensor_parallel.h): attention and a dense FFN are
 // tp-sharded; a MoE FFN runs on this rank's token slice (taken from the
 // full activations, or already held under sequence parallelism) and, without
@@ -62,10 +66,6 @@ class Block {
   void add_cross_attention(const ModelConfig& model, ParameterSet& params);
   GatedCrossAttention* cross_attention() { return xattn_.get(); }
   void release();
-  // Under a 2-D grid: the attention's and the dense MLP's weights, gathered
-  // along the grid column around each use (nn/tensor_parallel_2d.h); the
-  // MoE's are not grid-split.
-  std::vector<GridSlot> grid_slots();
   MoeLayer* moe() { return moe_.get(); }
   SelfAttention& attention() { return attn_; }
   const MoeLayer* moe() const { return moe_.get(); }
@@ -115,6 +115,10 @@ class Block {
   double act_sum_squares_ = 0;
   int64_t act_count_ = 0;
   Tensor rebuild_norm(kernels::Context& ctx, const Tensor& x, const Parameter& w) const;
+  // Under a 2-D grid: the attention's and the dense MLP's weights, which
+  // forward and backward gather along the grid column around each use
+  // (nn/tensor_parallel_2d.h); the MoE's are not grid-split.
+  std::vector<GridSlot> grid_slots();
   void rebuild_residual(kernels::Context& ctx);
   // The MoE works on a token slice of the full activations without sequence parallelism.
   bool moe_slices_tokens() const { return moe_ && tp_->on() && !tp_->sequence_parallel; }

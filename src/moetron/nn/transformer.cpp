@@ -285,6 +285,14 @@ Tensor Transformer::embed(kernels::Context& ctx, const Tensor& ids) {
   return finish_row_parallel(tp_, x);
 }
 
+void Transformer::embed_backward(kernels::Context& ctx, const Tensor& ids, const Tensor& d_x) {
+  // Under a 2-D grid into a gathered gradient, summed back over the column.
+  GridGather grid(tp_);
+  grid.gather({grid_slot(*embed_)}, false, true);
+  kernels::embedding_backward(ctx, ids, d_x, embed_->grad, vocab_row0(*embed_));
+  grid.finish(ctx);
+}
+
 int64_t Transformer::vocab_row0(const Parameter& p) const {
   // A grid-split block is used gathered: the grid row's whole vocabulary shard.
   return tp_.grid() ? tp_.rank * (model_.vocab_size / tp_.size) : p.shard.row0;
@@ -444,12 +452,7 @@ LossStats Transformer::forward_backward(kernels::Context& ctx, const Tensor& inp
   const Tensor d_media = media_grad(saved_.media);
   d_x = column_parallel_input(tp_, backward_blocks(ctx, std::move(d_x), d_media));
   fuse_media_backward(ctx, multimodal_.get(), inputs.dim(1), d_x, d_media);
-  {
-    GridGather grid(tp_);
-    grid.gather({grid_slot(*embed_)}, false, true);
-    kernels::embedding_backward(ctx, saved_.ids, d_x, embed_->grad, vocab_row0(*embed_));
-    grid.finish(ctx);
-  }
+  embed_backward(ctx, saved_.ids, d_x);
   grad_ready(embed_);
   media_grads_ready();
   saved_ = Saved{};

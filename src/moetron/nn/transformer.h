@@ -220,6 +220,8 @@ class Transformer {
                    double grad_scale, bool backward, LossStats& stats,
                    const MultimodalBatch* mm = nullptr);
   Tensor embed(kernels::Context& ctx, const Tensor& ids);
+  // The embedding's gradient from d_x (every row of `ids`, gathered under sp).
+  void embed_backward(kernels::Context& ctx, const Tensor& ids, const Tensor& d_x);
   // Rows [begin, end) of the head's input whose token losses share one
   // gradient scale (task -1: no multimodal batch).
   struct TaskRun {

@@ -7,7 +7,6 @@
 // rebuilds a segment from its input before running back through it.
 #include "moetron/kernels/embedding.h"
 #include "moetron/kernels/norm.h"
-#include "moetron/nn/tensor_parallel_2d.h"
 #include "moetron/nn/transformer.h"
 
 namespace moetron::nn {
@@ -53,8 +52,6 @@ Tensor Transformer::chunk_forward(kernels::Context& ctx, const ChunkStep& at, co
   for (size_t i = b0; i < b1; ++i) {
     if (i < last_segment && (i - b0) % k == 0) st.segment_inputs.push_back(x);
     need_block(i);
-    GridGather grid(tp_);  // 2-D grid: the block's weights for this use only
-    grid.gather(blocks_[i]->grid_slots(), true, false);
     x = blocks_[i]->forward(ctx, x, positions, batch, seq, loss_weight, ms, &st.media);
     Block::State s;
     if (!backward) {
@@ -147,8 +144,6 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
       Tensor x = std::move(st.segment_inputs[(start - b0) / k]);
       for (size_t i = start; i < end; ++i) {
         blocks_[i]->put_routing_record(std::move(st.routing[i - b0]));
-        GridGather grid(tp_);
-        grid.gather(blocks_[i]->grid_slots(), true, false);
         x = blocks_[i]->recompute_forward(ctx, x, st.positions, st.batch, st.seq, st.loss_weight,
                                           &st.media);
       }
@@ -156,20 +151,14 @@ Tensor Transformer::chunk_backward(kernels::Context& ctx, int64_t chunk, int64_t
       for (size_t i = start; i < end; ++i) blocks_[i]->swap_state(st.blocks[i - b0]);
     }
     for (size_t i = end; i-- > start;) {
-      GridGather grid(tp_);  // gathered again; gradients summed back before the reducers see them
-      grid.gather(blocks_[i]->grid_slots(), true, true);
       d_x = blocks_[i]->backward(ctx, d_x, d_media);
-      grid.finish(ctx);
       if (final_grads) block_grads_ready(i);
     }
   }
   if (!first) return d_x;
   const Tensor d_full = column_parallel_input(tp_, d_x);
   fuse_media_backward(ctx, st.multimodal.get(), st.seq, d_full, d_media);
-  GridGather grid(tp_);
-  grid.gather({grid_slot(*embed_)}, false, true);
-  kernels::embedding_backward(ctx, st.ids, d_full, embed_->grad, vocab_row0(*embed_));
-  grid.finish(ctx);
+  embed_backward(ctx, st.ids, d_full);
   if (final_grads) {
     grad_ready(embed_);
     media_grads_ready();

@@ -6,7 +6,6 @@
 // released segment is run forward again from its checkpoint (the same
 // kernels on the same input, so the same activations and the same routing,
 // which each MoE layer checks), then backward through its blocks.
-#include "moetron/nn/tensor_parallel_2d.h"
 #include "moetron/nn/transformer.h"
 
 namespace moetron::nn {
@@ -50,8 +49,6 @@ Tensor Transformer::forward_blocks(kernels::Context& ctx, Tensor x, const Tensor
     Block& blk = *blocks_[static_cast<size_t>(i)];
     if (k > 0 && i < last && i % k == 0) ckpt_.inputs.push_back(x);
     need_block(static_cast<size_t>(i));
-    GridGather grid(tp_);  // 2-D grid: the block's weights for this use only
-    grid.gather(blk.grid_slots(), true, false);
     x = blk.forward(ctx, x, positions, batch, seq, loss_weight, stats, media);
     if (i < last) blk.release();
   }
@@ -69,21 +66,12 @@ Tensor Transformer::backward_blocks(kernels::Context& ctx, Tensor d_x, const Ten
                     "recompute: backward without the checkpoint of block ", start);
       Tensor x = std::move(ckpt_.inputs[j]);
       for (int64_t i = start; i < end; ++i) {
-        Block& blk = *blocks_[static_cast<size_t>(i)];
-        GridGather grid(tp_);
-        grid.gather(blk.grid_slots(), true, false);
-        x = blk.recompute_forward(ctx, x, saved_.positions, ckpt_.batch, ckpt_.seq,
-                                  ckpt_.loss_weight, &saved_.media);
+        x = blocks_[static_cast<size_t>(i)]->recompute_forward(
+            ctx, x, saved_.positions, ckpt_.batch, ckpt_.seq, ckpt_.loss_weight, &saved_.media);
       }
     }
     for (int64_t i = end - 1; i >= start; --i) {
-      Block& blk = *blocks_[static_cast<size_t>(i)];
-      // 2-D grid: gathered again (not kept since forward), and the
-      // gradients summed back into the stored blocks before the reducers see them.
-      GridGather grid(tp_);
-      grid.gather(blk.grid_slots(), true, true);
-      d_x = blk.backward(ctx, d_x, d_media);
-      grid.finish(ctx);
+      d_x = blocks_[static_cast<size_t>(i)]->backward(ctx, d_x, d_media);
       block_grads_ready(static_cast<size_t>(i));
     }
   }
